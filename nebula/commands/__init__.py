@@ -1,0 +1,1 @@
+"""Top-level `nebula` commands, one module each (see nebula/cli.py)."""
