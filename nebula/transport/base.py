@@ -1,0 +1,32 @@
+"""The channel a stage is handed: it never opens sockets itself (httpx-style injected transport)."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from nebula.wire import Message
+
+
+class Channel(ABC):
+    """A service's endpoint: reliable, ordered, exactly-once delivery to and from other addresses.
+
+    `send` routes by `msg.dst` (an address `site/stage/rank`) and fills `msg.src`; it blocks while
+    the window of unacknowledged messages is full and raises TransportError after `timeout`.
+    `recv` returns the next message addressed to this endpoint, in order per sender, each once.
+    """
+
+    address: str
+
+    @abstractmethod
+    def send(self, msg: Message, timeout: float | None = None) -> None: ...
+
+    @abstractmethod
+    def recv(self, timeout: float | None = None) -> Message: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> "Channel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,239 @@
+"""Envelope + raw payload frames <-> ZeroMQ multipart messages.
+
+A message is `[Envelope (protobuf), payload_0, payload_1, ...]`. Tensor bytes never go inside the
+protobuf: each part of an encoded tensor is its own frame, sent and received with `copy=False`, so a
+25 MB tensor is neither serialised nor copied by this layer. Every header says how to read its
+frames (dtype, shape, codec spec), so a receiver needs no configuration. `decode_message` trusts
+nothing: every limit violation raises `WireError` naming the field.
+"""
+from __future__ import annotations
+
+import enum
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+import xxhash
+from google.protobuf.message import DecodeError
+
+from nebula._proto import nebula_pb2 as pb
+from nebula.errors import WireError
+
+PROTOCOL_VERSION = 1
+
+# name -> (torch dtype, itemsize); the only dtypes a frame may carry
+DTYPES: dict[str, tuple[torch.dtype, int]] = {
+    "float32": (torch.float32, 4),
+    "float16": (torch.float16, 2),
+    "bfloat16": (torch.bfloat16, 2),
+    "int8": (torch.int8, 1),
+    "uint8": (torch.uint8, 1),
+    "int32": (torch.int32, 4),
+    "int64": (torch.int64, 8),
+    "bool": (torch.bool, 1),
+}
+DTYPE_NAMES = {torch_dtype: name for name, (torch_dtype, _) in DTYPES.items()}
+
+
+class Kind(enum.IntEnum):
+    TENSORS = pb.TENSORS
+    CONTROL = pb.CONTROL
+    ACK = pb.ACK
+    HEARTBEAT = pb.HEARTBEAT
+    ERROR = pb.ERROR
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a receiver accepts; anything beyond is refused before it is looked at further."""
+
+    max_frames: int = 1025
+    max_envelope_bytes: int = 1 << 16
+    max_frame_bytes: int = 1 << 30
+    max_message_bytes: int = 1 << 31
+    max_tensors: int = 256
+    max_rank: int = 8
+    max_meta_bytes: int = 1 << 12
+    max_body_bytes: int = 1 << 20
+
+
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass
+class TensorPayload:
+    """One logical tensor as it travels: its decoded identity plus the encoded parts (one frame each)."""
+
+    name: str
+    role: str
+    dtype: str  # dtype of the decoded tensor
+    shape: tuple[int, ...]  # shape of the decoded tensor
+    codec: str  # spec string, "none" for raw
+    meta: bytes  # codec-private metadata
+    parts: list[torch.Tensor]
+
+    @property
+    def wire_bytes(self) -> int:
+        return sum(part.numel() * part.element_size() for part in self.parts)
+
+
+@dataclass
+class Message:
+    kind: Kind
+    job: str = ""
+    src: str = ""
+    dst: str = ""
+    seq: int = 0
+    step: int = 0
+    micro_batch: int = 0
+    tensors: list[TensorPayload] = field(default_factory=list)
+    topic: str = ""
+    body: bytes = b""
+    error_code: str = ""
+    error_message: str = ""
+    ack: int = 0
+    epoch: int = 0
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(t.wire_bytes for t in self.tensors)
+
+
+def checksum(buffer: Any) -> int:
+    return xxhash.xxh3_64_intdigest(buffer)
+
+
+def _as_buffer(part: torch.Tensor) -> memoryview:
+    """A zero-copy byte view of a contiguous CPU tensor (bfloat16 and bool via a same-size int view)."""
+    if part.device.type != "cpu" or not part.is_contiguous():
+        raise WireError(f"payload parts must be contiguous CPU tensors, got {part.device} "
+                        f"contiguous={part.is_contiguous()}")
+    if part.dtype == torch.bfloat16:
+        part = part.view(torch.int16)
+    elif part.dtype == torch.bool:
+        part = part.view(torch.uint8)
+    return memoryview(part.numpy()).cast("B")
+
+
+def encode_message(msg: Message) -> list[Any]:
+    """Frames to pass to `socket.send_multipart(frames, copy=False)`."""
+    env = pb.Envelope(version=PROTOCOL_VERSION, job=msg.job, src=msg.src, dst=msg.dst,
+                      kind=int(msg.kind), seq=msg.seq, step=msg.step, micro_batch=msg.micro_batch,
+                      topic=msg.topic, body=msg.body, ack=msg.ack, epoch=msg.epoch)
+    if msg.error_code or msg.error_message:
+        env.error.code, env.error.message = msg.error_code, msg.error_message
+    frames: list[Any] = [b""]
+    for tensor in msg.tensors:
+        header = env.tensors.add(name=tensor.name, role=tensor.role, dtype=tensor.dtype,
+                                 shape=tensor.shape, codec=tensor.codec, codec_meta=tensor.meta,
+                                 first_payload=len(frames) - 1)
+        for part in tensor.parts:
+            if part.dtype not in DTYPE_NAMES:
+                raise WireError(f"tensor {tensor.name!r}: dtype {part.dtype} cannot go on the wire")
+            buffer = _as_buffer(part)
+            header.parts.add(dtype=DTYPE_NAMES[part.dtype], shape=part.shape,
+                             nbytes=buffer.nbytes, checksum=checksum(buffer))
+            frames.append(buffer)
+    frames[0] = env.SerializeToString()
+    return frames
+
+
+def _frame_buffer(frame: Any) -> memoryview:
+    buffer = getattr(frame, "buffer", frame)  # zmq.Frame exposes .buffer; bytes/memoryview as-is
+    return memoryview(buffer).cast("B") if not isinstance(buffer, memoryview) else buffer.cast("B")
+
+
+def parse_envelope(frame: Any, limits: Limits = DEFAULT_LIMITS) -> pb.Envelope:
+    """Parse and check the envelope alone (what a gateway reads to route, never the payloads)."""
+    raw = _frame_buffer(frame)
+    if raw.nbytes > limits.max_envelope_bytes:
+        raise WireError(f"envelope: {raw.nbytes} bytes exceeds the limit of {limits.max_envelope_bytes}")
+    env = pb.Envelope()
+    try:
+        env.ParseFromString(raw.tobytes())
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise WireError(f"envelope: not a valid Envelope protobuf ({exc})") from exc
+    if env.version != PROTOCOL_VERSION:
+        raise WireError(f"envelope.version: {env.version} is not the supported {PROTOCOL_VERSION}")
+    if env.kind not in Kind._value2member_map_:
+        raise WireError(f"envelope.kind: unknown kind {env.kind}")
+    if len(env.tensors) > limits.max_tensors:
+        raise WireError(f"envelope.tensors: {len(env.tensors)} exceeds the limit of {limits.max_tensors}")
+    if len(env.body) > limits.max_body_bytes:
+        raise WireError(f"envelope.body: {len(env.body)} bytes exceeds the limit of {limits.max_body_bytes}")
+    return env
+
+
+def _check_shape(where: str, dtype: str, shape: Sequence[int], limits: Limits) -> int:
+    """Validate dtype and shape; return the byte count they imply."""
+    if dtype not in DTYPES:
+        raise WireError(f"{where}.dtype: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    if len(shape) > limits.max_rank:
+        raise WireError(f"{where}.shape: rank {len(shape)} exceeds the limit of {limits.max_rank}")
+    if any(dim < 0 for dim in shape):
+        raise WireError(f"{where}.shape: negative dimension in {list(shape)}")
+    nbytes = math.prod(shape) * DTYPES[dtype][1]
+    if nbytes > limits.max_message_bytes:
+        raise WireError(f"{where}.shape: {list(shape)} implies {nbytes} bytes, over the message limit")
+    return nbytes
+
+
+def _view(buffer: memoryview, dtype: str, shape: Sequence[int]) -> torch.Tensor:
+    """Zero-copy tensor over a received frame (read-only memory: receivers must not write in place)."""
+    torch_dtype = DTYPES[dtype][0]
+    if buffer.nbytes == 0:
+        return torch.empty(tuple(shape), dtype=torch_dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # "non-writable buffer": intended, see above
+        return torch.frombuffer(buffer, dtype=torch_dtype).view(tuple(shape))
+
+
+def _decode_tensor(i: int, header: pb.TensorHeader, payloads: list[memoryview], next_payload: int,
+                   limits: Limits) -> TensorPayload:
+    where = f"tensors[{i}] ({header.name!r})"
+    _check_shape(where, header.dtype, header.shape, limits)
+    if len(header.codec_meta) > limits.max_meta_bytes:
+        raise WireError(f"{where}.codec_meta: {len(header.codec_meta)} bytes exceeds {limits.max_meta_bytes}")
+    if header.first_payload != next_payload:
+        raise WireError(f"{where}.first_payload: {header.first_payload}, expected {next_payload} "
+                        "(payload frames must be claimed in order, once each)")
+    if next_payload + len(header.parts) > len(payloads):
+        raise WireError(f"{where}.parts: claims {len(header.parts)} frames from index {next_payload} "
+                        f"but only {len(payloads)} payload frames arrived")
+    parts = []
+    for j, part in enumerate(header.parts):
+        pwhere = f"{where}.parts[{j}]"
+        nbytes = _check_shape(pwhere, part.dtype, part.shape, limits)
+        buffer = payloads[next_payload + j]
+        if not nbytes == part.nbytes == buffer.nbytes:
+            raise WireError(f"{pwhere}.nbytes: shape {list(part.shape)} x {part.dtype} = {nbytes} bytes, "
+                            f"header says {part.nbytes}, frame has {buffer.nbytes}")
+        if checksum(buffer) != part.checksum:
+            raise WireError(f"{pwhere}.checksum: frame bytes do not match the checksum")
+        parts.append(_view(buffer, part.dtype, part.shape))
+    return TensorPayload(name=header.name, role=header.role, dtype=header.dtype, shape=tuple(header.shape),
+                         codec=header.codec, meta=bytes(header.codec_meta), parts=parts)
+
+
+def decode_message(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Frames as received (zmq.Frame with copy=False, bytes or memoryview) -> Message, or WireError."""
+    if not 1 <= len(frames) <= limits.max_frames:
+        raise WireError(f"frames: {len(frames)} frames, expected 1..{limits.max_frames}")
+    env = parse_envelope(frames[0], limits)
+    payloads = [_frame_buffer(frame) for frame in frames[1:]]
+    for k, buffer in enumerate(payloads):
+        if buffer.nbytes > limits.max_frame_bytes:
+            raise WireError(f"payload[{k}]: {buffer.nbytes} bytes exceeds the limit of {limits.max_frame_bytes}")
+    if sum(buffer.nbytes for buffer in payloads) > limits.max_message_bytes:
+        raise WireError(f"frames: total payload exceeds the limit of {limits.max_message_bytes} bytes")
+    tensors, next_payload = [], 0
+    for i, header in enumerate(env.tensors):
+        tensors.append(_decode_tensor(i, header, payloads, next_payload, limits))
+        next_payload += len(header.parts)
+    if next_payload != len(payloads):
+        raise WireError(f"frames: {len(payloads)} payload frames but the headers claim {next_payload}")
+    return Message(kind=Kind(env.kind), job=env.job, src=env.src, dst=env.dst, seq=env.seq, step=env.step,
+                   micro_batch=env.micro_batch, tensors=tensors, topic=env.topic, body=bytes(env.body),
+                   error_code=env.error.code, error_message=env.error.message, ack=env.ack, epoch=env.epoch)
