@@ -114,7 +114,9 @@ def _as_buffer(part: torch.Tensor) -> memoryview:
         part = part.view(torch.int16)
     elif part.dtype == torch.bool:
         part = part.view(torch.uint8)
-    return memoryview(part.numpy()).cast("B")
+    if part.numel() == 0:
+        return memoryview(b"")
+    return memoryview(part.reshape(-1).numpy()).cast("B")
 
 
 def encode_message(msg: Message) -> list[Any]:
