@@ -95,6 +95,7 @@ class Message:
     error_message: str = ""
     ack: int = 0
     epoch: int = 0
+    generation: int = 0
 
     @property
     def payload_bytes(self) -> int:
@@ -123,7 +124,8 @@ def encode_message(msg: Message) -> list[Any]:
     """Frames to pass to `socket.send_multipart(frames, copy=False)`."""
     env = pb.Envelope(version=PROTOCOL_VERSION, job=msg.job, src=msg.src, dst=msg.dst,
                       kind=int(msg.kind), seq=msg.seq, step=msg.step, micro_batch=msg.micro_batch,
-                      topic=msg.topic, body=msg.body, ack=msg.ack, epoch=msg.epoch)
+                      topic=msg.topic, body=msg.body, ack=msg.ack, epoch=msg.epoch,
+                      generation=msg.generation)
     if msg.error_code or msg.error_message:
         env.error.code, env.error.message = msg.error_code, msg.error_message
     frames: list[Any] = [b""]
@@ -238,4 +240,5 @@ def decode_message(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Me
         raise WireError(f"frames: {len(payloads)} payload frames but the headers claim {next_payload}")
     return Message(kind=Kind(env.kind), job=env.job, src=env.src, dst=env.dst, seq=env.seq, step=env.step,
                    micro_batch=env.micro_batch, tensors=tensors, topic=env.topic, body=bytes(env.body),
-                   error_code=env.error.code, error_message=env.error.message, ack=env.ack, epoch=env.epoch)
+                   error_code=env.error.code, error_message=env.error.message, ack=env.ack, epoch=env.epoch,
+                   generation=env.generation)
