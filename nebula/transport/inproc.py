@@ -23,6 +23,12 @@ class InProcHub:
             self._queues[address] = queue.Queue()
         return InProcChannel(self, address)
 
+    def restart(self, address: str) -> "InProcChannel":
+        """A fresh channel for an address whose process 'died': unread messages are lost with it."""
+        with self._lock:
+            self._queues[address] = queue.Queue()
+        return InProcChannel(self, address)
+
     def deliver(self, msg: Message) -> None:
         with self._lock:
             inbox = self._queues.get(msg.dst)

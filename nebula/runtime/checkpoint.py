@@ -1,0 +1,72 @@
+"""Per-stage checkpoints: atomic writes, a checksum that catches corruption, the last few kept."""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nebula.errors import StageError
+
+_NAME = re.compile(r"^step-(\d{8})\.pt$")
+
+
+class CheckpointDir:
+    """`<dir>/step-00000120.pt` files, each followed by its sha256 in `<file>.sha256`."""
+
+    def __init__(self, path: str | Path, keep: int = 3):
+        self.path, self.keep = Path(path), keep
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def steps(self) -> list[int]:
+        """Steps with a complete checkpoint (data and checksum both written), ascending."""
+        found = (_NAME.match(p.name) for p in self.path.iterdir())
+        return sorted(int(m.group(1)) for m in found
+                      if m and (self.path / f"{m.group(0)}.sha256").exists())
+
+    def file(self, step: int) -> Path:
+        return self.path / f"step-{step:08d}.pt"
+
+    def save(self, step: int, state: dict[str, Any]) -> Path:
+        buffer = io.BytesIO()
+        torch.save(state, buffer)
+        data = buffer.getvalue()
+        target = self.file(step)
+        _atomic_write(target, data)
+        # the checksum is written last: its presence marks the checkpoint complete
+        _atomic_write(Path(f"{target}.sha256"), hashlib.sha256(data).hexdigest().encode())
+        self._prune()
+        return target
+
+    def load(self, step: int) -> dict[str, Any]:
+        target = self.file(step)
+        try:
+            data = target.read_bytes()
+            expected = Path(f"{target}.sha256").read_text().strip()
+        except FileNotFoundError as exc:
+            raise StageError(f"checkpoint {target} is missing; available steps: {self.steps()}") from exc
+        if hashlib.sha256(data).hexdigest() != expected:
+            raise StageError(f"checkpoint {target} is corrupt (checksum mismatch); delete it to fall back "
+                             "to an earlier one")
+        try:
+            return torch.load(io.BytesIO(data), weights_only=True)
+        except Exception as exc:  # torch raises many types for a bad pickle stream
+            raise StageError(f"checkpoint {target} cannot be read: {exc}") from exc
+
+    def _prune(self) -> None:
+        for step in self.steps()[:-self.keep]:
+            self.file(step).unlink(missing_ok=True)
+            Path(f"{self.file(step)}.sha256").unlink(missing_ok=True)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,53 @@
+"""Stage implementations chosen by name: a registry that rejects duplicates, fed by entry points.
+
+A job file names a stage either by a registered name (`impl = "abnet-encoder"`) or by an import path
+(`impl = "mypkg.mod:MyStage"`), so a user swaps a stage without touching Nebula.
+"""
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+
+from nebula.errors import ConfigError
+
+ENTRY_POINT_GROUP = "nebula.stages"
+_STAGES: dict[str, type] = {}
+_loaded_entry_points = False
+
+
+def register_stage(name: str):
+    def decorate(cls: type) -> type:
+        if name in _STAGES and _STAGES[name] is not cls:
+            raise ConfigError(f"stage name {name!r} is already registered by {_STAGES[name].__qualname__}")
+        _STAGES[name] = cls
+        cls.stage_name = name
+        return cls
+    return decorate
+
+
+def _load_entry_points() -> None:
+    global _loaded_entry_points
+    if not _loaded_entry_points:
+        _loaded_entry_points = True
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            ep.load()  # importing the module runs its @register_stage
+
+
+def resolve_stage(impl: str) -> type:
+    """A registered name or `package.module:Class` -> the stage class."""
+    if ":" in impl:
+        module_name, _, attr = impl.partition(":")
+        try:
+            return getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"stage impl {impl!r} cannot be imported: {exc}") from exc
+    _load_entry_points()
+    if impl not in _STAGES:
+        raise ConfigError(f"unknown stage {impl!r}; registered: {', '.join(sorted(_STAGES)) or 'none'} "
+                          "(or give 'package.module:Class')")
+    return _STAGES[impl]
+
+
+def registered_stages() -> list[str]:
+    _load_entry_points()
+    return sorted(_STAGES)
