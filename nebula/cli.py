@@ -13,6 +13,9 @@ from nebula.errors import NebulaError
 
 COMMANDS = [
     "bench",
+    "data",
+    "keys",
+    "audit",
 ]
 
 

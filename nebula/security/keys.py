@@ -60,6 +60,6 @@ def curve_key_raw(key: bytes | str) -> bytes:
             return z85.decode(key)
         if len(key) == 64:
             return bytes.fromhex(key.decode())
-    except ValueError as exc:
+    except (ValueError, KeyError) as exc:  # z85.decode raises KeyError on a character outside its alphabet
         raise AuthError(f"CURVE key {key!r} is malformed ({exc})") from exc
     raise AuthError(f"CURVE key has {len(key)} bytes; expected 32 raw, 40 z85 or 64 hex")
