@@ -16,6 +16,8 @@ COMMANDS = [
     "data",
     "keys",
     "audit",
+    "stage",
+    "demo",
 ]
 
 

@@ -98,8 +98,8 @@ def parse_job(raw: dict[str, Any], source: Path | None = None) -> JobConfig:
     if unknown:
         raise ConfigError(f"{where}: unknown section(s) {', '.join(sorted(unknown))}")
     data = Path(job["data"])
-    if source and not data.is_absolute() and not data.exists():
-        data = (source.parent / data) if (source.parent / data).exists() else data
+    if source and not data.is_absolute():
+        data = (source.parent / data).resolve()  # relative paths are relative to the job file
     return JobConfig(name=job["name"], data=str(data), stages=stages, train=train,
                      compression=dict(raw.get("compression", {})), source=source)
 
