@@ -26,7 +26,7 @@ class LinkCodecs:
         else:
             codec = "none"  # token ids, masks: exact, never compressed
         payload = codecs.pack(name, ROLES.get(direction, direction), tensor.contiguous(), codec,
-                              state=self.state.scope(f"{self.link}:{direction}:{name}"))
+                              state=self.state.slot(f"{self.link}:{direction}", name))
         self._bytes[direction] += payload.wire_bytes
         self.raw_bytes[direction] += tensor.numel() * tensor.element_size()
         return payload

@@ -300,11 +300,12 @@ class TailRunner(SplitRunner):
             kind=Kind.TENSORS, job=self.job, dst=self.peer, step=step, micro_batch=mb, generation=generation,
             tensors=[self.codecs.pack("backward", "grad_hidden", grad, step)]))
         self._compute = getattr(self, "_compute", 0.0) + time.perf_counter() - t0
-        return float(loss)
+        return loss.item()
 
     def finish_step(self, step: int, losses: list[float]) -> None:
         t0 = time.perf_counter()
         self.model.optimizer_step(step)
+        self.model.zero_grad()  # the next step accumulates its micro-batches from zero
         self.step = step
         self.ledger.append([step, digest(self._ids)])  # equals the head's entry: same example ids
         if step % self.train.checkpoint_every == 0:

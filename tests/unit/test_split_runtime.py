@@ -40,6 +40,7 @@ class Head(Trainable):
         self.module = torch.nn.Linear(D, H)
         with torch.no_grad():
             self.module.weight.copy_(torch.linspace(-1, 1, D * H).view(H, D))
+            self.module.bias.fill_(0.1)
         self.opt = torch.optim.Adam(self.module.parameters(), lr=1e-2)
 
     def forward(self, indices, split="train"):
@@ -53,6 +54,7 @@ class Tail(Trainable):
         self.module = torch.nn.Linear(H, 1)
         with torch.no_grad():
             self.module.weight.copy_(torch.linspace(-1, 1, H).view(1, H))
+            self.module.bias.fill_(-0.1)
         self.opt = torch.optim.Adam(self.module.parameters(), lr=1e-2)
         self.by_hash = {int(h): i for i, h in enumerate(HASHES)}
         self.steps_done = 0
