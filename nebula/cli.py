@@ -13,11 +13,13 @@ from nebula.errors import NebulaError
 
 COMMANDS = [
     "bench",
+    "gateway",
     "data",
     "keys",
     "audit",
     "stage",
     "demo",
+    "wan",
 ]
 
 

@@ -1,0 +1,140 @@
+"""WAN emulation: real namespaces, a real tbf-shaped veth pair, real TCP between two processes.
+
+Each test uses its own namespace prefix (pid + test number) so parallel runs and a running demo
+(`nebula wan up`, prefix "nebula") never collide.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from nebula.errors import ConfigError
+from nebula.wanem import WanError, WanLink, check_host, measure_goodput, tbf_burst_bytes, tbf_limit_bytes
+
+_serial = itertools.count()
+
+
+def unique_prefix() -> str:
+    return f"nbt{os.getpid()}x{next(_serial)}"
+
+
+def host_namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+@pytest.fixture
+def needs_root():
+    if os.geteuid() != 0:
+        pytest.skip("needs root for network namespaces")
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        pytest.skip("needs `ip` and `tc` (iproute2) for network namespaces and shaping")
+
+
+# --- no root needed ---------------------------------------------------------------------------
+def test_names_addresses_and_exec_prefix():
+    link = WanLink(name_prefix="demo1", rate_mbit=10, subnet="10.99.0.0/24")
+    assert link.namespace("b") == "demo1-b"
+    assert (link.address("a"), link.address("b")) == ("10.99.0.1", "10.99.0.2")
+    assert link.exec_prefix("a") == ["ip", "netns", "exec", "demo1-a"]
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"name_prefix": "Bad Name"}, "prefix"),
+    ({"rate_mbit": 0}, "rate"),
+    ({"subnet": "8.8.8.0/30"}, "private"),
+    ({"subnet": "10.0.0.0/31"}, "two hosts"),
+    ({"subnet": "not-a-net"}, "IPv4 network"),
+])
+def test_bad_arguments_are_config_errors(kwargs, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        WanLink(**kwargs)
+
+
+def test_unknown_site_is_a_config_error():
+    with pytest.raises(ConfigError, match="unknown WAN site 'c'"):
+        WanLink().address("c")
+
+
+def test_not_root_says_so(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(WanError, match="needs root: network namespaces"):
+        check_host()
+
+
+def test_tbf_sizes_follow_the_rate():
+    # A tick (4 ms) of tokens at high rates, 10 frames at low ones; a queue of >= 256 KiB.
+    assert tbf_burst_bytes(170) == 85_000 and tbf_burst_bytes(10) == 15_140
+    assert tbf_limit_bytes(10) == 15_140 + 256 * 1024
+    assert tbf_limit_bytes(170) == 85_000 + 1_062_500
+
+
+# --- root: real namespaces ----------------------------------------------------------------------
+@pytest.mark.root
+@pytest.mark.timeout(60)
+def test_goodput_at_20_mbit_is_near_the_rate(needs_root):
+    prefix = unique_prefix()
+    with WanLink(name_prefix=prefix, rate_mbit=20) as link:
+        assert {link.namespace("a"), link.namespace("b")} <= host_namespaces()
+        mbit = measure_goodput(link, 4_000_000)  # ~1.7 s on the wire
+        status = link.status()
+    assert 0.85 * 20 <= mbit <= 1.05 * 20, f"goodput {mbit:.2f} Mbit/s on a 20 Mbit/s link"
+    assert status["a"]["qdisc"]["rate_mbit"] == 20 and status["b"]["qdisc"]["rate_mbit"] == 20
+    assert status["a"]["qdisc"]["bytes"] >= 4_000_000  # the data did go through the shaper
+    assert not ({f"{prefix}-a", f"{prefix}-b"} & host_namespaces())
+
+
+@pytest.mark.root
+def test_addresses_exist_only_inside_the_namespaces(needs_root):
+    with WanLink(name_prefix=unique_prefix(), rate_mbit=50) as link:
+        host = subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True, check=True).stdout
+        inside = link.run("a", ["ip", "-4", "addr"], capture_output=True, text=True, check=True).stdout
+        assert link.address("a") not in host
+        assert link.address("a") in inside and "127.0.0.1" in inside  # loopback is up too
+
+
+@pytest.mark.root
+def test_namespaces_removed_when_the_body_raises(needs_root):
+    prefix = unique_prefix()
+    with pytest.raises(RuntimeError, match="boom"):
+        with WanLink(name_prefix=prefix, rate_mbit=10):
+            assert f"{prefix}-a" in host_namespaces()
+            raise RuntimeError("boom")
+    assert not ({f"{prefix}-a", f"{prefix}-b"} & host_namespaces())
+
+
+@pytest.mark.root
+def test_up_refuses_existing_namespaces_and_leaves_them(needs_root):
+    prefix = unique_prefix()
+    with WanLink(name_prefix=prefix, rate_mbit=10) as first:
+        with pytest.raises(WanError, match=f"already exist: run `nebula wan down --prefix {prefix}`"):
+            WanLink(name_prefix=prefix, rate_mbit=30).up()
+        assert first.status()["b"]["qdisc"]["rate_mbit"] == 10  # the first link is untouched
+
+
+@pytest.mark.root
+@pytest.mark.timeout(60)
+def test_cli_up_status_measure_down(needs_root):
+    prefix = unique_prefix()
+
+    def nebula(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "nebula.cli", "wan", *args, "--prefix", prefix],
+                              capture_output=True, text=True, timeout=50)
+
+    try:
+        assert nebula("up", "--rate-mbit", "40").returncode == 0
+        again = nebula("up")
+        assert again.returncode == 2 and "nebula wan down" in again.stderr
+        status = nebula("status")
+        assert status.returncode == 0 and "10.213.0.2/30" in status.stdout and "tbf 40 Mbit/s" in status.stdout
+        measured = nebula("measure", "--mbytes", "3")
+        assert measured.returncode == 0 and "of the 40 Mbit/s link" in measured.stdout, measured.stderr
+    finally:
+        down = nebula("down")
+    assert down.returncode == 0 and f"removed {prefix}-a, {prefix}-b" in down.stdout
+    assert nebula("status").returncode == 1
