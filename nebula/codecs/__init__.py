@@ -1,0 +1,18 @@
+"""Nebula's codec library (the paper's communication-optimisation layer, §2.3).
+
+    payload = pack("h", "activation", x, "fp16(svd(0.6))", state=codec_state.slot(link, "h"))
+    x2 = unpack(payload)
+
+Spec grammar, wire layouts and measurements: docs/codecs.md.
+"""
+from nebula.codecs.base import CODECS, Codec, register_codec
+# importing a codec module registers it
+from nebula.codecs import none, fp16, bf16, int8, svd, lowrank, topk, ef  # noqa: F401,E401
+from nebula.codecs.chain import Chain
+from nebula.codecs.packing import pack, unpack
+from nebula.codecs.policy import CompressionPolicy, Override
+from nebula.codecs.spec import canonical, parse
+from nebula.codecs.state import CodecState
+
+__all__ = ["CODECS", "Chain", "Codec", "CodecState", "CompressionPolicy", "Override", "canonical", "pack",
+           "parse", "register_codec", "unpack"]

@@ -1,0 +1,77 @@
+"""The two calls the rest of Nebula makes: tensor -> TensorPayload (`pack`) and back (`unpack`).
+
+Meta travels as compact JSON (empty for codecs that need none) and is limited to 4 KB by the wire.
+`unpack` trusts nothing in the payload: a bad spec, meta or part raises CodecError, never another
+exception type, so a receiver can answer ERROR and keep running.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import torch
+
+from nebula.codecs.base import Codec
+from nebula.codecs.spec import parse
+from nebula.codecs.state import claim
+from nebula.errors import CodecError, ConfigError, NebulaError
+from nebula.wire import DEFAULT_LIMITS, DTYPE_NAMES, DTYPES, TensorPayload
+
+
+def pack(name: str, role: str, x: torch.Tensor, codec: Codec | str,
+         state: dict[str, Any] | None = None) -> TensorPayload:
+    """Encode `x` for the wire. `state`: this stream's slot, `CodecState.slot(link, name)`."""
+    codec = parse(codec) if isinstance(codec, str) else codec
+    if x.dtype not in DTYPE_NAMES:
+        raise CodecError(f"tensor {name!r}: dtype {x.dtype} cannot travel (allowed: "
+                         f"{', '.join(DTYPE_NAMES.values())}); cast it to float32 first")
+    parts, meta = codec.encode(x, claim(state, codec.spec))
+    parts = [part.contiguous() for part in parts]  # a no-op unless a kernel left a transposed layout
+    meta_bytes = encode_meta(meta)
+    if len(meta_bytes) > DEFAULT_LIMITS.max_meta_bytes:
+        raise CodecError(f"tensor {name!r}: codec {codec.spec!r} meta is {len(meta_bytes)} bytes, over the "
+                         f"{DEFAULT_LIMITS.max_meta_bytes}-byte limit")
+    return TensorPayload(name=name, role=role, dtype=DTYPE_NAMES[x.dtype], shape=tuple(x.shape),
+                         codec=codec.spec, meta=meta_bytes, parts=parts)
+
+
+def unpack(payload: TensorPayload) -> torch.Tensor:
+    """Decode a received payload into a tensor of payload.dtype and payload.shape.
+
+    With codec `none` (and a matching dtype) the result is the zero-copy, read-only view of the
+    received frame: clone it before writing to it.
+    """
+    where = f"tensor {payload.name!r}"
+    if payload.dtype not in DTYPES:
+        raise CodecError(f"{where}: unknown dtype {payload.dtype!r}")
+    try:
+        codec = parse(payload.codec)
+    except ConfigError as exc:
+        raise CodecError(f"{where}: {exc}") from exc
+    try:
+        x = codec.decode(list(payload.parts), decode_meta(payload.meta))
+    except NebulaError as exc:
+        raise CodecError(f"{where}: {exc}") from exc
+    except (RuntimeError, ValueError, TypeError, IndexError, KeyError, OverflowError, MemoryError) as exc:
+        raise CodecError(f"{where}: codec {payload.codec!r} cannot decode these parts ({exc})") from exc
+    if x.numel() != math.prod(payload.shape):
+        raise CodecError(f"{where}: codec {payload.codec!r} decoded {x.numel()} elements, the header's "
+                         f"shape {list(payload.shape)} has {math.prod(payload.shape)}")
+    return x.reshape(payload.shape).to(DTYPES[payload.dtype][0])
+
+
+def encode_meta(meta: dict[str, Any]) -> bytes:
+    return json.dumps(meta, separators=(",", ":")).encode() if meta else b""
+
+
+def decode_meta(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        meta = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise CodecError(f"codec meta is not valid JSON ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise CodecError(f"codec meta must be a JSON object, got {type(meta).__name__}")
+    return meta

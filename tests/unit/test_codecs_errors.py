@@ -1,0 +1,119 @@
+"""Bad specs raise ConfigError, bad data CodecError, and nothing from the network raises anything else."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from nebula.codecs import Codec, pack, parse, register_codec, unpack
+from nebula.errors import CodecError, ConfigError
+from nebula.wire import TensorPayload
+
+LOSSY = ["fp16", "bf16", "int8", "svd(0.5)", "lowrank(0.5)", "topk(0.1)", "fp16(svd(0.5))"]
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("zstd", "unknown codec"), ("fp16(svd(", "expected"), ("svd", "missing parameter 'ratio'"),
+    ("svd(0)", "(0, 1]"), ("svd(1.5)", "(0, 1]"), ("lowrank(-0.2)", "(0, 1]"), ("topk(2)", "(0, 1]"),
+    ("int8(block=0)", "block"), ("int8(block=1.5)", "integer"), ("int8(scale=fp16)", "must be one of bf16, fp32"),
+    ("int8(size=3)", "unknown parameter 'size'"), ("svd(0.5, 0.6)", "at most 1 positional"),
+    ("svd(0.5, ratio=0.6)", "both by position and by name"), ("fp16(svd(0.5), svd(0.5))", "inner codec"),
+    ("ef", "needs an inner codec"), ("fp16)", "unexpected"), ("fp16 fp16", "unexpected"), ("", "codec name"),
+    ("int8(block=3, block=4)", "given twice"), ("fp16(#)", "unexpected character '#'"), ("a" * 300, "limit"),
+    ("f(" * 20 + ")" * 20, "nested"),
+])
+def test_bad_specs_raise_config_errors_that_say_what(spec, words):
+    with pytest.raises(ConfigError, match=None) as info:
+        parse(spec)
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize("spec", LOSSY)
+def test_integer_tensors_are_refused_by_float_codecs(spec):
+    with pytest.raises(CodecError, match="int64"):
+        pack("ids", "tokens", torch.arange(64).view(8, 8), spec)
+
+
+@pytest.mark.parametrize("spec", LOSSY)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_and_inf_are_refused(spec, bad):
+    x = torch.randn(8, 16)
+    x[3, 5] = bad
+    with pytest.raises(CodecError, match="NaN/Inf"):
+        pack("h", "activation", x, spec)
+
+
+def test_fp16_overflow_is_refused_with_a_fix():
+    with pytest.raises(CodecError, match="bf16"):
+        pack("h", "activation", torch.full((4,), 1e6), "fp16")
+
+
+def test_ef_without_state_is_refused():
+    with pytest.raises(CodecError, match="state"):
+        pack("g", "gradient", torch.randn(16), "ef(topk(0.5))")
+
+
+def test_duplicate_codec_names_are_refused():
+    with pytest.raises(ConfigError, match="already registered"):
+        @register_codec("int8")
+        @dataclasses.dataclass(frozen=True)
+        class Other(Codec):
+            def encode(self, x, state=None):
+                return [x], {}
+
+            def decode(self, parts, meta):
+                return parts[0]
+
+
+def _payload(spec: str, x: torch.Tensor | None = None, **changes) -> TensorPayload:
+    payload = pack("h", "activation", torch.randn(8, 16) if x is None else x, spec)
+    return dataclasses.replace(payload, **changes)
+
+
+@pytest.mark.parametrize("spec, changes, words", [
+    ("svd(0.5)", {"meta": b"{not json"}, "not valid JSON"),
+    ("svd(0.5)", {"meta": b"[1, 2]"}, "JSON object"),
+    ("svd(0.5)", {"meta": b'{"shape": "8x16"}'}, "shape"),
+    ("svd(0.5)", {"meta": b'{"shape": [4, 4]}'}, "do not make"),
+    ("topk(0.5)", {"meta": b'{"shape": [1000000, 1000000]}'}, "over the limit"),
+    ("topk(0.5)", {"meta": b'{"shape": [2, 2]}'}, "indices outside"),
+    ("fp16(svd(0.5))", {"meta": b'{"i": {}, "o": 3}'}, "'o'"),
+    ("fp16(svd(0.5))", {"meta": b'{"i": {"shape": [8, 16]}, "o": [[5, {}]]}'}, "parts"),
+    ("int8", {"parts": []}, "expected 2 parts"),
+    ("fp16", {"codec": "fp16(svd("}, "expected"),
+    ("fp16", {"codec": "int8"}, "expected 2 parts"),
+    ("none", {"shape": (3, 3)}, "shape"),
+    ("int8", {"dtype": "complex64"}, "unknown dtype"),
+    ("fp16", {"meta": b'[' * 3000 + b']' * 3000}, "JSON"),
+])
+def test_malformed_payloads_raise_codec_errors(spec, changes, words):
+    with pytest.raises(CodecError) as info:
+        unpack(_payload(spec, **changes))
+    assert words in str(info.value)
+
+
+def test_int8_scales_that_do_not_match_the_values_are_refused():
+    payload = _payload("int8", torch.randn(640))
+    bad = dataclasses.replace(payload, parts=[payload.parts[0], payload.parts[1][:3]])
+    with pytest.raises(CodecError, match="scales"):
+        unpack(bad)
+
+
+@settings(max_examples=150, deadline=None)
+@given(spec=st.sampled_from(["int8", "fp16(svd(0.5))", "topk(0.5)", "svd(0.5)", "lowrank(0.5)", "none"]),
+       meta=st.one_of(st.binary(max_size=64), st.recursive(
+           st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.text(max_size=4),
+           lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(["shape", "i", "o", "x"]), c,
+                                                              max_size=3), max_leaves=10).map(
+           lambda v: __import__("json").dumps(v).encode())),
+       drop=st.integers(0, 2))
+def test_any_meta_from_the_network_gives_a_tensor_or_a_codec_error(spec, meta, drop):
+    payload = _payload(spec, meta=meta)
+    payload = dataclasses.replace(payload, parts=payload.parts[:len(payload.parts) - drop])
+    try:
+        y = unpack(payload)
+    except CodecError:
+        return
+    assert y.shape == payload.shape
