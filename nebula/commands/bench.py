@@ -5,6 +5,7 @@ import importlib
 
 BENCHMARKS = [
     "codecs",
+    "transport",
 ]
 
 

@@ -1,0 +1,243 @@
+"""`nebula bench transport`: throughput of tensor messages over each path, measured in the same run.
+
+Paths (one row per path and message size):
+- zmq-plain: PUSH -> PULL, no encryption, one process (the ceiling ZeroMQ gives on this host);
+- curve-direct: the same with CURVE (one encrypted hop);
+- curve-gateways: stage process -> gateway a -> gateway b -> stage process, all real processes, CURVE
+  on each of the three hops, the reliable channel end to end (seq/ACK/window, checksums);
+- wan (root only): the same as curve-gateways with each site in its own network namespace, joined by
+  a tbf-shaped 60 Mbit/s veth (nebula.wanem); goodput as a fraction of the link rate, next to a plain
+  TCP stream over the same link (`tcp_mbit`, the most a single TCP connection gets through tbf).
+
+Stage processes time the transfer: the sender after a warm-up message was acknowledged, the receiver
+at the last message; both read the same host clock.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+MB = 1 << 20
+SIZES = (1 * MB, 25 * MB)
+COUNTS = {1 * MB: 200, 25 * MB: 12}  # messages per measurement (quick: a quarter)
+WAN_MBIT = 60.0
+WAN_COUNT = 4  # 25 MB messages over the emulated link (quick: 2)
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("transport", help="throughput: plain ZeroMQ vs CURVE vs two gateways (and WAN)")
+    parser.add_argument("--json", action="store_true", help="print a JSON list, one object per measurement")
+    parser.add_argument("--quick", action="store_true", help="fewer messages, one repeat")
+    parser.add_argument("--repeat", type=int, default=3, help="repeats per local measurement (median)")
+    parser.add_argument("--no-wan", action="store_true", help="skip the emulated WAN measurement")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    repeat = 1 if args.quick else max(1, args.repeat)
+    rows, notes = [], []
+    emit = (lambda row: None) if args.json else _print_row
+    if not args.json:
+        print(f"{'path':<16}{'size':>8}{'MB/s':>10}{'vs plain':>10}  notes", flush=True)
+    with tempfile.TemporaryDirectory(prefix="nebula-bench-") as tmp:
+        for size in SIZES:
+            count = COUNTS[size] // (4 if args.quick else 1)
+            plain = _median(repeat, lambda: _direct(size, count, curve=False))
+            for path, mb_s in [("zmq-plain", plain),
+                               ("curve-direct", _median(repeat, lambda: _direct(size, count, curve=True))),
+                               ("curve-gateways", _median(repeat, lambda: _gateways(Path(tmp), size, count)))]:
+                rows.append({"path": path, "size_bytes": size, "mb_per_s": round(mb_s, 2),
+                             "fraction_of_plain": round(mb_s / plain, 4)})
+                emit(rows[-1])
+        if not args.no_wan:
+            wan = _wan(Path(tmp), 25 * MB, WAN_COUNT // (2 if args.quick else 1), notes)
+            if wan:
+                rows.append(wan)
+                emit(wan)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+def _print_row(row: dict) -> None:
+    extra = ""
+    if row["path"] == "wan":
+        extra = (f"{row['fraction_of_link']:.1%} of {row['link_mbit']:.0f} Mbit/s "
+                 f"(plain TCP on the same link: {row['tcp_mbit']:.1f} Mbit/s)")
+    plain = f"{row['fraction_of_plain']:.1%}" if "fraction_of_plain" in row else "-"
+    print(f"{row['path']:<16}{row['size_bytes'] // MB:>6}MB{row['mb_per_s']:>10.1f}{plain:>10}  {extra}", flush=True)
+
+
+def _median(repeat: int, measure) -> float:
+    return statistics.median(measure() for _ in range(repeat))
+
+
+# --- one hop, no gateway ----------------------------------------------------------------------
+def _direct(size: int, count: int, curve: bool) -> float:
+    """PUSH -> PULL over loopback TCP, sender in a thread; MB/s of payload."""
+    import zmq
+
+    ctx = zmq.Context()
+    pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    try:
+        for sock in (pull, push):
+            sock.linger, sock.sndhwm, sock.rcvhwm = 0, 1000, 1000
+        if curve:  # throw-away keys: this measures the cipher, not the admission policy
+            server_public, server_secret = zmq.curve_keypair()
+            pull.curve_server, pull.curve_secretkey, pull.curve_publickey = True, server_secret, server_public
+            push.curve_serverkey = server_public
+            push.curve_publickey, push.curve_secretkey = zmq.curve_keypair()
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+        push.connect(f"tcp://127.0.0.1:{port}")
+        push.send(b"warm-up")
+        pull.recv()
+        payload = memoryview(bytearray(size))
+        sender = threading.Thread(target=lambda: [push.send(payload, copy=False) for _ in range(count)])
+        start = time.perf_counter()
+        sender.start()
+        for _ in range(count):
+            pull.recv(copy=False)
+        elapsed = time.perf_counter() - start
+        sender.join()
+        return size * count / elapsed / 1e6
+    finally:
+        pull.close(linger=0)
+        push.close(linger=0)
+        ctx.term()
+
+
+# --- through two gateways ----------------------------------------------------------------------
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gateways(tmp: Path, size: int, count: int) -> float:
+    from nebula.transport.testbed import make_sites
+
+    root = Path(tempfile.mkdtemp(dir=tmp))
+    endpoints = {site: (f"tcp://127.0.0.1:{_free_port()}", f"tcp://127.0.0.1:{_free_port()}") for site in "ab"}
+    paths = make_sites(root, endpoints, ["a/bench/0", "b/bench/0"], extra_gateway="stats_interval = 0")
+    prefix = {"a": [], "b": []}
+    return _stream(prefix, paths, size, count, root)["mb_per_s"]
+
+
+def _stream(prefix: dict[str, list[str]], paths: dict[str, Path], size: int, count: int, root: Path) -> dict:
+    """Gateways a and b, a receiver stage at b and a sender stage at a, each its own process."""
+    procs = []
+    try:
+        for site in "ab":
+            procs.append(_spawn(prefix[site] + [sys.executable, "-m", "services.gateway.main", str(paths[site])],
+                                root / f"gateway-{site}.log", wait_for="up:"))
+        receiver = _spawn(prefix["b"] + [sys.executable, "-m", "nebula.bench.transport", "recv", str(paths["b"]),
+                                         "b/bench/0", str(count)], root / "recv.log", wait_for="ready")
+        procs.append(receiver)
+        sender = subprocess.run(prefix["a"] + [sys.executable, "-m", "nebula.bench.transport", "send",
+                                               str(paths["a"]), "a/bench/0", "b/bench/0", str(size), str(count)],
+                                capture_output=True, text=True, timeout=600)
+        if sender.returncode != 0:
+            raise RuntimeError(f"bench sender failed:\n{sender.stderr[-2000:]}")
+        receiver.wait(60)
+        start = json.loads(sender.stdout.strip().splitlines()[-1])["start"]
+        end = json.loads((root / "recv.log").read_text().strip().splitlines()[-1])["end"]
+        return {"mb_per_s": size * count / (end - start) / 1e6, "seconds": end - start}
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def _spawn(argv: list[str], log: Path, wait_for: str, timeout: float = 60.0) -> subprocess.Popen:
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+    deadline = time.monotonic() + timeout
+    while wait_for not in log.read_text(errors="replace"):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            proc.wait()
+            raise RuntimeError(f"{argv[-3:]} did not start:\n{log.read_text(errors='replace')[-2000:]}")
+        time.sleep(0.05)
+    return proc
+
+
+# --- over the emulated WAN -----------------------------------------------------------------------
+def _wan(tmp: Path, size: int, count: int, notes: list[str]) -> dict | None:
+    if os.geteuid() != 0:
+        notes.append("wan skipped: network namespaces need root")
+        return None
+    from nebula.transport.testbed import make_sites
+    from nebula.wanem import WanError, WanLink, measure_goodput
+
+    root = Path(tempfile.mkdtemp(dir=tmp))
+    try:
+        with WanLink(name_prefix=f"nbt{os.getpid()}", rate_mbit=WAN_MBIT) as link:
+            tcp_mbit = measure_goodput(link, 64 * MB)
+            endpoints = {site: ("tcp://127.0.0.1:5601", f"tcp://{link.address(site)}:5600") for site in "ab"}
+            paths = make_sites(root, endpoints, ["a/bench/0", "b/bench/0"], extra_gateway="stats_interval = 0")
+            result = _stream({site: link.exec_prefix(site) for site in "ab"}, paths, size, count, root)
+    except WanError as exc:
+        notes.append(f"wan skipped: {exc}")
+        return None
+    mbit = result["mb_per_s"] * 8
+    return {"path": "wan", "size_bytes": size, "mb_per_s": round(result["mb_per_s"], 3), "link_mbit": WAN_MBIT,
+            "fraction_of_link": round(mbit / WAN_MBIT, 4), "tcp_mbit": round(tcp_mbit, 2),
+            "fraction_of_tcp": round(mbit / tcp_mbit, 4)}
+
+
+# --- the stage processes ----------------------------------------------------------------------------
+def _stage_send(config: str, address: str, dst: str, size: int, count: int) -> None:
+    import torch
+
+    from nebula.transport.config import load_site_config
+    from nebula.transport.reliable import open_channel
+    from nebula.wire import Kind, Message, TensorPayload
+
+    data = torch.zeros(size // 4, dtype=torch.float32)  # (size/4,) float32: `size` bytes on the wire
+    with open_channel(load_site_config(config), address) as channel:
+        channel.send(Message(kind=Kind.CONTROL, dst=dst, topic="warm-up"), timeout=60)
+        channel.flush(60)
+        start = time.time()
+        for step in range(count):
+            tensor = TensorPayload("hidden", "activation", "float32", tuple(data.shape), "none", b"", [data])
+            channel.send(Message(kind=Kind.TENSORS, dst=dst, step=step, tensors=[tensor]), timeout=120)
+        channel.flush(300)
+    print(json.dumps({"start": start}), flush=True)
+
+
+def _stage_recv(config: str, address: str, count: int) -> None:
+    from nebula.transport.config import load_site_config
+    from nebula.transport.reliable import open_channel
+
+    with open_channel(load_site_config(config), address) as channel:
+        print("ready", flush=True)
+        channel.recv(timeout=120)  # warm-up
+        for _ in range(count):
+            channel.recv(timeout=300)
+        end = time.time()
+    print(json.dumps({"end": end}), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["send"]:
+        _stage_send(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+    elif sys.argv[1:2] == ["recv"]:
+        _stage_recv(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        sys.exit("usage: python -m nebula.bench.transport send CONFIG ADDRESS DST SIZE COUNT | recv CONFIG ADDRESS COUNT")

@@ -1,0 +1,19 @@
+"""`nebula gateway run --site-config SITE.toml`: run this site's gateway until SIGTERM."""
+from __future__ import annotations
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("gateway", help="the site's gateway (Switch Server)")
+    gateway_sub = parser.add_subparsers(dest="gateway_command", required=True, metavar="ACTION")
+    run = gateway_sub.add_parser("run", help="run the gateway in the foreground until SIGTERM")
+    run.add_argument("--site-config", required=True, help="site TOML (see docs/transport.md)")
+    run.set_defaults(func=_run)
+
+
+def _run(args) -> int:
+    import logging
+
+    from services.gateway.main import run
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    return run(args.site_config)

@@ -1,0 +1,267 @@
+"""The I/O thread of a reliable channel: the only code that touches its DEALER socket.
+
+It sends what user threads queued in the `Window`, applies ACKs, delivers incoming messages in
+order and once (`RecvStream`), acknowledges them, answers pings, pings its gateway and peers, goes
+back N on a stall or when asked, and declares the gateway or a peer dead after a silence.
+User threads wake it through a pipe (a zmq socket must not be shared between threads).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from nebula.errors import AuthError, RemoteError, TransportError, WireError
+from nebula.security.certs import parse_address
+from nebula.transport import sockets
+from nebula.transport.streams import RecvStream, SendStream, Verdict
+from nebula.transport.window import Window
+from nebula.wire import Kind, Message, decode_message, encode_message
+
+log = logging.getLogger("nebula.channel")
+RECV_BATCH = 64  # messages handled per poll round before timers and ACKs get their turn
+
+
+class ChannelIO(threading.Thread):
+    def __init__(self, address: str, gateway: str, sock: zmq.Socket, monitor: zmq.Socket,
+                 window: Window, inbox: queue.Queue) -> None:
+        super().__init__(name=f"nebula-io-{address}", daemon=True)
+        self.address, self.gateway, self.sock, self.monitor = address, gateway, sock, monitor
+        self.window, self.inbox, self.config = window, inbox, window.config
+        self.recv_streams: dict[str, RecvStream] = {}
+        self.heard: dict[str, float] = {}  # peer -> last time anything came from it (or first contact)
+        self.acks_due: dict[str, tuple[int, bool]] = {}  # peer -> (epoch, ask it to go back)
+        self.stop_requested = threading.Event()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        self.blocked = False  # the socket refused a send (HWM or no connection): wait for POLLOUT
+        self.next_tick = self.last_ping = 0.0
+        self.stats = {"sent": 0, "resent": 0, "delivered": 0, "duplicates": 0, "gaps": 0, "dropped_full": 0,
+                      "bad": 0}
+
+    def wake(self) -> None:
+        try:
+            os.write(self.wake_w, b"x")
+        except BlockingIOError:
+            pass  # the pipe is full of wake-ups already
+
+    def stop(self) -> None:
+        self.stop_requested.set()
+        self.wake()
+
+    # --- loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.heard[self.gateway] = time.monotonic()
+        try:
+            while not self.stop_requested.is_set():
+                self._round()
+            self._say_goodbye()
+        except Exception as exc:  # never die silently: user threads must see it
+            log.exception("channel I/O thread of %s failed", self.address)
+            self.window.fail(TransportError(f"{self.address}: channel I/O failed: {exc!r}"))
+        finally:
+            self.sock.close(linger=0)
+            self.monitor.close(linger=0)
+            os.close(self.wake_r)
+            os.close(self.wake_w)
+
+    def _round(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN | (zmq.POLLOUT if self.blocked else 0))
+        poller.register(self.monitor, zmq.POLLIN)
+        poller.register(self.wake_r, zmq.POLLIN)
+        wait = max(0.0, self.next_tick - time.monotonic())
+        events = dict(poller.poll(int(wait * 1000) + 1))
+        if self.wake_r in events:
+            os.read(self.wake_r, 4096)
+        if self.monitor in events:
+            self._on_monitor_event(sockets.read_event(self.monitor))
+        if events.get(self.sock, 0) & zmq.POLLOUT:
+            self.blocked = False
+        if events.get(self.sock, 0) & zmq.POLLIN:
+            self._receive_batch()
+        self._flush_outbox()
+        now = time.monotonic()
+        if now >= self.next_tick:
+            self._tick(now)
+            self.next_tick = now + self.config.heartbeat_interval / 4
+        self._send_acks()
+
+    def _say_goodbye(self) -> None:
+        for peer in list(self.heard):
+            self._send_control(Message(kind=Kind.HEARTBEAT, dst=peer, topic="bye"))
+
+    # --- outgoing --------------------------------------------------------------------------
+    def _flush_outbox(self) -> None:
+        while not self.blocked:
+            item = self.window.next_outgoing()
+            if item is None:
+                return
+            stream, pending = item
+            try:
+                self.sock.send_multipart(pending.frames, flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                self.window.put_back(item)
+                self.blocked = True
+                return
+            now = time.monotonic()
+            self.window.mark_sent(stream, pending, now)
+            self.heard.setdefault(stream.dst, now)
+            self.stats["sent"] += 1
+
+    def _send_control(self, msg: Message) -> None:
+        """ACKs and heartbeats: unsequenced, small, dropped (not queued) if the socket is full."""
+        msg.src = self.address
+        try:
+            self.sock.send_multipart(encode_message(msg), flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            pass  # the peer will ask again, or time out; never block the I/O thread
+
+    def _send_acks(self) -> None:
+        for peer, (epoch, go_back) in self.acks_due.items():
+            stream = self.recv_streams[peer]
+            ack = stream.delivered if stream.epoch == epoch else 0
+            self._send_control(Message(kind=Kind.ACK, dst=peer, ack=ack, epoch=epoch,
+                                       topic="resend" if go_back else ""))
+        self.acks_due.clear()
+
+    # --- incoming --------------------------------------------------------------------------
+    def _receive_batch(self) -> None:
+        for _ in range(RECV_BATCH):
+            try:
+                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                msg = decode_message(frames)
+            except WireError as exc:
+                self.stats["bad"] += 1
+                log.warning("%s: dropped a malformed message: %s", self.address, exc)
+                continue
+            if msg.src in self.heard:  # only peers we talk to are watched; see _on_data, _flush_outbox
+                self.heard[msg.src] = time.monotonic()
+            self._on_message(msg)
+
+    def _on_message(self, msg: Message) -> None:
+        if msg.kind == Kind.ACK:
+            self._on_ack(msg)
+        elif msg.kind == Kind.HEARTBEAT:
+            self._on_heartbeat(msg)
+        elif msg.kind == Kind.ERROR and _is_gateway(msg.src):
+            self._on_gateway_error(msg)
+        else:
+            self._on_data(msg)
+
+    def _on_ack(self, msg: Message) -> None:
+        stream = self.window.streams.get(msg.src)
+        if stream is None:
+            return
+        self.window.acked(stream, msg.epoch, msg.ack, time.monotonic())
+        if msg.topic == "resend" and msg.epoch == stream.epoch:
+            self.stats["resent"] += self.window.requeue(stream, after=msg.ack)
+
+    def _on_heartbeat(self, msg: Message) -> None:
+        if msg.topic == "ping":
+            self._send_control(Message(kind=Kind.HEARTBEAT, dst=msg.src, topic="pong"))
+        elif msg.topic == "bye":  # a peer that closed cleanly is not dead: stop watching it
+            self.heard.pop(msg.src, None)
+
+    def _on_gateway_error(self, msg: Message) -> None:
+        log.debug("%s: gateway error %s: %s", self.address, msg.error_code, msg.error_message)
+        if msg.error_code == "unreachable":
+            # The destination (msg.topic) is not connected yet, or its gateway is down: try again soon.
+            stream = self.window.streams.get(msg.topic)
+            if stream is not None and stream.retry_at is None:
+                stream.retry_at = time.monotonic() + self.config.retry_delay
+            return
+        self.window.fail(RemoteError(msg.error_code, f"{msg.src} refused a message from {self.address} "
+                                                     f"to {msg.topic} (seq {msg.seq}): {msg.error_message}"))
+
+    def _on_data(self, msg: Message) -> None:
+        stream = self.recv_streams.get(msg.src) or self.recv_streams.setdefault(msg.src, RecvStream(msg.src))
+        self.heard.setdefault(msg.src, time.monotonic())
+        verdict = stream.judge(msg.epoch, msg.seq)
+        if verdict is Verdict.DELIVER:
+            try:
+                self.inbox.put_nowait(msg)
+            except queue.Full:  # the application is not reading: drop unacked, the sender resends
+                stream.delivered -= 1
+                self.stats["dropped_full"] += 1
+                return
+            self.stats["delivered"] += 1
+            self.acks_due[msg.src] = (msg.epoch, False)
+        elif verdict is Verdict.DUPLICATE:
+            self.stats["duplicates"] += 1
+            self.acks_due[msg.src] = (msg.epoch, False)
+        elif verdict is Verdict.GAP:
+            self.stats["gaps"] += 1
+            hole = (msg.epoch, stream.delivered)
+            if stream.gap_reported != hole:  # one request per hole, or go-back-N storms
+                stream.gap_reported = hole
+                self.acks_due[msg.src] = (msg.epoch, True)
+
+    def _on_monitor_event(self, event: dict[str, Any]) -> None:
+        kind = event["event"]
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self._on_reconnected()
+        elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            self.window.fail(sockets.handshake_error(event, self.address, self.gateway))
+        elif kind == zmq.EVENT_DISCONNECTED:
+            log.info("%s: disconnected from its gateway %s; reconnecting", self.address, self.gateway)
+
+    def _on_reconnected(self) -> None:
+        """The gateway restarted (or the connection broke): whatever it held is lost; resend and ask peers to."""
+        log.info("%s: reconnected to %s; resending unacknowledged messages", self.address, self.gateway)
+        self.heard[self.gateway] = time.monotonic()
+        for stream in self.window.snapshot():
+            self.stats["resent"] += self.window.requeue(stream)
+        for peer, stream in self.recv_streams.items():
+            self.acks_due[peer] = (stream.epoch, True)
+
+    # --- timers ----------------------------------------------------------------------------
+    def _tick(self, now: float) -> None:
+        if now - self.last_ping >= self.config.heartbeat_interval:
+            self.last_ping = now
+            for peer in list(self.heard):
+                self._send_control(Message(kind=Kind.HEARTBEAT, dst=peer, topic="ping"))
+        for stream in self.window.snapshot():
+            self._check_stall(stream, now)
+        self.window.set_dead(self._dead(now))
+
+    def _check_stall(self, stream: SendStream, now: float) -> None:
+        if stream.retry_at is not None and now >= stream.retry_at:
+            stream.retry_at = None
+            self.stats["resent"] += self.window.requeue(stream)
+            stream.last_progress = now
+            return
+        if self.window.stalled(stream, now):
+            resent = self.window.requeue(stream)
+            log.info("%s: no ACK from %s for %.1f s; going back %d messages", self.address, stream.dst,
+                     now - stream.last_progress, resent)
+            self.stats["resent"] += resent
+            stream.last_progress, stream.backoff = now, min(stream.backoff * 2, 16.0)
+
+    def _dead(self, now: float) -> dict[str, str]:
+        dead = {}
+        silent = now - self.heard.get(self.gateway, now)
+        if silent > self.config.gateway_timeout:
+            dead["gateway"] = (f"its gateway {self.gateway} has not answered for {silent:.1f} s "
+                               f"(gateway_timeout {self.config.gateway_timeout} s); is it running?")
+        for peer, last in self.heard.items():
+            silent = now - last
+            if peer != self.gateway and silent > self.config.peer_timeout:
+                dead[peer] = (f"peer {peer} has not answered for {silent:.1f} s (peer_timeout "
+                              f"{self.config.peer_timeout} s); is it running and reachable?")
+        return dead
+
+
+def _is_gateway(address: str) -> bool:
+    try:
+        return parse_address(address)[1] == "gateway"
+    except Exception:
+        return False

@@ -1,0 +1,125 @@
+"""The real `Channel`: a stage's CURVE DEALER to its site's gateway, reliable end to end.
+
+Reliability lives in the endpoints, not in the gateways (they forward and forget), so a gateway
+restart loses nothing: per (sender, receiver) stream sequence numbers and cumulative ACKs, a
+bounded window, go-back-N resend, duplicate drop (also across a sender restart, via `epoch`), and
+heartbeats that name a dead gateway or peer. See docs/transport.md for the protocol.
+
+    site = load_site_config("deploy/sites/a.toml")
+    with open_channel(site, "a/encoder/0") as channel:
+        channel.send(Message(kind=Kind.TENSORS, dst="b/decoder/0", tensors=[...]))
+        reply = channel.recv(timeout=30)
+"""
+from __future__ import annotations
+
+import queue
+import time
+
+import zmq
+
+from nebula.errors import ConfigError, TransportError
+from nebula.security.certs import parse_address
+from nebula.security.trust import Identity, TrustStore, load_identity, peer_curve_key
+from nebula.transport import sockets
+from nebula.transport.base import Channel
+from nebula.transport.channel_io import ChannelIO
+from nebula.transport.config import ChannelConfig, SiteConfig
+from nebula.transport.window import Window
+from nebula.wire import Message, encode_message
+
+POLL_SLICE = 0.1  # recv() re-checks for a dead gateway or peer this often while it waits
+
+
+class ReliableChannel(Channel):
+    def __init__(self, identity: Identity, endpoint: str, gateway: str, gateway_key: bytes,
+                 config: ChannelConfig = ChannelConfig()) -> None:
+        self.address, self.gateway, self.config = identity.address, gateway, config
+        self._ctx = zmq.Context(io_threads=config.io_threads)
+        self._window = Window(self.address, config)
+        self._inbox: queue.Queue[Message] = queue.Queue(maxsize=config.inbox_messages)
+        self._closed = False
+        try:
+            sock, monitor = self._connect(identity, endpoint, gateway_key)
+        except BaseException:
+            self._ctx.destroy(linger=0)
+            raise
+        self._io = ChannelIO(self.address, gateway, sock, monitor, self._window, self._inbox)
+        self._io.start()
+
+    def _connect(self, identity: Identity, endpoint: str, gateway_key: bytes) -> tuple[zmq.Socket, zmq.Socket]:
+        sock = sockets.client_socket(self._ctx, zmq.DEALER, identity, gateway_key, self.config.hwm,
+                                     routing_id=self.address)
+        sock.immediate = True  # queue only on a live connection: what a dead one held is resent anyway
+        monitor = sock.get_monitor_socket(sockets.MONITORED)
+        sock.connect(endpoint)
+        try:
+            sockets.await_handshake(monitor, self.address, endpoint, self.config.connect_timeout)
+        except BaseException:
+            sock.disable_monitor()
+            monitor.close(linger=0)
+            sock.close(linger=0)
+            raise
+        return sock, monitor
+
+    def send(self, msg: Message, timeout: float | None = None) -> None:
+        if self._closed:
+            raise TransportError(f"channel {self.address} is closed")
+        parse_address(msg.dst)
+        msg.src = self.address
+
+        def encode(seq: int, epoch: int) -> list:
+            msg.seq, msg.epoch = seq, epoch
+            return encode_message(msg)
+
+        self._window.push(msg.dst, msg.payload_bytes, encode, timeout)
+        self._io.wake()
+
+    def recv(self, timeout: float | None = None) -> Message:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            self._window.raise_if_failed(None)
+            self._raise_if_peer_dead()
+            if self._closed:
+                raise TransportError(f"channel {self.address} is closed")
+            left = POLL_SLICE if deadline is None else min(POLL_SLICE, deadline - time.monotonic())
+            if left <= 0:
+                raise TransportError(f"{self.address}: no message within {timeout} s")
+            try:
+                return self._inbox.get(timeout=left)
+            except queue.Empty:
+                continue
+
+    def _raise_if_peer_dead(self) -> None:
+        dead = self._window.dead
+        peers = sorted(p for p in dead if p != "gateway")
+        if peers:
+            raise TransportError(f"{self.address}: {dead[peers[0]]}")
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until every message sent so far is acknowledged; False on timeout."""
+        return self._window.wait_empty(timeout)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters of the I/O thread, plus the window's current occupancy."""
+        return {**self._io.stats, "in_flight": self._window.in_flight, "in_flight_bytes": self._window.in_flight_bytes}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._window.wait_empty(self.config.close_timeout)  # returns at once on a failure or death
+        self._io.stop()
+        self._io.join(timeout=5)
+        self._ctx.destroy(linger=0)
+
+
+def open_channel(site: SiteConfig, address: str, identity: Identity | None = None,
+                 config: ChannelConfig | None = None) -> ReliableChannel:
+    """The channel of the stage `address`, through its site's gateway, with its key from the site store."""
+    if parse_address(address)[0] != site.name:
+        raise ConfigError(f"{address} is not a service of site {site.name}: a stage only talks to its own gateway")
+    identity = identity or load_identity(site.keys, address)
+    gateway_key = peer_curve_key(TrustStore.load(site.keys), site.gateway.address)
+    return ReliableChannel(identity, site.gateway.internal_connect, site.gateway.address, gateway_key,
+                           config or site.channel)

@@ -1,0 +1,145 @@
+"""The state a channel's user threads share with its I/O thread: send streams, the window, failures.
+
+User threads reserve window space and queue encoded messages; the I/O thread takes them from the
+outbox, hands them to the socket, and frees space as ACKs arrive. Everything here is guarded by
+one condition variable; no socket is touched here (sockets belong to the I/O thread alone).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Any, Callable
+
+from nebula.errors import NebulaError, TransportError
+from nebula.transport.config import ChannelConfig
+from nebula.transport.streams import Pending, SendStream, new_epoch
+
+
+class Window:
+    def __init__(self, owner: str, config: ChannelConfig) -> None:
+        self.owner, self.config = owner, config
+        self.cond = threading.Condition()
+        self.streams: dict[str, SendStream] = {}
+        self.outbox: deque[tuple[SendStream, Pending]] = deque()
+        self.in_flight = 0  # unacked messages, all streams
+        self.in_flight_bytes = 0
+        self.epoch = new_epoch()  # one incarnation for all of this channel's streams
+        self.failure: NebulaError | None = None  # fatal: the channel is unusable
+        self.dead: dict[str, str] = {}  # address (or "gateway") -> why it is considered dead
+
+    # --- user side -------------------------------------------------------------------------
+    def push(self, dst: str, nbytes: int, encode: Callable[[int, int], list[Any]], timeout: float | None) -> None:
+        """Wait for room, then assign the next seq of the stream to `dst` and queue `encode(seq, epoch)`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self.cond:
+            while not self._has_room(nbytes):
+                self.raise_if_failed(dst)
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise TransportError(self._full_message(dst, timeout))
+                self.cond.wait(left if left is None else min(left, 0.5))
+            self.raise_if_failed(dst)
+            stream = self.streams.get(dst) or self.streams.setdefault(dst, SendStream(dst, self.epoch))
+            pending = stream.push(encode(stream.next_seq, stream.epoch), nbytes)
+            self.outbox.append((stream, pending))
+            self.in_flight += 1
+            self.in_flight_bytes += nbytes
+
+    def wait_empty(self, timeout: float) -> bool:
+        """Wait for every ACK; give up early once the channel failed or something it needs is dead."""
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while self.in_flight and self.failure is None and not self.dead:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return self.in_flight == 0
+
+    def raise_if_failed(self, peer: str | None = None) -> None:
+        """Raise the fatal failure, a dead gateway, or (if given and dead) the peer's death."""
+        if self.failure is not None:
+            raise self.failure
+        if "gateway" in self.dead:
+            raise TransportError(f"{self.owner}: {self.dead['gateway']}")
+        if peer is not None and peer in self.dead:
+            raise TransportError(f"{self.owner}: {self.dead[peer]}")
+
+    def _has_room(self, nbytes: int) -> bool:
+        if self.in_flight == 0:
+            return True  # a single message larger than window_bytes still goes, alone
+        return (self.in_flight < self.config.window_messages
+                and self.in_flight_bytes + nbytes <= self.config.window_bytes)
+
+    def _full_message(self, dst: str, timeout: float | None) -> str:
+        waiting = sorted(s.dst for s in self.streams.values() if s.unacked)
+        return (f"{self.owner}: send to {dst} timed out after {timeout} s: window full "
+                f"({self.in_flight} unacked messages, {self.in_flight_bytes} bytes, waiting for ACKs "
+                f"from {', '.join(waiting)}); the receiver is slow or not running")
+
+    # --- I/O side --------------------------------------------------------------------------
+    def acked(self, stream: SendStream, epoch: int, ack: int, now: float) -> bool:
+        """Apply a cumulative ACK; True when it freed something."""
+        with self.cond:
+            freed = stream.on_ack(epoch, ack)
+            if not freed:
+                return False
+            self.in_flight -= len(freed)
+            self.in_flight_bytes -= sum(p.nbytes for p in freed)
+            gap = now - stream.last_progress
+            stream.ack_gap = gap if stream.ack_gap == 0 else 0.8 * stream.ack_gap + 0.2 * gap
+            stream.last_progress, stream.backoff = now, 1.0
+            self.cond.notify_all()
+            return True
+
+    def requeue(self, stream: SendStream, after: int = 0) -> int:
+        """Go back N: queue again, ahead of everything, each sent-but-unacked message past `after`."""
+        with self.cond:
+            again = [p for p in stream.sent() if p.seq > after]
+            for pending in again:
+                pending.sent_at = None
+            self.outbox.extendleft((stream, p) for p in reversed(again))
+            return len(again)
+
+    def snapshot(self) -> list[SendStream]:
+        with self.cond:
+            return list(self.streams.values())
+
+    def mark_sent(self, stream: SendStream, pending: Pending, now: float) -> None:
+        with self.cond:
+            if not stream.sent():
+                stream.last_progress = now  # the go-back-N timer runs from the oldest message's send
+            pending.sent_at = now
+
+    def stalled(self, stream: SendStream, now: float) -> bool:
+        """No ACK progress for longer than the stream's current resend timeout (adaptive, backed off)."""
+        with self.cond:
+            if not stream.sent():
+                return False
+            timeout = max(self.config.resend_timeout, 4 * stream.ack_gap) * stream.backoff
+            return now - stream.last_progress > timeout
+
+    def next_outgoing(self) -> tuple[SendStream, Pending] | None:
+        with self.cond:
+            while self.outbox:
+                stream, pending = self.outbox.popleft()
+                if pending.seq in stream.unacked and pending.sent_at is None:
+                    return stream, pending
+            return None
+
+    def put_back(self, item: tuple[SendStream, Pending]) -> None:
+        with self.cond:
+            self.outbox.appendleft(item)
+
+    def fail(self, error: NebulaError) -> None:
+        with self.cond:
+            if self.failure is None:
+                self.failure = error
+            self.cond.notify_all()
+
+    def set_dead(self, dead: dict[str, str]) -> None:
+        with self.cond:
+            if dead != self.dead:
+                self.dead = dead
+                self.cond.notify_all()

@@ -1,0 +1,217 @@
+"""The gateway (Switch Server): the one process of a site that other sites can reach.
+
+Sockets, all CURVE servers checked by the ZAP handler, or CURVE clients pinning the server key:
+
+    internal ROUTER (bind)  <- this site's stages (DEALER, ROUTING_ID = their address)
+    external ROUTER (bind)  <- other sites' gateways (their DEALERs)
+    one DEALER per peer site (connect) -> that site's external ROUTER
+
+It routes by the destination's site, reads only envelopes, meters and audits, and answers anything
+it cannot forward with an ERROR envelope on the socket it came from. It keeps no message state:
+reliability is end to end (nebula.transport.reliable), so a restart loses nothing that is not resent.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from typing import Any
+
+import zmq
+from zmq.utils import z85
+
+from nebula.security.audit import AuditLog
+from nebula.security.keys import curve_key_raw
+from nebula.security.trust import TrustStore, load_identity, peer_curve_key
+from nebula.transport import sockets
+from nebula.transport.config import SiteConfig
+from nebula.transport.zap import ZapHandler, external_policy, internal_policy
+from nebula.wire import Kind, Limits, Message, encode_message
+from services.gateway.admission import EXTERNAL, INTERNAL, PEER, Admission, Inbound, Refusal
+from services.gateway.meter import Meter
+
+log = logging.getLogger("nebula.gateway")
+BATCH = 64  # messages taken from one socket before the others get their turn
+
+
+class Gateway:
+    def __init__(self, site: SiteConfig) -> None:
+        self.site, self.address = site, site.gateway.address
+        self.stop_requested = threading.Event()
+        self.meter = Meter()
+        self.audit = AuditLog(site.audit)
+        self.store = TrustStore.load(site.keys)
+        self.identity = load_identity(site.keys, self.address)
+        limits = Limits(max_frames=site.gateway.max_frames)
+        self.admission = Admission(site.name, self.store, limits, site.gateway.max_message_bytes)
+        self.ctx = zmq.Context(io_threads=site.gateway.io_threads)
+        self.zap: ZapHandler | None = None
+        self.peers: dict[str, zmq.Socket] = {}
+        self.internal = self.external = None
+        self._last_stats = time.monotonic()
+
+    def start(self) -> "Gateway":
+        """Bind and connect; on any failure close what was opened and raise."""
+        try:
+            policies = {INTERNAL: internal_policy(self.site.name), EXTERNAL: external_policy(self.site.name)}
+            # The ZAP handler first: libzmq admits everyone on a CURVE socket while none is bound.
+            self.zap = ZapHandler(self.ctx, self.store, policies, self.audit).start()
+            self.internal = self._server(INTERNAL, self.site.gateway.internal)
+            self.external = self._server(EXTERNAL, self.site.gateway.external)
+            for name, peer in self.site.peers.items():
+                key = peer.curve_key.encode() if peer.curve_key else peer_curve_key(self.store, peer.address)
+                sock = sockets.client_socket(self.ctx, zmq.DEALER, self.identity, _z85(key),
+                                             self.site.gateway.hwm, routing_id=self.address)
+                sock.immediate = True  # never queue for a peer that is down: senders resend end to end
+                sock.connect(peer.endpoint)
+                self.peers[name] = sock
+        except BaseException:
+            self.close()
+            raise
+        self.audit.append("gateway.started", address=self.address, internal=self.site.gateway.internal,
+                          external=self.site.gateway.external, peers=sorted(self.peers))
+        log.info("gateway %s up: internal %s, external %s, peers %s", self.address,
+                 self.site.gateway.internal, self.site.gateway.external, sorted(self.peers) or "none")
+        return self
+
+    def _server(self, domain: str, endpoint: str) -> zmq.Socket:
+        sock = sockets.server_socket(self.ctx, zmq.ROUTER, self.identity, domain, self.site.gateway.hwm)
+        sock.router_mandatory = True  # an unknown destination is an error we report, not a silent drop
+        sock.bind(endpoint)
+        return sock
+
+    # --- loop ------------------------------------------------------------------------------
+    def run(self) -> None:
+        poller = zmq.Poller()
+        origins = {self.internal: (INTERNAL, None), self.external: (EXTERNAL, None)}
+        for name, sock in self.peers.items():
+            origins[sock] = (PEER, self.site.peers[name].address)
+        for sock in origins:
+            poller.register(sock, zmq.POLLIN)
+        while not self.stop_requested.is_set():
+            for sock, _ in poller.poll(100):
+                origin, peer_gateway = origins[sock]
+                self._drain(sock, origin, peer_gateway)
+            self._maybe_log_stats()
+
+    def _drain(self, sock: zmq.Socket, origin: str, peer_gateway: str | None) -> None:
+        for _ in range(BATCH):
+            try:
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            try:
+                self._forward(self.admission.admit(origin, frames, peer_gateway))
+            except Refusal as refusal:
+                self._refuse(sock, origin, frames, refusal)
+            except Exception as exc:  # a bug must cost one message, not the site's only gateway
+                log.exception("gateway %s failed on a message from %s", self.address, origin)
+                self._refuse(sock, origin, frames, Refusal("internal", f"gateway error: {exc!r}"))
+
+    def _forward(self, msg: Inbound) -> None:
+        dst_site = msg.env.dst.split("/", 1)[0]
+        if msg.env.dst == self.address:
+            self._answer_local(msg)
+        elif dst_site == self.site.name:
+            self._send(self.internal, [msg.env.dst.encode(), *msg.frames], msg, "internal")
+        elif dst_site in self.peers and msg.origin == INTERNAL:
+            self._send(self.peers[dst_site], msg.frames, msg, f"to:{dst_site}")
+        else:
+            raise Refusal("unroutable", f"no route from {self.site.name} to site {dst_site!r}; configure "
+                                        f"[peers.{dst_site}] in {self.site.source}", msg.env)
+        if msg.origin != INTERNAL:
+            self.meter.count(f"from:{msg.sender.split('/', 1)[0]}", msg.env.job, msg.nbytes)
+            self._audit_transfer("transfer.in", msg)
+        elif dst_site != self.site.name:
+            self._audit_transfer("transfer.out", msg)
+
+    def _send(self, sock: zmq.Socket, frames: list[Any], msg: Inbound, link: str) -> None:
+        try:
+            sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:  # the next hop's queue is full or it is down: the sender's window resends
+            self.meter.dropped[link] += 1
+            raise Refusal("unreachable", f"{msg.env.dst} cannot take the message now (next hop {link} "
+                                         "full or not connected); it will be resent", msg.env) from None
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EHOSTUNREACH:
+                raise
+            raise Refusal("unreachable", f"{msg.env.dst} is not connected to gateway {self.address}", msg.env) from None
+        self.meter.count(link, msg.env.job, msg.nbytes)
+
+    def _answer_local(self, msg: Inbound) -> None:
+        """Messages to the gateway itself: liveness pings, and `stats` requests."""
+        if msg.env.kind == Kind.HEARTBEAT and msg.env.topic == "ping":
+            self._reply(msg, Message(kind=Kind.HEARTBEAT, topic="pong"))
+        elif msg.env.kind == Kind.CONTROL and msg.env.topic == "stats":
+            body = json.dumps(self.meter.snapshot(), sort_keys=True).encode()
+            self._reply(msg, Message(kind=Kind.CONTROL, topic="stats", body=body))
+        elif msg.env.kind not in (Kind.HEARTBEAT, Kind.ACK):
+            raise Refusal("unroutable", f"gateway {self.address} answers only ping and stats, not "
+                                        f"{Kind(msg.env.kind).name} topic {msg.env.topic!r}", msg.env)
+
+    def _reply(self, msg: Inbound, reply: Message) -> None:
+        reply.src, reply.dst, reply.job = self.address, msg.env.src, msg.env.job
+        sock = {INTERNAL: self.internal, EXTERNAL: self.external}.get(msg.origin)
+        target = sock if sock is not None else self.peers[msg.sender.split("/", 1)[0]]
+        try:
+            target.send_multipart([*msg.reply_prefix, *encode_message(reply)], flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            pass  # the asker is gone or flooded: it will ask again
+
+    # --- refusals --------------------------------------------------------------------------
+    def _refuse(self, sock: zmq.Socket, origin: str, frames: list[Any], refusal: Refusal) -> None:
+        """Answer with ERROR on the socket it came from, audit, and go on."""
+        self.meter.refused[refusal.code] += 1
+        env = refusal.env
+        prefix = frames[:1] if origin in (INTERNAL, EXTERNAL) else []
+        sender = _peer_name(frames, origin)
+        if refusal.code != "unreachable":  # transient and frequent at start-up: counted, not audited
+            log.warning("refused a message from %s: %s", sender, refusal)
+            self.audit.append("gateway.refused", origin=origin, sender=sender, code=refusal.code,
+                              reason=refusal.message, job=env.job if env else "", src=env.src if env else "",
+                              dst=env.dst if env else "", kind=int(env.kind) if env else 0)
+        if env is not None and env.kind == Kind.ERROR:
+            return  # never answer an error with an error (no loops between gateways)
+        error = Message(kind=Kind.ERROR, src=self.address, dst=env.src if env else sender,
+                        job=env.job if env else "", seq=env.seq if env else 0, epoch=env.epoch if env else 0,
+                        topic=env.dst if env else "", error_code=refusal.code, error_message=refusal.message)
+        try:
+            sock.send_multipart([*prefix, *encode_message(error)], flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            self.meter.dropped["error-reply"] += 1
+
+    def _audit_transfer(self, event: str, msg: Inbound) -> None:
+        env = msg.env
+        self.audit.append(event, job=env.job, src=env.src, dst=env.dst, kind=Kind(env.kind).name,
+                          bytes=msg.nbytes, msg_seq=env.seq, codecs=sorted({t.codec for t in env.tensors}))
+
+    def _maybe_log_stats(self) -> None:
+        interval = self.site.gateway.stats_interval
+        if interval and time.monotonic() - self._last_stats >= interval:
+            self._last_stats = time.monotonic()
+            log.info("gateway %s stats: %s", self.address, self.meter.summary())
+
+    # --- shutdown --------------------------------------------------------------------------
+    def close(self) -> None:
+        for sock in [self.internal, self.external, *self.peers.values()]:
+            if sock is not None:
+                sock.close(linger=0)
+        if self.zap is not None:  # after the server sockets: never leave them without a handler
+            self.zap.stop()
+        self.ctx.term()
+        self.audit.append("gateway.stopped", address=self.address, stats=self.meter.snapshot())
+        self.audit.close()
+
+
+def _peer_name(frames: list[Any], origin: str) -> str:
+    try:
+        first = frames[1] if origin in (INTERNAL, EXTERNAL) and len(frames) > 1 else frames[0]
+        return first.get("User-Id") if origin != PEER else "peer gateway"
+    except (zmq.ZMQError, IndexError):
+        return "unknown"
+
+
+def _z85(key: bytes) -> bytes:
+    """Pinned keys may be written in hex in the config; sockets want z85."""
+    return z85.encode(curve_key_raw(key))
