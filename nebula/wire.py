@@ -9,32 +9,37 @@ nothing: every limit violation raises `WireError` naming the field.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
 import xxhash
 from google.protobuf.message import DecodeError
 
 from nebula._proto import nebula_pb2 as pb
 from nebula.errors import WireError
 
+if TYPE_CHECKING:
+    import torch
+
 PROTOCOL_VERSION = 1
 
-# name -> (torch dtype, itemsize); the only dtypes a frame may carry
-DTYPES: dict[str, tuple[torch.dtype, int]] = {
-    "float32": (torch.float32, 4),
-    "float16": (torch.float16, 2),
-    "bfloat16": (torch.bfloat16, 2),
-    "int8": (torch.int8, 1),
-    "uint8": (torch.uint8, 1),
-    "int32": (torch.int32, 4),
-    "int64": (torch.int64, 8),
-    "bool": (torch.bool, 1),
-}
-DTYPE_NAMES = {torch_dtype: name for name, (torch_dtype, _) in DTYPES.items()}
+# the only dtypes a frame may carry: name -> itemsize. torch is imported only where tensors are
+# touched, so a gateway (which routes envelopes and never decodes payloads) starts without it.
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "int32": 4, "int64": 8, "bool": 1}
+
+
+@functools.cache
+def torch_dtypes() -> dict[str, "torch.dtype"]:
+    import torch
+    return {name: getattr(torch, name) for name in ITEMSIZE}
+
+
+@functools.cache
+def dtype_names() -> dict["torch.dtype", str]:
+    return {dtype: name for name, dtype in torch_dtypes().items()}
 
 
 class Kind(enum.IntEnum):
@@ -111,7 +116,8 @@ def _as_buffer(part: torch.Tensor) -> memoryview:
     if part.device.type != "cpu" or not part.is_contiguous():
         raise WireError(f"payload parts must be contiguous CPU tensors, got {part.device} "
                         f"contiguous={part.is_contiguous()}")
-    if part.dtype == torch.bfloat16:
+    import torch
+    if part.dtype == torch.bfloat16:  # numpy has no bfloat16: view as a same-size integer
         part = part.view(torch.int16)
     elif part.dtype == torch.bool:
         part = part.view(torch.uint8)
@@ -134,10 +140,10 @@ def encode_message(msg: Message) -> list[Any]:
                                  shape=tensor.shape, codec=tensor.codec, codec_meta=tensor.meta,
                                  first_payload=len(frames) - 1)
         for part in tensor.parts:
-            if part.dtype not in DTYPE_NAMES:
+            if part.dtype not in dtype_names():
                 raise WireError(f"tensor {tensor.name!r}: dtype {part.dtype} cannot go on the wire")
             buffer = _as_buffer(part)
-            header.parts.add(dtype=DTYPE_NAMES[part.dtype], shape=part.shape,
+            header.parts.add(dtype=dtype_names()[part.dtype], shape=part.shape,
                              nbytes=buffer.nbytes, checksum=checksum(buffer))
             frames.append(buffer)
     frames[0] = env.SerializeToString()
@@ -172,13 +178,13 @@ def parse_envelope(frame: Any, limits: Limits = DEFAULT_LIMITS) -> pb.Envelope:
 
 def _check_shape(where: str, dtype: str, shape: Sequence[int], limits: Limits) -> int:
     """Validate dtype and shape; return the byte count they imply."""
-    if dtype not in DTYPES:
-        raise WireError(f"{where}.dtype: unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    if dtype not in ITEMSIZE:
+        raise WireError(f"{where}.dtype: unknown dtype {dtype!r} (known: {', '.join(ITEMSIZE)})")
     if len(shape) > limits.max_rank:
         raise WireError(f"{where}.shape: rank {len(shape)} exceeds the limit of {limits.max_rank}")
     if any(dim < 0 for dim in shape):
         raise WireError(f"{where}.shape: negative dimension in {list(shape)}")
-    nbytes = math.prod(shape) * DTYPES[dtype][1]
+    nbytes = math.prod(shape) * ITEMSIZE[dtype]
     if nbytes > limits.max_message_bytes:
         raise WireError(f"{where}.shape: {list(shape)} implies {nbytes} bytes, over the message limit")
     return nbytes
@@ -186,7 +192,8 @@ def _check_shape(where: str, dtype: str, shape: Sequence[int], limits: Limits) -
 
 def _view(buffer: memoryview, dtype: str, shape: Sequence[int]) -> torch.Tensor:
     """Zero-copy tensor over a received frame (read-only memory: receivers must not write in place)."""
-    torch_dtype = DTYPES[dtype][0]
+    import torch
+    torch_dtype = torch_dtypes()[dtype]
     if buffer.nbytes == 0:
         return torch.empty(tuple(shape), dtype=torch_dtype)
     with warnings.catch_warnings():

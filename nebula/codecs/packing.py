@@ -16,23 +16,23 @@ from nebula.codecs.base import Codec
 from nebula.codecs.spec import parse
 from nebula.codecs.state import claim
 from nebula.errors import CodecError, ConfigError, NebulaError
-from nebula.wire import DEFAULT_LIMITS, DTYPE_NAMES, DTYPES, TensorPayload
+from nebula.wire import DEFAULT_LIMITS, ITEMSIZE, TensorPayload, dtype_names, torch_dtypes
 
 
 def pack(name: str, role: str, x: torch.Tensor, codec: Codec | str,
          state: dict[str, Any] | None = None) -> TensorPayload:
     """Encode `x` for the wire. `state`: this stream's slot, `CodecState.slot(link, name)`."""
     codec = parse(codec) if isinstance(codec, str) else codec
-    if x.dtype not in DTYPE_NAMES:
+    if x.dtype not in dtype_names():
         raise CodecError(f"tensor {name!r}: dtype {x.dtype} cannot travel (allowed: "
-                         f"{', '.join(DTYPE_NAMES.values())}); cast it to float32 first")
+                         f"{', '.join(ITEMSIZE)}); cast it to float32 first")
     parts, meta = codec.encode(x, claim(state, codec.spec))
     parts = [part.contiguous() for part in parts]  # a no-op unless a kernel left a transposed layout
     meta_bytes = encode_meta(meta)
     if len(meta_bytes) > DEFAULT_LIMITS.max_meta_bytes:
         raise CodecError(f"tensor {name!r}: codec {codec.spec!r} meta is {len(meta_bytes)} bytes, over the "
                          f"{DEFAULT_LIMITS.max_meta_bytes}-byte limit")
-    return TensorPayload(name=name, role=role, dtype=DTYPE_NAMES[x.dtype], shape=tuple(x.shape),
+    return TensorPayload(name=name, role=role, dtype=dtype_names()[x.dtype], shape=tuple(x.shape),
                          codec=codec.spec, meta=meta_bytes, parts=parts)
 
 
@@ -43,7 +43,7 @@ def unpack(payload: TensorPayload) -> torch.Tensor:
     received frame: clone it before writing to it.
     """
     where = f"tensor {payload.name!r}"
-    if payload.dtype not in DTYPES:
+    if payload.dtype not in ITEMSIZE:
         raise CodecError(f"{where}: unknown dtype {payload.dtype!r}")
     try:
         codec = parse(payload.codec)
@@ -58,7 +58,7 @@ def unpack(payload: TensorPayload) -> torch.Tensor:
     if x.numel() != math.prod(payload.shape):
         raise CodecError(f"{where}: codec {payload.codec!r} decoded {x.numel()} elements, the header's "
                          f"shape {list(payload.shape)} has {math.prod(payload.shape)}")
-    return x.reshape(payload.shape).to(DTYPES[payload.dtype][0])
+    return x.reshape(payload.shape).to(torch_dtypes()[payload.dtype])
 
 
 def encode_meta(meta: dict[str, Any]) -> bytes:

@@ -67,8 +67,16 @@ class ChannelIO(threading.Thread):
         finally:
             self.sock.close(linger=0)
             self.monitor.close(linger=0)
-            os.close(self.wake_r)
-            os.close(self.wake_w)
+            # the wake pipe stays open until release(): a user thread may still call wake(), and a
+            # closed descriptor number could by then belong to another file
+
+    def release(self) -> None:
+        """Close the wake pipe; call after the thread has ended."""
+        for fd in (self.wake_r, self.wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def _round(self) -> None:
         poller = zmq.Poller()

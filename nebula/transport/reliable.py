@@ -111,6 +111,8 @@ class ReliableChannel(Channel):
         self._window.wait_empty(self.config.close_timeout)  # returns at once on a failure or death
         self._io.stop()
         self._io.join(timeout=5)
+        if not self._io.is_alive():
+            self._io.release()
         self._ctx.destroy(linger=0)
 
 
