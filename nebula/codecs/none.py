@@ -7,7 +7,7 @@ import torch
 
 from nebula.codecs.base import Codec, Meta, Parts, check_parts, register_codec
 from nebula.errors import CodecError
-from nebula.wire import DTYPE_NAMES
+from nebula.wire import ITEMSIZE, dtype_names
 
 
 @register_codec("none")
@@ -16,9 +16,9 @@ class NoCodec(Codec):
     """Wire bytes = numel x itemsize. Decoding returns the received (read-only, zero-copy) view."""
 
     def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
-        if x.dtype not in DTYPE_NAMES:
+        if x.dtype not in dtype_names():
             raise CodecError(f"codec 'none': dtype {x.dtype} cannot go on the wire "
-                             f"(allowed: {', '.join(DTYPE_NAMES.values())})")
+                             f"(allowed: {', '.join(ITEMSIZE)})")
         return [x.detach().cpu().contiguous()], {}
 
     def decode(self, parts: Parts, meta: Meta) -> torch.Tensor:
