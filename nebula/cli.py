@@ -19,6 +19,7 @@ COMMANDS = [
     "audit",
     "stage",
     "demo",
+    "translate",
     "wan",
 ]
 

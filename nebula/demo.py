@@ -25,20 +25,29 @@ def ensure_data(job_data: Path, pair: str) -> None:
     prepare(PrepareConfig(pairs=(pair,), out=job_data.parent))
 
 
+def start_gateways(group: ProcessGroup, run: Path, sites: dict[str, Path]) -> None:
+    for site, config in sites.items():
+        group.start(Service(f"gateway-{site}", nebula_argv("gateway", "run", "--site-config", str(config)),
+                            run / "logs" / f"gateway-{site}.log", restart=True))
+
+
+def start_stage(group: ProcessGroup, run: Path, job_file: Path, name: str, site_config: Path,
+                steps: int | None = None) -> None:
+    argv = nebula_argv("stage", "run", "--job", str(job_file), "--stage", name, "--site", str(site_config),
+                       "--workdir", str(run / name), "--quiet")
+    if steps:
+        argv += ["--steps", str(steps)]
+    group.start(Service(name, argv, run / "logs" / f"{name}.log", restart=True))
+
+
 def start_services(run: Path, job_file: Path, steps: int | None) -> ProcessGroup:
     job = load_job(job_file)
     make_keys(run / "keys", {name: stage.address for name, stage in job.stages.items()})
     sites = write_site_configs(run)
     group = ProcessGroup()
-    for site, config in sites.items():
-        group.start(Service(f"gateway-{site}", nebula_argv("gateway", "run", "--site", str(config)),
-                            run / "logs" / f"gateway-{site}.log", restart=True))
+    start_gateways(group, run, sites)
     for name, stage in job.stages.items():
-        argv = nebula_argv("stage", "run", "--job", str(job_file), "--stage", name, "--site",
-                           str(sites[stage.site]), "--workdir", str(run / name), "--quiet")
-        if steps:
-            argv += ["--steps", str(steps)]
-        group.start(Service(name, argv, run / "logs" / f"{name}.log", restart=True))
+        start_stage(group, run, job_file, name, sites[stage.site], steps)
     return group
 
 
@@ -61,10 +70,9 @@ def watch(group: ProcessGroup, run: Path, total: int, head: str, tail: str) -> N
         while done.proc.poll() != 0:
             group.poll()
             steps = read_steps(run / tail / "metrics.jsonl")
-            if steps:
-                bar.n = steps[-1]["step"]
-                bar.set_postfix(loss=f"{steps[-1]['loss']:.3f}")
-                bar.refresh()
+            if steps and steps[-1]["step"] != bar.n:  # redraw only on progress (logs stay short)
+                bar.set_postfix(loss=f"{steps[-1]['loss']:.3f}", refresh=False)
+                bar.update(steps[-1]["step"] - bar.n)
             time.sleep(0.5)
 
 
@@ -83,7 +91,17 @@ def plot(run: Path, tail: str, out: Path) -> None:
     fig.savefig(out, dpi=100)
 
 
-def run_demo(job_file: Path, run: Path, steps: int | None) -> dict:
+def hot_start(run: Path, source: Path, stages: list[str]) -> None:
+    """Seed each stage's checkpoints from a one-site run (`nebula stage one-site`), paper §4.3."""
+    for name in stages:
+        found = source / name / "checkpoints"
+        if not any(found.glob("step-*.pt")):
+            raise ConfigError(f"--hot-start {source}: no checkpoints in {found}; run "
+                              f"`nebula stage one-site --job JOB --workdir {source}` first")
+        shutil.copytree(found, run / name / "checkpoints")
+
+
+def run_demo(job_file: Path, run: Path, steps: int | None, hot: Path | None = None) -> dict:
     job = load_job(job_file)
     names = list(job.stages)
     if len(names) != 2:
@@ -92,6 +110,8 @@ def run_demo(job_file: Path, run: Path, steps: int | None) -> dict:
     ensure_data(Path(job.data), Path(job.data).name)
     shutil.rmtree(run, ignore_errors=True)
     run.mkdir(parents=True)
+    if hot:
+        hot_start(run, hot, names)
     started = time.monotonic()
     group = start_services(run, job_file, steps)
     try:

@@ -15,21 +15,39 @@ def register(sub) -> None:
     run.add_argument("--steps", type=int, help="override [train].steps")
     run.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     run.set_defaults(func=run_stage)
+    one = stage_sub.add_parser("one-site", help="run every stage of a job in one process (no WAN): the "
+                               "intra-cluster phase whose checkpoints hot-start a cross-site run")
+    one.add_argument("--job", required=True, help="job file (TOML)")
+    one.add_argument("--workdir", required=True, help="one sub-directory per stage is written here")
+    one.add_argument("--steps", type=int, help="override [train].steps")
+    one.set_defaults(func=one_site)
+
+
+def _job(args):
+    import dataclasses
+
+    from nebula.runtime.job import load_job
+    job = load_job(args.job)
+    if args.steps:
+        job = dataclasses.replace(job, train=dataclasses.replace(job.train, steps=args.steps))
+    return job
+
+
+def one_site(args) -> int:
+    from nebula.runtime.onesite import run_one_site
+    run_one_site(_job(args), Path(args.workdir))
+    print(f"one-site run done; hot-start a cross-site run with: nebula demo --hot-start {args.workdir}")
+    return 0
 
 
 def run_stage(args) -> int:
-    import dataclasses
-
     import torch
 
-    from nebula.runtime.job import load_job
     from nebula.runtime.registry import resolve_stage
     from nebula.transport.config import load_site_config
     from nebula.transport.reliable import open_channel
 
-    job = load_job(args.job)
-    if args.steps:
-        job = dataclasses.replace(job, train=dataclasses.replace(job.train, steps=args.steps))
+    job = _job(args)
     site = load_site_config(args.site)
     stage_cfg = job.stage(args.stage)
     torch.set_num_threads(int(stage_cfg.options.get("threads", 1)))  # one core per site on a shared host

@@ -7,11 +7,19 @@ once per step, after all micro-batches, so the result equals unpipelined trainin
 Resume protocol (the head coordinates): a starting stage sends CONTROL `hello` with its checkpoint
 steps and generation. The head answers any `hello` by choosing the last common checkpoint, bumping the
 generation and sending `resume`; both sides load that checkpoint. Messages of an older generation are
-dropped, so nothing from an abandoned step is ever applied.
+dropped, so nothing from an abandoned step is ever applied. A checkpoint whose checksum does not match
+is never advertised: the stage falls back to an earlier one (with a warning) instead of failing to load.
+
+Failures: a stage that fails on its own (bad configuration, data that does not fit the model, a bug)
+tells its peer with an ERROR message (code "stage") before it exits, so the peer stops with a
+RemoteError naming the cause instead of waiting for a dead partner.
 """
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
-from nebula.errors import StageError, TransportError
+from nebula.errors import DataError, RemoteError, StageError, TransportError
 from nebula.runtime.checkpoint import CheckpointDir
 from nebula.runtime.job import TrainConfig
 from nebula.runtime.metrics import MetricsLog
@@ -49,6 +57,23 @@ class TailModel(SplitModel, Protocol):
         """Scalar loss from the received tensors (inputs["hidden"] requires grad)."""
 
 
+def reports_failure(method):
+    """Tell the peer why this stage is failing before the error propagates (see SplitRunner.report)."""
+    @functools.wraps(method)
+    def wrapper(self: "SplitRunner", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except (TransportError, RemoteError):
+            raise  # the link or the peer failed: there is nothing to tell it (and no error loops)
+        except Exception as exc:
+            self.report(exc)
+            raise
+    return wrapper
+
+
+INPUT_SPLIT = "input"  # sentences given to `nebula translate`, translated but not scored
+
+
 class Resync(Exception):
     """The peer (re)started: abandon the current step and agree on a checkpoint again."""
 
@@ -73,6 +98,7 @@ class SplitRunner:
     step: int = 0
     generation: int = 0
     ledger: list[list] = field(default_factory=list)  # [step, digest of example indices]
+    verified: dict[tuple, bool] = field(default_factory=dict, init=False, repr=False)  # checksum results
 
     def __post_init__(self) -> None:
         self.sender = BackgroundSender(self.channel, self.timeout)
@@ -85,9 +111,20 @@ class SplitRunner:
 
     def recv(self) -> Message:
         msg = self.channel.recv(timeout=self.timeout)
-        if msg.kind == Kind.ERROR:
-            raise StageError(f"{self.peer} or its gateway refused a message: [{msg.error_code}] {msg.error_message}")
+        if msg.kind == Kind.ERROR:  # gateways' refusals are handled by the channel: this is the peer's
+            raise RemoteError(msg.error_code, f"{msg.src or self.peer} failed: {msg.error_message}; "
+                                              "fix the cause there, then restart both stages")
         return msg
+
+    def report(self, exc: BaseException, timeout: float = 5.0) -> None:
+        """Best effort: send the peer an ERROR naming `exc`; the failing stage exits anyway."""
+        text = f"{type(exc).__name__}: {exc}"[:4000]
+        msg = Message(kind=Kind.ERROR, job=self.job, dst=self.peer, error_code="stage", error_message=text,
+                      step=self.step, generation=self.generation)
+        try:
+            self.channel.send(msg, timeout=timeout)  # direct: the sender thread may be the one that failed
+        except Exception as send_exc:  # noqa: BLE001 - reporting must not hide the original error
+            print(f"warning: could not report the failure to {self.peer}: {send_exc}", file=sys.stderr)
 
     @staticmethod
     def body(msg: Message) -> dict[str, Any]:
@@ -111,12 +148,37 @@ class SplitRunner:
         self.step, self.ledger = int(state["step"]), [list(e) for e in state["ledger"]]
         self.model.zero_grad()
 
+    def good_checkpoints(self) -> list[int]:
+        """Steps whose checkpoint matches its checksum; a corrupt one is skipped with a warning.
+        Each file is hashed once per (size, mtime): a few MB of adapters and optimizer state."""
+        good = []
+        for step in self.checkpoints.steps():
+            path = self.checkpoints.file(step)
+            try:
+                stat = path.stat()
+                key = (step, stat.st_size, stat.st_mtime_ns)
+                if key not in self.verified:
+                    expected = path.with_name(f"{path.name}.sha256").read_text().strip()
+                    self.verified[key] = hashlib.sha256(path.read_bytes()).hexdigest() == expected
+                    if not self.verified[key]:
+                        self.warn(f"checkpoint {path} is corrupt (checksum mismatch): skipping it, an earlier "
+                                  "checkpoint will be used; delete the file to silence this warning")
+            except FileNotFoundError:
+                continue  # pruned meanwhile
+            if self.verified[key]:
+                good.append(step)
+        return good
+
+    def warn(self, text: str) -> None:
+        print(f"warning: {text}", file=sys.stderr, flush=True)
+        self.metrics.event("warning", message=text)
+
     def ensure_initial_checkpoint(self) -> None:
-        if 0 not in self.checkpoints.steps() and not self.checkpoints.steps():
+        if not self.checkpoints.steps():
             self.save()
 
     def hello(self) -> None:
-        self.control("hello", checkpoints=self.checkpoints.steps(), generation=self.generation)
+        self.control("hello", checkpoints=self.good_checkpoints(), generation=self.generation)
 
     def write_ledger(self, path: Path) -> None:
         path.write_text(json.dumps({"steps": self.ledger}))
@@ -128,16 +190,22 @@ class SplitRunner:
 class HeadRunner(SplitRunner):
     """Site a: reads the source side, runs ahead, coordinates resumes."""
 
-    def run(self, schedule: Schedule) -> None:
+    @reports_failure
+    def start(self) -> None:
+        """Agree with the tail on the last common checkpoint and load it."""
         self.ensure_initial_checkpoint()
         self.hello()
         self.coordinate(self.await_hello())
+
+    def run(self, schedule: Schedule) -> None:
+        self.start()
         while self.step < self.train.steps:
             try:
                 self.train_step(schedule, self.step + 1)
             except Resync as resync:
                 self.coordinate(resync.body)
 
+    @reports_failure
     def finish(self) -> None:
         """Tell the tail the job is over and wait until it has saved its final state."""
         self.control("done", step=self.step)
@@ -150,6 +218,7 @@ class HeadRunner(SplitRunner):
                 self.coordinate(self.body(msg))
                 self.control("done", step=self.step)
 
+    @reports_failure
     @torch.no_grad()
     def evaluate(self, split: str, n: int, batch_size: int) -> dict[str, Any]:
         """Cross-site inference: boundary tensors of `split` go to the tail, which decodes and scores
@@ -172,10 +241,10 @@ class HeadRunner(SplitRunner):
                 return self.body(msg)
 
     def coordinate(self, peer: dict[str, Any]) -> None:
-        theirs = {int(s) for s in peer.get("checkpoints", [])}
-        common = max(set(self.checkpoints.steps()) & theirs, default=None)
+        theirs, mine = {int(s) for s in peer.get("checkpoints", [])}, self.good_checkpoints()
+        common = max(set(mine) & theirs, default=None)
         if common is None:
-            raise StageError(f"no common checkpoint with {self.peer}: mine {self.checkpoints.steps()}, "
+            raise StageError(f"no common checkpoint with {self.peer}: mine {mine}, "
                              f"theirs {sorted(theirs)}; start both stages from empty checkpoint dirs")
         self.generation = max(self.generation, int(peer.get("generation", 0))) + 1
         self.restore(common)
@@ -236,6 +305,7 @@ class HeadRunner(SplitRunner):
 class TailRunner(SplitRunner):
     """Site b: holds the target side and the loss; follows the head's schedule and resumes."""
 
+    @reports_failure
     def run(self) -> None:
         self.ensure_initial_checkpoint()
         self.hello()
@@ -266,13 +336,34 @@ class TailRunner(SplitRunner):
 
     def infer(self, msg: Message) -> None:
         split = msg.topic.partition(":")[2]
-        inputs = {t.name: self.codecs.unpack(t) for t in msg.tensors}
+        inputs = self.received(msg)
         self._hyps = getattr(self, "_hyps", []) + self.model.translate(inputs)
-        self._refs = getattr(self, "_refs", []) + self.model.references(split, inputs["ids"])
+        if split != INPUT_SPLIT:  # user input has no references at this site
+            self._refs = getattr(self, "_refs", []) + self.model.references(split, inputs["ids"])
+
+    def received(self, msg: Message) -> dict[str, torch.Tensor]:
+        """The tensors of a head message, checked: "hidden" floating point (B, S, H), "ids" int64 (B,)."""
+        inputs = {t.name: self.codecs.unpack(t) for t in msg.tensors}
+        missing = sorted({"hidden", "ids"} - inputs.keys())
+        if missing:
+            raise DataError(f"{msg.src} sent step {msg.step} without tensor(s) {', '.join(missing)} "
+                            f"(got {', '.join(sorted(inputs)) or 'none'}): both stages must run the same job")
+        hidden, ids = inputs["hidden"], inputs["ids"]
+        if not hidden.is_floating_point():
+            raise DataError(f"{msg.src} sent 'hidden' as {hidden.dtype}, expected a floating-point (B, S, H) "
+                            "boundary tensor: check the head stage's model and the [compression] codecs")
+        if ids.dtype != torch.int64 or ids.dim() != 1 or ids.shape[0] != hidden.shape[0]:
+            raise DataError(f"{msg.src} sent 'ids' {ids.dtype} {tuple(ids.shape)} for 'hidden' "
+                            f"{tuple(hidden.shape)}: expected int64 (B,) example-id hashes, one per row")
+        return inputs
 
     def score(self, split: str) -> None:
         from sacrebleu import corpus_bleu
         hyps, refs = getattr(self, "_hyps", []), getattr(self, "_refs", [])
+        if split == INPUT_SPLIT:
+            self._hyps = []
+            self.control("scores", split=split, n=len(hyps), translations=hyps)
+            return
         bleu = corpus_bleu(hyps, [refs], lowercase=True).score if hyps else 0.0
         scores = {"split": split, "bleu": bleu, "n": len(hyps),
                   "samples": [[h, r] for h, r in zip(hyps[:5], refs[:5])]}
@@ -288,7 +379,7 @@ class TailRunner(SplitRunner):
 
     def micro_batch(self, msg: Message) -> float:
         t0 = time.perf_counter()
-        inputs = {t.name: self.codecs.unpack(t) for t in msg.tensors}
+        inputs = self.received(msg)
         hidden = inputs["hidden"].detach().float().requires_grad_()
         inputs["hidden"] = hidden
         self._ids += inputs["ids"].tolist()

@@ -5,6 +5,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import ClassVar
 
+from nebula.errors import StageError
 from nebula.runtime.job import JobConfig
 from nebula.transport.base import Channel
 
@@ -22,3 +23,8 @@ class Stage(ABC):
     @abstractmethod
     def run(self, channel: Channel) -> None:
         """Train (and evaluate) until the job is done; resumable after a crash from `workdir`."""
+
+    def translate(self, channel: Channel, lines: list[str]) -> list[str]:
+        """Inference driven from this stage (the first stage of a job implements it)."""
+        raise StageError(f"stage {self.name} ({self.stage_name}) cannot drive inference: run `nebula translate` "
+                         "at the site of the job's first stage")

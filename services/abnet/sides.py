@@ -40,14 +40,18 @@ class TokenizedSide:
                                 "at a directory with train/valid/test .src/.tgt/.ids files")
             part = ParallelSide(prefix, side)
             n = len(part) if limit is None or split != "train" else min(limit, len(part))
-            rows = [enc.ids for enc in pre.tokenizer.encode_batch(part.lines[:n])]
-            rows = [r[:max_len - 1] + [pre.specials.eos] if len(r) > max_len else r for r in rows]
-            hashes = [id_hash(i) for i in part.ids[:n]]
-            self.splits[split] = {"ids": part.ids[:n], "rows": rows, "hashes": hashes,
-                                  "index": {h: k for k, h in enumerate(hashes)}, "text": part.lines[:n]}
+            self.add_split(split, part.lines[:n], part.ids[:n], pre, max_len)
         self.vmap = build_vocab_map(count_ids(r for s in self.splits.values() for r in s["rows"]),
                                     pre.specials, pre.model.embeddings.word_embeddings.num_embeddings)
         self.pad = pre.specials.pad
+
+    def add_split(self, split: str, lines: list[str], ids: list[str], pre: Pretrained, max_len: int) -> None:
+        """Tokenize `lines` (truncated to max_len with a closing special) under the name `split`."""
+        rows = [enc.ids for enc in pre.tokenizer.encode_batch(lines)]
+        rows = [r[:max_len - 1] + [pre.specials.eos] if len(r) > max_len else r for r in rows]
+        hashes = [id_hash(i) for i in ids]
+        self.splits[split] = {"ids": ids, "rows": rows, "hashes": hashes,
+                              "index": {h: k for k, h in enumerate(hashes)}, "text": lines}
 
     def batch(self, split: str, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (token ids (B, S) in the cut vocabulary, mask (B, S), id hashes (B,))."""
@@ -99,10 +103,15 @@ class EncoderSide(_Trainable):
 
     def __init__(self, pre: Pretrained, data_dir: str, train: TrainConfig, cfg: AbnetConfig,
                  limit: int | None = None):
+        self.pre, self.max_len = pre, train.max_len
         self.data = TokenizedSide(data_dir, "src", pre, train.max_len, limit)
         self.module = build_source_encoder(pre, cfg, self.data.vmap)
         self.opt, self.sched = adam_with_warmup(self.module.trainable_parameters(), train)
         self.n_train = len(self.data.splits["train"]["rows"])
+
+    def add_input(self, split: str, lines: list[str]) -> None:
+        """Sentences to translate (not from the corpus): tokenized with the same vocabulary."""
+        self.data.add_split(split, lines, [f"{split}:{i}" for i in range(len(lines))], self.pre, self.max_len)
 
     def forward(self, indices: list[int], split: str = "train") -> dict[str, torch.Tensor]:
         self.module.train(split == "train")
@@ -115,26 +124,43 @@ class DecoderSide(_Trainable):
     """Site b: target text only; looks its targets up by the example-id hashes it receives."""
 
     def __init__(self, pre: Pretrained, data_dir: str, train: TrainConfig, cfg: AbnetConfig,
-                 enc_hidden: int, limit: int | None = None):
-        self.pre = pre
+                 enc_hidden: int, limit: int | None = None, decode_iterations: int = 10, length_beam: int = 4):
+        self.pre, self.decode_iterations, self.length_beam = pre, decode_iterations, length_beam
+        self.enc_hidden = enc_hidden  # H of the boundary the encoder sends; checked on every message
         self.data = TokenizedSide(data_dir, "tgt", pre, train.max_len, limit)
         self.module = build_target_decoder(pre, cfg, enc_hidden, self.data.vmap)
         self.opt, self.sched = adam_with_warmup(self.module.trainable_parameters(), train)
 
-    def loss(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        self.module.train()
+    def check_boundary(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (hidden (B, S, H) float, source mask (B, S) bool), or a DataError saying what differs."""
+        if "mask" not in inputs:
+            raise DataError(f"the encoder sent no 'mask' tensor (got {', '.join(sorted(inputs))}): "
+                            "run the abnet-encoder stage at the other site")
         hidden, src_mask = inputs["hidden"], inputs["mask"].bool()
+        if not hidden.is_floating_point():
+            raise DataError(f"received hidden of dtype {hidden.dtype}: the encoder must send floating point")
         if hidden.dim() != 3 or hidden.shape[:2] != src_mask.shape:
             raise DataError(f"received hidden {tuple(hidden.shape)} and mask {tuple(src_mask.shape)} do not "
                             "match: expected (B, S, H) and (B, S)")
+        if hidden.shape[-1] != self.enc_hidden:
+            raise DataError(f"the encoder sends hidden size {hidden.shape[-1]} but this decoder expects "
+                            f"{self.enc_hidden}: set [stages.decoder].enc_hidden = {hidden.shape[-1]} in the job "
+                            "file (the encoder PLM's hidden size)")
+        return hidden.float(), src_mask
+
+    def loss(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        self.module.train()
+        hidden, src_mask = self.check_boundary(inputs)
         tgt_ids, tgt_mask, _ = self.data.batch("train", self.data.lookup("train", inputs["ids"]))
         return self.module.loss(hidden, src_mask, tgt_ids, tgt_mask).loss
 
     @torch.no_grad()
-    def translate(self, inputs: dict[str, torch.Tensor], length_beam: int = 4) -> list[str]:
+    def translate(self, inputs: dict[str, torch.Tensor]) -> list[str]:
+        """Mask-predict with a length beam (4, as the paper's beam) -> detokenized sentences."""
         from services.abnet.decoding import detokenize
         self.module.eval()
-        rows = self.module.decode(inputs["hidden"].float(), inputs["mask"].bool(), length_beam=length_beam)
+        hidden, src_mask = self.check_boundary(inputs)
+        rows = self.module.decode(hidden, src_mask, iterations=self.decode_iterations, length_beam=self.length_beam)
         return [detokenize(r, self.pre.tokenizer, self.data.vmap) for r in rows]
 
     def references(self, split: str, hashes: torch.Tensor) -> list[str]:

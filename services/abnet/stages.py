@@ -5,13 +5,12 @@ import json
 
 import torch
 
-from nebula.codecs import CompressionPolicy
 from nebula.runtime.checkpoint import CheckpointDir
 from nebula.runtime.link import LinkCodecs
 from nebula.runtime.metrics import MetricsLog
 from nebula.runtime.registry import register_stage
 from nebula.runtime.schedule import Schedule
-from nebula.runtime.split import HeadRunner, TailRunner
+from nebula.runtime.split import INPUT_SPLIT, HeadRunner, TailRunner
 from nebula.runtime.stage import Stage
 from nebula.transport.base import Channel
 from services.abnet.model import AbnetConfig
@@ -29,7 +28,7 @@ class _AbnetStage(Stage):
         peer = self.job.stage(self.peer_name).address
         link = "|".join(sorted([self.config.address, peer]))
         return dict(job=self.job.name, channel=channel, peer=peer, model=model,
-                    codecs=LinkCodecs(CompressionPolicy.from_dict(self.job.compression), link),
+                    codecs=LinkCodecs.from_table(self.job.compression, link, self.workdir / "link.jsonl"),
                     train=self.job.train, checkpoints=CheckpointDir(self.workdir / "checkpoints"),
                     metrics=MetricsLog(self.workdir / "metrics.jsonl", self.name, self.job.train.log_every,
                                        quiet=self.quiet))
@@ -41,13 +40,29 @@ class AbnetEncoder(_AbnetStage):
 
     peer_name = "decoder"
 
-    def run(self, channel: Channel) -> None:
+    def build(self):
         from services.abnet.sides import EncoderSide
         from services.abnet.xlmr_e5 import load_e5_small
         torch.manual_seed(self.job.train.seed)
+        return EncoderSide(load_e5_small(), self.job.data, self.job.train, _abnet_config(self.config.options),
+                           limit=self.config.options.get("max_train_examples"))
+
+    def translate(self, channel: Channel, lines: list[str]) -> list[str]:
+        """Cross-site inference from the last common checkpoint: encode here, decode at site b."""
+        model = self.build()
+        model.add_input(INPUT_SPLIT, lines)
+        runner = HeadRunner(**self.runner_args(channel, model))
+        try:
+            runner.start()
+            result = runner.evaluate(INPUT_SPLIT, len(lines), int(self.config.options.get("eval_batch_size", 32)))
+            runner.finish()
+            return result["translations"]
+        finally:
+            runner.close()
+
+    def run(self, channel: Channel) -> None:
         opts = self.config.options
-        model = EncoderSide(load_e5_small(), self.job.data, self.job.train, _abnet_config(opts),
-                            limit=opts.get("max_train_examples"))
+        model = self.build()
         runner = HeadRunner(**self.runner_args(channel, model))
         try:
             runner.run(Schedule(model.n_train, self.job.train.batch_size, self.job.train.seed))
@@ -72,7 +87,9 @@ class AbnetDecoder(_AbnetStage):
         torch.manual_seed(self.job.train.seed + 1)
         opts = self.config.options
         model = DecoderSide(load_minilm(), self.job.data, self.job.train, _abnet_config(opts),
-                            enc_hidden=int(opts.get("enc_hidden", 384)), limit=opts.get("max_train_examples"))
+                            enc_hidden=int(opts.get("enc_hidden", 384)), limit=opts.get("max_train_examples"),
+                            decode_iterations=int(opts.get("decode_iterations", 10)),
+                            length_beam=int(opts.get("length_beam", 4)))
         runner = TailRunner(**self.runner_args(channel, model))
         try:
             runner.run()

@@ -1,0 +1,38 @@
+"""All stages of a job in one process, joined by in-process channels: training on one site.
+
+This is the paper's intra-cluster phase (§4.3): its checkpoints hot-start the cross-site job, since
+both use the same stage code and checkpoint format; only the channel differs.
+"""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from nebula.errors import StageError
+from nebula.runtime.job import JobConfig
+from nebula.runtime.registry import resolve_stage
+from nebula.transport.inproc import InProcHub
+
+
+def run_one_site(job: JobConfig, workdir: Path, quiet: bool = False, timeout: float | None = None) -> None:
+    hub = InProcHub()
+    errors: dict[str, BaseException] = {}
+
+    def run(name: str) -> None:
+        cfg = job.stage(name)
+        try:
+            stage = resolve_stage(cfg.impl)(job, name, Path(workdir) / name, quiet=quiet)
+            stage.run(hub.channel(cfg.address))
+        except BaseException as exc:  # noqa: BLE001 - re-raised below, with the stage's name
+            errors[name] = exc
+
+    threads = [threading.Thread(target=run, args=(name,), name=f"stage-{name}", daemon=True) for name in job.stages]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout)
+    if errors:
+        name, exc = next(iter(errors.items()))
+        raise StageError(f"stage {name} failed on the single site: {exc}") from exc
+    if any(thread.is_alive() for thread in threads):
+        raise StageError(f"single-site run did not finish within {timeout} s")
