@@ -7,6 +7,7 @@ read straight out of each .deb's data archive, never unpacked to disk.
 """
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tarfile
@@ -108,6 +109,11 @@ def download(packages: list[str], cache: Path, log: Callable[[str], None] = prin
             )
         log(f"downloading {len(missing)} packages into {cache}: {' '.join(missing)}")
         done = subprocess.run(["apt-get", "download", *missing], cwd=cache, capture_output=True, text=True)
+        if done.returncode != 0 and os.geteuid() == 0:
+            # a fresh machine often has empty package lists: refresh them once (root only) and retry
+            log("apt-get download failed; running `apt-get update` once and retrying")
+            subprocess.run(["apt-get", "update", "-qq"], capture_output=True, text=True)
+            done = subprocess.run(["apt-get", "download", *missing], cwd=cache, capture_output=True, text=True)
         if done.returncode != 0:
             raise DataError(
                 f"apt-get download failed for {' '.join(missing)}:\n{done.stderr.strip()}\n"
