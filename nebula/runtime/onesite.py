@@ -6,6 +6,7 @@ both use the same stage code and checkpoint format; only the channel differs.
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 from nebula.errors import StageError
@@ -29,8 +30,9 @@ def run_one_site(job: JobConfig, workdir: Path, quiet: bool = False, timeout: fl
     threads = [threading.Thread(target=run, args=(name,), name=f"stage-{name}", daemon=True) for name in job.stages]
     for thread in threads:
         thread.start()
-    for thread in threads:
-        thread.join(timeout)
+    deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
+    while any(t.is_alive() for t in threads) and not errors and time.monotonic() < deadline:
+        threads[0].join(0.2)  # a failed stage ends the run at once: its peer would only wait for it
     if errors:
         name, exc = next(iter(errors.items()))
         raise StageError(f"stage {name} failed on the single site: {exc}") from exc

@@ -6,6 +6,7 @@ A job file names a stage either by a registered name (`impl = "abnet-encoder"`) 
 from __future__ import annotations
 
 import importlib
+import threading
 from importlib.metadata import entry_points
 
 from nebula.errors import ConfigError
@@ -13,6 +14,7 @@ from nebula.errors import ConfigError
 ENTRY_POINT_GROUP = "nebula.stages"
 _STAGES: dict[str, type] = {}
 _loaded_entry_points = False
+_lock = threading.RLock()
 
 
 def register_stage(name: str):
@@ -27,10 +29,11 @@ def register_stage(name: str):
 
 def _load_entry_points() -> None:
     global _loaded_entry_points
-    if not _loaded_entry_points:
-        _loaded_entry_points = True
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
-            ep.load()  # importing the module runs its @register_stage
+    with _lock:  # two stages resolved at once (one-site runs) must both see the loaded registry
+        if not _loaded_entry_points:
+            for ep in entry_points(group=ENTRY_POINT_GROUP):
+                ep.load()  # importing the module runs its @register_stage
+            _loaded_entry_points = True
 
 
 def resolve_stage(impl: str) -> type:
