@@ -9,7 +9,12 @@ import argparse
 import importlib
 import sys
 
-from nebula.errors import NebulaError
+from nebula.errors import ConfigError, DataError, NebulaError, StageError
+
+EXIT_ERROR = 2  # failed; running it again may succeed (a link or a peer failed)
+EXIT_FIX_FIRST = 3  # a service (supervised=True) that fails the same way until its cause is fixed:
+                    # supervisors do not restart it
+FIX_FIRST = (ConfigError, DataError, StageError)
 
 COMMANDS = [
     "bench",
@@ -38,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except NebulaError as exc:
         print(f"nebula: error: {exc}", file=sys.stderr)
-        return 2
+        fix_first = getattr(args, "supervised", False) and isinstance(exc, FIX_FIRST)
+        return EXIT_FIX_FIRST if fix_first else EXIT_ERROR
     except KeyboardInterrupt:
         return 130
 

