@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nebula.cli import EXIT_FIX_FIRST
 from nebula.errors import StageError
 
 SITES = ("a", "b")
@@ -43,17 +44,26 @@ def make_keys(root: Path, stages: dict[str, str], days: float = 7) -> None:
                 other_store.trust(store.export_bundle().to_dict(), str(bundle))
 
 
-def write_site_configs(root: Path, host: str = "127.0.0.1") -> dict[str, Path]:
-    """One site TOML each; ports are picked free now (a tiny race with other programs is accepted)."""
+def write_site_configs(root: Path, host: str = "127.0.0.1", hosts: dict[str, str] | None = None,
+                       channel: dict[str, float] | None = None) -> dict[str, Path]:
+    """One site TOML each; ports are picked free now (a tiny race with other programs is accepted).
+
+    `hosts` gives each site's own external address (e.g. its end of an emulated WAN link, where the
+    site runs in its own network namespace); by default every site uses `host`. Stages always reach
+    their gateway on 127.0.0.1, which inside a namespace is that namespace's own loopback.
+    `channel` sets the stages' [channel] knobs (e.g. resend_timeout on a very slow link).
+    """
+    hosts = hosts or {site: host for site in SITES}
     ports = {site: (free_port(), free_port()) for site in SITES}
     paths = {}
     for site in SITES:
         internal, external = ports[site]
-        peers = "".join(f'\n[peers.{o}]\nendpoint = "tcp://{host}:{ports[o][1]}"\n' for o in SITES if o != site)
+        peers = "".join(f'\n[peers.{o}]\nendpoint = "tcp://{hosts[o]}:{ports[o][1]}"\n' for o in SITES if o != site)
         path = root / f"site-{site}.toml"
         path.write_text(f'[site]\nname = "{site}"\nkeys = "keys/{site}"\naudit = "audit/{site}.jsonl"\n\n'
                         f'[gateway]\ninternal = "tcp://127.0.0.1:{internal}"\n'
-                        f'external = "tcp://{host}:{external}"\n{peers}')
+                        f'external = "tcp://{hosts[site]}:{external}"\n{peers}'
+                        + ("\n[channel]\n" + "".join(f"{k} = {v!r}\n" for k, v in channel.items()) if channel else ""))
         paths[site] = path
     (root / "audit").mkdir(exist_ok=True)
     return paths
@@ -94,7 +104,7 @@ class ProcessGroup:
             code = s.proc.poll() if s.proc else None
             if code is None or code == 0:
                 continue
-            if not s.restart or s.restarts >= self.max_restarts:
+            if not s.restart or s.restarts >= self.max_restarts or code == EXIT_FIX_FIRST:
                 raise StageError(f"{s.name} exited with code {code}; last lines of {s.log}:\n{tail(s.log)}")
             time.sleep(min(2 ** s.restarts * 0.5, 8))  # backoff
             s.restarts += 1
@@ -123,3 +133,27 @@ def tail(path: Path, lines: int = 20) -> str:
 
 def nebula_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "nebula.cli", *args]
+
+
+def start_sites(run: Path, job_file: Path, stages: dict[str, str], hosts: dict[str, str] | None = None,
+                prefixes: dict[str, list[str]] | None = None, restart: bool = True,
+                channel: dict[str, float] | None = None) -> ProcessGroup:
+    """Keys, site configs, both gateways and every stage of `job_file` (stage name -> address).
+
+    `prefixes` puts a site's processes somewhere else, e.g. `WanLink.exec_prefix(site)` runs them
+    inside that site's network namespace; `hosts` are then the sites' WAN addresses. A benchmark
+    passes restart=False, so that a failing service stops the run instead of being retried.
+    """
+    prefixes = prefixes or {site: [] for site in SITES}
+    make_keys(run / "keys", stages)
+    sites = write_site_configs(run, hosts=hosts, channel=channel)
+    group = ProcessGroup()
+    for site, config in sites.items():
+        group.start(Service(f"gateway-{site}", [*prefixes[site], *nebula_argv("gateway", "run", "--site", str(config))],
+                            run / "logs" / f"gateway-{site}.log", restart=restart))
+    for name, address in stages.items():
+        site = address.split("/")[0]
+        argv = nebula_argv("stage", "run", "--job", str(job_file), "--stage", name, "--site", str(sites[site]),
+                           "--workdir", str(run / name), "--quiet")
+        group.start(Service(name, [*prefixes[site], *argv], run / "logs" / f"{name}.log", restart=restart))
+    return group

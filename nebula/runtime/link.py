@@ -1,34 +1,131 @@
-"""Codecs of one link as the runtime uses them: the job's policy, per-tensor state, byte meters."""
+"""Codecs of one link as the runtime uses them: the job's policy (or phases of policies), per-tensor
+state, byte meters.
+
+A job's [compression] table is either one policy (nebula.codecs.CompressionPolicy) or a list of
+phases, each a policy for a number of training steps (steps count from 1):
+
+    [compression]
+    backward = "int8"                        # keys outside `phases`: defaults for every phase
+    phases = [{steps = 4, forward = "none", backward = "none"},
+              {steps = 4, forward = "fp16(svd(0.6))"}]      # steps 5-8; backward int8 from the default
+
+Both sites read the same job file, and every message names its codec, so a phase change needs no
+coordination: each sender picks the codec by the step it is sending for. After the last phase ends
+its policy stays in force (evaluation after training uses the last step's codec).
+"""
 from __future__ import annotations
 
+import json
+import time
 from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from nebula import codecs
+from nebula.errors import ConfigError
 from nebula.wire import TensorPayload
 
 ROLES = {"forward": "activation", "backward": "gradient"}
 
 
+@dataclass(frozen=True)
+class Phase:
+    first_step: int  # inclusive; training steps count from 1
+    steps: int
+    policy: "codecs.CompressionPolicy"
+
+
+def parse_phases(table: Mapping[str, Any], where: str = "compression") -> tuple[Phase, ...]:
+    """One phase per entry of `table["phases"]`, or a single open-ended phase without that key."""
+    if not isinstance(table, Mapping):
+        raise ConfigError(f"{where}: expected a table, got {type(table).__name__}")
+    defaults = {k: v for k, v in table.items() if k != "phases"}
+    if "phases" not in table:
+        return (Phase(1, 0, codecs.CompressionPolicy.from_dict(defaults, where)),)
+    entries = table["phases"]
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{where}.phases: expected a non-empty list of tables such as "
+                          f"[{{steps = 100, forward = \"fp16\", backward = \"int8\"}}], got {entries!r}")
+    phases, first = [], 1
+    for i, entry in enumerate(entries):
+        at = f"{where}.phases[{i}]"
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"{at}: expected a table with `steps` and codec keys, got {entry!r}")
+        steps = entry.get("steps")
+        if type(steps) is not int or steps < 1:
+            raise ConfigError(f"{at}.steps: expected a positive integer (how many training steps this "
+                              f"phase lasts), got {steps!r}")
+        policy = codecs.CompressionPolicy.from_dict(
+            {**defaults, **{k: v for k, v in entry.items() if k != "steps"}}, at)
+        phases.append(Phase(first, steps, policy))
+        first += steps
+    return tuple(phases)
+
+
+def phase_at(phases: Sequence[Phase], step: int) -> Phase:
+    """The phase in force at `step`: the last one that has started (the first one before step 1)."""
+    chosen = phases[0]
+    for phase in phases:
+        if phase.first_step <= step:
+            chosen = phase
+    return chosen
+
+
+class LinkMeter:
+    """One JSON line per packed tensor (step, direction, codec, raw and wire bytes, encode seconds),
+    keyed by the step the tensor belongs to, so per-step sums never race with the sender thread."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", buffering=1)
+
+    def record(self, **fields: Any) -> None:
+        self._file.write(json.dumps({"t": round(time.time(), 4), **fields}) + "\n")
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class LinkCodecs:
     """Packs tensors for one direction-aware link (e.g. a/encoder/0 <-> b/decoder/0)."""
 
-    def __init__(self, policy: "codecs.CompressionPolicy", link: str):
-        self.policy, self.link = policy, link
+    def __init__(self, policy: "codecs.CompressionPolicy | Sequence[Phase]", link: str,
+                 meter: LinkMeter | None = None):
+        self.phases = (Phase(1, 0, policy),) if isinstance(policy, codecs.CompressionPolicy) else tuple(policy)
+        if not self.phases:
+            raise ConfigError(f"link {link}: at least one compression phase is required")
+        self.link, self.meter = link, meter
         self.state = codecs.CodecState()
         self._bytes: Counter = Counter()
         self.raw_bytes: Counter = Counter()
 
+    @classmethod
+    def from_table(cls, table: Mapping[str, Any], link: str, meter_path: str | Path | None = None) -> "LinkCodecs":
+        """From a job's [compression] table (one policy or `phases`); meter lines go to `meter_path`."""
+        return cls(parse_phases(table), link, LinkMeter(meter_path) if meter_path else None)
+
+    def policy_for(self, step: int) -> "codecs.CompressionPolicy":
+        return phase_at(self.phases, step).policy
+
     def pack(self, direction: str, name: str, tensor: torch.Tensor, step: int) -> TensorPayload:
         if tensor.is_floating_point():
-            codec = self.policy.codec_for(direction, name, tensor.numel(), step)
+            codec = self.policy_for(step).codec_for(direction, name, tensor.numel(), step)
         else:
             codec = "none"  # token ids, masks: exact, never compressed
+        started = time.perf_counter()
         payload = codecs.pack(name, ROLES.get(direction, direction), tensor.contiguous(), codec,
                               state=self.state.slot(f"{self.link}:{direction}", name))
+        encode_s = time.perf_counter() - started
+        raw = tensor.numel() * tensor.element_size()
         self._bytes[direction] += payload.wire_bytes
-        self.raw_bytes[direction] += tensor.numel() * tensor.element_size()
+        self.raw_bytes[direction] += raw
+        if self.meter:
+            self.meter.record(step=step, dir=direction, name=name, codec=str(codec), raw=raw,
+                              wire=payload.wire_bytes, encode_s=round(encode_s, 6))
         return payload
 
     def unpack(self, payload: TensorPayload) -> torch.Tensor:

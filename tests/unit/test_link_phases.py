@@ -1,0 +1,77 @@
+"""Compression phases: which policy LinkCodecs applies at each training step, and the per-step meter."""
+import json
+
+import pytest
+import torch
+
+from nebula import codecs
+from nebula.errors import ConfigError
+from nebula.runtime.link import LinkCodecs, parse_phases, phase_at
+
+TABLE = {"backward": "int8", "phases": [
+    {"steps": 3, "forward": "none", "backward": "none"},
+    {"steps": 2, "forward": "fp16"},                       # backward from the default: int8
+    {"steps": 1, "forward": "fp16(svd(0.5))", "min_numel": 10},
+]}
+
+
+def test_phases_cover_consecutive_steps_from_one():
+    phases = parse_phases(TABLE)
+    assert [(p.first_step, p.steps) for p in phases] == [(1, 3), (4, 2), (6, 1)]
+
+
+@pytest.mark.parametrize("step, forward, backward", [
+    (0, "none", "none"),                  # before training (e.g. an initial evaluation): first phase
+    (1, "none", "none"), (3, "none", "none"),
+    (4, "fp16", "int8"), (5, "fp16", "int8"),
+    (6, "fp16(svd(0.5))", "int8"),
+    (99, "fp16(svd(0.5))", "int8"),       # past the last phase: it stays in force
+])
+def test_policy_by_step(step, forward, backward):
+    link = LinkCodecs.from_table(TABLE, "a|b")
+    policy = link.policy_for(step)
+    assert (policy.forward.spec, policy.backward.spec) == (codecs.parse(forward).spec, codecs.parse(backward).spec)
+
+
+def test_phase_keys_are_merged_over_defaults():
+    phases = parse_phases(TABLE)
+    assert phases[2].policy.min_numel == 10 and phases[1].policy.min_numel == 0
+
+
+def test_without_phases_is_one_open_ended_policy():
+    phases = parse_phases({"forward": "fp16", "backward": "int8"})
+    assert len(phases) == 1 and phase_at(phases, 10_000).policy.forward.spec == "fp16"
+
+
+def test_constructor_still_takes_a_single_policy():
+    link = LinkCodecs(codecs.CompressionPolicy.from_dict({"forward": "fp16"}), "a|b")
+    assert link.policy_for(7).forward.spec == "fp16"
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"phases": []}, "non-empty list"),
+    ({"phases": "fp16"}, "non-empty list"),
+    ({"phases": [{"forward": "fp16"}]}, "phases[0].steps"),
+    ({"phases": [{"steps": 0}]}, "phases[0].steps"),
+    ({"phases": [{"steps": 2}, {"steps": 1.5}]}, "phases[1].steps"),
+    ({"phases": [{"steps": 2, "forward": "nope(1)"}]}, "phases[0]"),
+    ({"phases": [{"steps": 2, "colour": "red"}]}, "unknown key"),
+    ({"phases": ["fp16"]}, "expected a table"),
+])
+def test_bad_phases_are_config_errors(table, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        parse_phases(table)
+
+
+def test_pack_uses_the_step_phase_and_meters_per_step(tmp_path):
+    link = LinkCodecs.from_table(TABLE, "a|b", tmp_path / "link.jsonl")
+    x = torch.randn(8, 16)
+    specs = [link.pack("forward", "hidden", x, step).codec for step in (3, 4, 6)]
+    assert specs == ["none", "fp16", codecs.parse("fp16(svd(0.5))").spec]
+    ids = link.pack("forward", "ids", torch.arange(8), 4)
+    assert ids.codec == "none"  # integers are never compressed
+    link.meter.close()
+    lines = [json.loads(line) for line in (tmp_path / "link.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["codec"], r["raw"]) for r in lines[:3]] == [
+        (3, "none", 512), (4, "fp16", 512), (6, codecs.parse("fp16(svd(0.5))").spec, 512)]
+    assert lines[1]["wire"] == 256 and all(r["encode_s"] >= 0 for r in lines)
