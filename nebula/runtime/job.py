@@ -100,8 +100,11 @@ def parse_job(raw: dict[str, Any], source: Path | None = None) -> JobConfig:
     data = Path(job["data"])
     if source and not data.is_absolute():
         data = (source.parent / data).resolve()  # relative paths are relative to the job file
-    return JobConfig(name=job["name"], data=str(data), stages=stages, train=train,
-                     compression=dict(raw.get("compression", {})), source=source)
+    compression = dict(raw.get("compression", {}))
+    from nebula.runtime.link import parse_phases  # imports the codecs (and torch): only when a job loads
+    parse_phases(compression)  # an unknown codec or bad value fails here, before any stage starts
+    return JobConfig(name=job["name"], data=str(data), stages=stages, train=train, compression=compression,
+                     source=source)
 
 
 def load_job(path: str | Path) -> JobConfig:
