@@ -20,31 +20,6 @@ TINY = HERE / "jobs" / "tiny.toml"
 JOB_TIMEOUT = 150.0  # one tiny job takes ~30 s on 2 busy cores, ~45 s with a restart
 
 
-def _children() -> set[int]:
-    me, found = str(os.getpid()), set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[1] == me and fields[0] != "Z":
-                found.add(int(entry))
-    return found
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_processes():
-    before = _children()
-    yield
-    deadline = time.monotonic() + 5
-    while (left := _children() - before) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"test left child processes behind: {sorted(left)}"
-
-
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

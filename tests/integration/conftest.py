@@ -1,12 +1,9 @@
 """Fixtures for integration tests: real key stores, real gateway processes on random loopback ports.
 
-Every test is checked for leftover child processes: a test that leaves one behind fails (and the
-process is killed so it cannot disturb the next test).
+Every test is checked for leftover child processes (tests/conftest.py).
 """
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -23,32 +20,6 @@ from nebula.transport.testbed import make_sites
 REPO = Path(__file__).resolve().parents[2]
 FAST = ChannelConfig(resend_timeout=1.0, heartbeat_interval=0.2, gateway_timeout=2.0, peer_timeout=4.0,
                      connect_timeout=3.0, close_timeout=3.0)
-
-
-def _children() -> set[int]:
-    me, found = str(os.getpid()), set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat.rsplit(")", 1)[1].split()
-            if fields[1] == me and fields[0] != "Z":
-                found.add(int(entry))
-    return found
-
-
-@pytest.fixture(autouse=True)
-def no_leftover_processes():
-    before = _children()
-    yield
-    deadline = time.monotonic() + 3
-    while (left := _children() - before) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"test left child processes behind: {sorted(left)}"
 
 
 def free_port() -> int:

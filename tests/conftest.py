@@ -1,0 +1,35 @@
+"""Fixtures for every test: a test that leaves a child process behind fails (and the process is
+killed, so it cannot disturb the next test)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _children() -> set[int]:
+    me, found = str(os.getpid()), set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[1] == me and fields[0] != "Z":
+                found.add(int(entry))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    before = _children()
+    yield
+    deadline = time.monotonic() + 5
+    while (left := _children() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"test left child processes behind: {sorted(left)}"
