@@ -6,6 +6,7 @@ import importlib
 BENCHMARKS = [
     "codecs",
     "transport",
+    "wan",
 ]
 
 
