@@ -90,6 +90,24 @@ def test_goodput_at_20_mbit_is_near_the_rate(needs_root):
 
 
 @pytest.mark.root
+@pytest.mark.timeout(60)
+def test_both_directions_saturated_each_keep_the_rate(needs_root):
+    """Activations one way and gradients the other: ACKs must not wait behind the other direction's
+    data (a FIFO queue held one direction to ~0.6 of the rate at 0.5 Mbit/s)."""
+    import threading
+    rate, results = 2.0, {}
+    with WanLink(name_prefix=unique_prefix(), rate_mbit=rate) as link:
+        def run(src: str, dst: str) -> None:
+            results[src] = measure_goodput(link, 600_000, src=src, dst=dst)  # ~2.5 s on the wire
+        threads = [threading.Thread(target=run, args=pair) for pair in (("a", "b"), ("b", "a"))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(45)
+    assert min(results.values()) >= 0.85 * rate, f"goodput both ways: {results} on a {rate} Mbit/s link"
+
+
+@pytest.mark.root
 def test_addresses_exist_only_inside_the_namespaces(needs_root):
     with WanLink(name_prefix=unique_prefix(), rate_mbit=50) as link:
         host = subprocess.run(["ip", "-4", "addr"], capture_output=True, text=True, check=True).stdout
