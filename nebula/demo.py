@@ -13,6 +13,7 @@ from pathlib import Path
 from nebula.errors import ConfigError, StageError
 from nebula.launch import ProcessGroup, Service, make_keys, nebula_argv, write_site_configs
 from nebula.runtime.job import load_job
+from nebula.runtime.metrics import read_records
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,25 +52,13 @@ def start_services(run: Path, job_file: Path, steps: int | None) -> ProcessGroup
     return group
 
 
-def read_steps(metrics: Path) -> list[dict]:
-    if not metrics.exists():
-        return []
-    records = []
-    for line in metrics.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue  # a line being written right now
-    return [r for r in records if r.get("kind") == "step"]
-
-
 def watch(group: ProcessGroup, run: Path, total: int, head: str, tail: str) -> None:
     from tqdm import tqdm
     done = group.services[head]
     with tqdm(total=total, desc="training", unit="step") as bar:
         while done.proc.poll() != 0:
             group.poll()
-            steps = read_steps(run / tail / "metrics.jsonl")
+            steps = read_records(run / tail / "metrics.jsonl")
             if steps and steps[-1]["step"] != bar.n:  # redraw only on progress (logs stay short)
                 bar.set_postfix(loss=f"{steps[-1]['loss']:.3f}", refresh=False)
                 bar.update(steps[-1]["step"] - bar.n)
@@ -80,7 +69,7 @@ def plot(run: Path, tail: str, out: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    steps = read_steps(run / tail / "metrics.jsonl")
+    steps = read_records(run / tail / "metrics.jsonl")
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], label="fp16 forward + int8 backward")
     ax.set_xlabel("step")

@@ -31,6 +31,8 @@ import time
 import tomllib
 from pathlib import Path
 
+from nebula.runtime.metrics import read_records
+
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = {"abnet": ROOT / "deploy" / "jobs" / "abnet-es-en.toml"}
 PAPER_MBIT = 60.0
@@ -243,19 +245,6 @@ def run_job(run: Path, job: dict, label: str, hosts: dict | None = None, prefixe
         group.stop()
 
 
-def read_records(path: Path, kind: str = "step") -> list[dict]:
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue  # a line being written right now
-    return [r for r in records if kind is None or r.get("kind") == kind]
-
-
-# --- from the stages' metrics to Table 5 rows --------------------------------------------------------
 def per_step_link(path: Path, direction: str) -> dict[int, dict]:
     """step -> summed raw bytes, wire bytes and encode seconds of the tensors sent that step, and the
     first and last time one was packed (host clock, shared by both sites' processes)."""

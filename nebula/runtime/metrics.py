@@ -37,3 +37,18 @@ class MetricsLog:
     def close(self) -> None:
         if self._file:
             self._file.close()
+
+
+def read_records(path: str | Path, kind: str | None = "step") -> list[dict[str, Any]]:
+    """Records of a JSON-lines file (metrics, meters, audit) of one `kind` (None: all); a line being
+    written right now is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return [r for r in records if kind is None or r.get("kind") == kind]

@@ -16,7 +16,7 @@ from typing import Any
 
 import zmq
 
-from nebula.errors import AuthError, RemoteError, TransportError, WireError
+from nebula.errors import RemoteError, TransportError, WireError
 from nebula.security.certs import parse_address
 from nebula.transport import sockets
 from nebula.transport.streams import RecvStream, SendStream, Verdict

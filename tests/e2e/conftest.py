@@ -3,7 +3,6 @@ CURVE on every socket, loopback only. A test that leaves a process behind fails;
 every service are printed when a test fails."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -13,6 +12,7 @@ import pytest
 
 from nebula.launch import ProcessGroup, start_sites, tail
 from nebula.runtime.job import JobConfig, load_job
+from nebula.runtime.metrics import read_records
 from nebula.runtime.schedule import Schedule, digest, id_hash
 
 HERE = Path(__file__).resolve().parent
@@ -48,16 +48,8 @@ def expected_ledger(job: JobConfig) -> list[list]:
 
 
 def records(path: Path, kind: str | None = None) -> list[dict]:
-    """JSON lines of a metrics or audit file (a half-written last line is skipped)."""
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return [r for r in out if kind is None or r.get("kind") == kind]
+    """Every record of a metrics or audit file (or those of one kind)."""
+    return read_records(path, kind)
 
 
 class TwoSites:
