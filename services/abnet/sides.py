@@ -12,6 +12,7 @@ from nebula.data.corpus import ParallelSide
 from nebula.errors import DataError
 from nebula.runtime.job import TrainConfig
 from nebula.runtime.schedule import id_hash
+from services.abnet.baseline import BaselineConfig, BaselineDecoder, BaselineEncoder
 from services.abnet.model import AbnetConfig, build_source_encoder, build_target_decoder
 from services.abnet.plm import Pretrained
 from services.abnet.vocab import build_vocab_map, count_ids
@@ -102,10 +103,14 @@ class EncoderSide(_Trainable):
     """Site a: source text only."""
 
     def __init__(self, pre: Pretrained, data_dir: str, train: TrainConfig, cfg: AbnetConfig,
-                 limit: int | None = None):
+                 limit: int | None = None, baseline: BaselineConfig | None = None):
         self.pre, self.max_len = pre, train.max_len
         self.data = TokenizedSide(data_dir, "src", pre, train.max_len, limit)
-        self.module = build_source_encoder(pre, cfg, self.data.vmap)
+        if baseline:  # from scratch, same tokenizer and cut vocabulary (paper Table 2's Transformer)
+            pad = self.data.vmap.specials(pre.specials).pad
+            self.module = BaselineEncoder(len(self.data.vmap), pad, baseline)
+        else:
+            self.module = build_source_encoder(pre, cfg, self.data.vmap)
         self.opt, self.sched = adam_with_warmup(self.module.trainable_parameters(), train)
         self.n_train = len(self.data.splits["train"]["rows"])
 
@@ -124,11 +129,15 @@ class DecoderSide(_Trainable):
     """Site b: target text only; looks its targets up by the example-id hashes it receives."""
 
     def __init__(self, pre: Pretrained, data_dir: str, train: TrainConfig, cfg: AbnetConfig,
-                 enc_hidden: int, limit: int | None = None, decode_iterations: int = 10, length_beam: int = 4):
+                 enc_hidden: int, limit: int | None = None, decode_iterations: int = 10, length_beam: int = 4,
+                 baseline: BaselineConfig | None = None):
         self.pre, self.decode_iterations, self.length_beam = pre, decode_iterations, length_beam
         self.enc_hidden = enc_hidden  # H of the boundary the encoder sends; checked on every message
         self.data = TokenizedSide(data_dir, "tgt", pre, train.max_len, limit)
-        self.module = build_target_decoder(pre, cfg, enc_hidden, self.data.vmap)
+        if baseline:
+            self.module = BaselineDecoder(len(self.data.vmap), self.data.vmap.specials(pre.specials), baseline)
+        else:
+            self.module = build_target_decoder(pre, cfg, enc_hidden, self.data.vmap)
         self.opt, self.sched = adam_with_warmup(self.module.trainable_parameters(), train)
 
     def check_boundary(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

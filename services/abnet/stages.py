@@ -5,6 +5,7 @@ import json
 
 import torch
 
+from nebula.errors import ConfigError
 from nebula.runtime.checkpoint import CheckpointDir
 from nebula.runtime.link import LinkCodecs
 from nebula.runtime.metrics import MetricsLog
@@ -13,12 +14,22 @@ from nebula.runtime.schedule import Schedule
 from nebula.runtime.split import INPUT_SPLIT, HeadRunner, TailRunner
 from nebula.runtime.stage import Stage
 from nebula.transport.base import Channel
+from services.abnet.baseline import BaselineConfig
 from services.abnet.model import AbnetConfig
 
 
 def _abnet_config(options: dict) -> AbnetConfig:
     known = AbnetConfig.__dataclass_fields__
     return AbnetConfig(**{k: v for k, v in options.items() if k in known and k != "cache_dir"})
+
+
+def _baseline(options: dict) -> BaselineConfig | None:
+    """`model = "transformer"`: a from-scratch Transformer of similar trainable size (paper Table 2)."""
+    model = options.get("model", "abnet")
+    if model not in ("abnet", "transformer"):
+        raise ConfigError(f"model = {model!r}: use \"abnet\" (frozen PLM + adapters) or \"transformer\" "
+                          "(from scratch, the comparison baseline)")
+    return BaselineConfig() if model == "transformer" else None
 
 
 class _AbnetStage(Stage):
@@ -45,7 +56,8 @@ class AbnetEncoder(_AbnetStage):
         from services.abnet.xlmr_e5 import load_e5_small
         torch.manual_seed(self.job.train.seed)
         return EncoderSide(load_e5_small(), self.job.data, self.job.train, _abnet_config(self.config.options),
-                           limit=self.config.options.get("max_train_examples"))
+                           limit=self.config.options.get("max_train_examples"),
+                           baseline=_baseline(self.config.options))
 
     def translate(self, channel: Channel, lines: list[str]) -> list[str]:
         """Cross-site inference from the last common checkpoint: encode here, decode at site b."""
@@ -89,7 +101,7 @@ class AbnetDecoder(_AbnetStage):
         model = DecoderSide(load_minilm(), self.job.data, self.job.train, _abnet_config(opts),
                             enc_hidden=int(opts.get("enc_hidden", 384)), limit=opts.get("max_train_examples"),
                             decode_iterations=int(opts.get("decode_iterations", 10)),
-                            length_beam=int(opts.get("length_beam", 4)))
+                            length_beam=int(opts.get("length_beam", 4)), baseline=_baseline(opts))
         runner = TailRunner(**self.runner_args(channel, model))
         try:
             runner.run()
