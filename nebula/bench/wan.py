@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -223,7 +224,8 @@ def run_job(run: Path, job: dict, label: str, hosts: dict | None = None, prefixe
     from nebula.errors import StageError
     from nebula.launch import start_sites
 
-    run.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(run, ignore_errors=True)  # a kept --workdir from an earlier run: start clean
+    run.mkdir(parents=True)
     job_file = run / "job.toml"
     write_toml(job, job_file)
     stages = {name: stage["address"] for name, stage in job["stages"].items()}
