@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from nebula.errors import ConfigError, StageError
-from nebula.launch import ProcessGroup, Service, make_keys, nebula_argv, write_site_configs
+from nebula.launch import ProcessGroup, start_sites
 from nebula.runtime.job import load_job
 from nebula.runtime.metrics import read_records
 
@@ -24,32 +24,6 @@ def ensure_data(job_data: Path, pair: str) -> None:
     from nebula.data.prepare import PrepareConfig, prepare
     print(f"nebula demo: preparing the {pair} corpus from Debian translation packages (once) ...", flush=True)
     prepare(PrepareConfig(pairs=(pair,), out=job_data.parent))
-
-
-def start_gateways(group: ProcessGroup, run: Path, sites: dict[str, Path]) -> None:
-    for site, config in sites.items():
-        group.start(Service(f"gateway-{site}", nebula_argv("gateway", "run", "--site-config", str(config)),
-                            run / "logs" / f"gateway-{site}.log", restart=True))
-
-
-def start_stage(group: ProcessGroup, run: Path, job_file: Path, name: str, site_config: Path,
-                steps: int | None = None) -> None:
-    argv = nebula_argv("stage", "run", "--job", str(job_file), "--stage", name, "--site", str(site_config),
-                       "--workdir", str(run / name), "--quiet")
-    if steps:
-        argv += ["--steps", str(steps)]
-    group.start(Service(name, argv, run / "logs" / f"{name}.log", restart=True))
-
-
-def start_services(run: Path, job_file: Path, steps: int | None) -> ProcessGroup:
-    job = load_job(job_file)
-    make_keys(run / "keys", {name: stage.address for name, stage in job.stages.items()})
-    sites = write_site_configs(run)
-    group = ProcessGroup()
-    start_gateways(group, run, sites)
-    for name, stage in job.stages.items():
-        start_stage(group, run, job_file, name, sites[stage.site], steps)
-    return group
 
 
 def watch(group: ProcessGroup, run: Path, total: int, head: str, tail: str) -> None:
@@ -65,16 +39,17 @@ def watch(group: ProcessGroup, run: Path, total: int, head: str, tail: str) -> N
             time.sleep(0.5)
 
 
-def plot(run: Path, tail: str, out: Path) -> None:
+def plot(run: Path, tail: str, out: Path, job) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     steps = read_records(run / tail / "metrics.jsonl")
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], label="fp16 forward + int8 backward")
+    codecs = f"{job.compression.get('forward', 'none')} forward, {job.compression.get('backward', 'none')} backward"
+    ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], label=codecs)
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (CMLM)")
-    ax.set_title("ABNet-Cloud es->en across two sites")
+    ax.set_title(f"{job.name} across two sites")
     ax.legend()
     fig.tight_layout()
     fig.savefig(out, dpi=100)
@@ -102,7 +77,7 @@ def run_demo(job_file: Path, run: Path, steps: int | None, hot: Path | None = No
     if hot:
         hot_start(run, hot, names)
     started = time.monotonic()
-    group = start_services(run, job_file, steps)
+    group = start_sites(run, job_file, {name: stage.address for name, stage in job.stages.items()}, steps=steps)
     try:
         watch(group, run, steps or job.train.steps, head, tail)
     finally:
@@ -111,6 +86,6 @@ def run_demo(job_file: Path, run: Path, steps: int | None, hot: Path | None = No
     if not scores_file.exists():
         raise StageError(f"the job ended without scores; see the logs in {run / 'logs'}")
     scores = json.loads(scores_file.read_text())
-    plot(run, tail, run / "loss.png")
+    plot(run, tail, run / "loss.png", job)
     scores["wall_s"] = round(time.monotonic() - started, 1)
     return scores

@@ -135,9 +135,25 @@ def nebula_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "nebula.cli", *args]
 
 
+def start_gateway(group: ProcessGroup, run: Path, site: str, config: Path, prefix: list[str] | None = None,
+                  restart: bool = True) -> Service:
+    argv = [*(prefix or []), *nebula_argv("gateway", "run", "--site-config", str(config))]
+    return group.start(Service(f"gateway-{site}", argv, run / "logs" / f"gateway-{site}.log", restart=restart))
+
+
+def start_stage(group: ProcessGroup, run: Path, job_file: Path, name: str, site_config: Path,
+                prefix: list[str] | None = None, restart: bool = True, steps: int | None = None) -> Service:
+    """`nebula stage run` of one stage, its workdir `run/<name>`, its log `run/logs/<name>.log`."""
+    argv = nebula_argv("stage", "run", "--job", str(job_file), "--stage", name, "--site", str(site_config),
+                       "--workdir", str(run / name), "--quiet")
+    if steps:
+        argv += ["--steps", str(steps)]
+    return group.start(Service(name, [*(prefix or []), *argv], run / "logs" / f"{name}.log", restart=restart))
+
+
 def start_sites(run: Path, job_file: Path, stages: dict[str, str], hosts: dict[str, str] | None = None,
                 prefixes: dict[str, list[str]] | None = None, restart: bool = True,
-                channel: dict[str, float] | None = None) -> ProcessGroup:
+                channel: dict[str, float] | None = None, steps: int | None = None) -> ProcessGroup:
     """Keys, site configs, both gateways and every stage of `job_file` (stage name -> address).
 
     `prefixes` puts a site's processes somewhere else, e.g. `WanLink.exec_prefix(site)` runs them
@@ -149,11 +165,8 @@ def start_sites(run: Path, job_file: Path, stages: dict[str, str], hosts: dict[s
     sites = write_site_configs(run, hosts=hosts, channel=channel)
     group = ProcessGroup()
     for site, config in sites.items():
-        group.start(Service(f"gateway-{site}", [*prefixes[site], *nebula_argv("gateway", "run", "--site", str(config))],
-                            run / "logs" / f"gateway-{site}.log", restart=restart))
+        start_gateway(group, run, site, config, prefixes[site], restart)
     for name, address in stages.items():
         site = address.split("/")[0]
-        argv = nebula_argv("stage", "run", "--job", str(job_file), "--stage", name, "--site", str(sites[site]),
-                           "--workdir", str(run / name), "--quiet")
-        group.start(Service(name, [*prefixes[site], *argv], run / "logs" / f"{name}.log", restart=restart))
+        start_stage(group, run, job_file, name, sites[site], prefixes[site], restart, steps)
     return group

@@ -16,9 +16,9 @@ def register(sub) -> None:
 
 
 def translate(args) -> int:
-    from nebula.demo import ROOT, start_gateways, start_stage
+    from nebula.demo import ROOT
     from nebula.errors import ConfigError
-    from nebula.launch import ProcessGroup
+    from nebula.launch import ProcessGroup, start_gateway, start_stage
     from nebula.runtime.job import load_job
     from nebula.runtime.registry import resolve_stage
     from nebula.transport.config import load_site_config
@@ -36,7 +36,8 @@ def translate(args) -> int:
         raise ConfigError("nothing to translate: give one sentence per line")
     group = ProcessGroup()
     try:
-        start_gateways(group, args.run_dir, sites)
+        for site, config in sites.items():
+            start_gateway(group, args.run_dir, site, config)
         start_stage(group, args.run_dir, job_file, tail, sites[job.stage(tail).site])
         stage = resolve_stage(job.stage(head).impl)(job, head, args.run_dir / head, quiet=True)
         with open_channel(load_site_config(sites[job.stage(head).site]), job.stage(head).address) as channel:
