@@ -302,14 +302,27 @@ class HeadRunner(SplitRunner):
         return build
 
 
+@dataclass
+class StepProgress:
+    """What the tail has accumulated of the step in flight (and of an inference pass)."""
+
+    losses: list[float] = field(default_factory=list)
+    ids: list[int] = field(default_factory=list)  # example-id hashes, for the ledger
+    compute_s: float = 0.0
+    hyps: list[str] = field(default_factory=list)
+    refs: list[str] = field(default_factory=list)
+
+
+@dataclass
 class TailRunner(SplitRunner):
     """Site b: holds the target side and the loss; follows the head's schedule and resumes."""
+
+    progress: StepProgress = field(default_factory=StepProgress)
 
     @reports_failure
     def run(self) -> None:
         self.ensure_initial_checkpoint()
         self.hello()
-        pending, losses, self._ids = 0, [], []
         while True:
             msg = self.recv()
             if msg.kind == Kind.CONTROL:
@@ -317,7 +330,6 @@ class TailRunner(SplitRunner):
                     self.hello()
                 elif msg.topic == "resume":
                     self.resume(msg)
-                    pending, losses, self._ids = 0, [], []
                 elif msg.topic == "infer-done" and msg.generation == self.generation:
                     self.score(self.body(msg).get("split", "test"))
                 elif msg.topic == "done" and msg.generation == self.generation:
@@ -328,18 +340,16 @@ class TailRunner(SplitRunner):
             elif msg.kind == Kind.TENSORS and msg.topic.startswith("infer:") and msg.generation == self.generation:
                 self.infer(msg)
             elif msg.kind == Kind.TENSORS and msg.generation == self.generation and msg.step == self.step + 1:
-                losses.append(self.micro_batch(msg))
-                pending += 1
-                if pending == self.train.micro_batches:
-                    self.finish_step(msg.step, losses)
-                    pending, losses, self._ids = 0, [], []
+                self.micro_batch(msg)
+                if len(self.progress.losses) == self.train.micro_batches:
+                    self.finish_step(msg.step)
 
     def infer(self, msg: Message) -> None:
         split = msg.topic.partition(":")[2]
         inputs = self.received(msg)
-        self._hyps = getattr(self, "_hyps", []) + self.model.translate(inputs)
+        self.progress.hyps += self.model.translate(inputs)
         if split != INPUT_SPLIT:  # user input has no references at this site
-            self._refs = getattr(self, "_refs", []) + self.model.references(split, inputs["ids"])
+            self.progress.refs += self.model.references(split, inputs["ids"])
 
     def received(self, msg: Message) -> dict[str, torch.Tensor]:
         """The tensors of a head message, checked: "hidden" floating point (B, S, H), "ids" int64 (B,)."""
@@ -359,30 +369,29 @@ class TailRunner(SplitRunner):
 
     def score(self, split: str) -> None:
         from sacrebleu import corpus_bleu
-        hyps, refs = getattr(self, "_hyps", []), getattr(self, "_refs", [])
+        hyps, refs = self.progress.hyps, self.progress.refs
+        self.progress.hyps, self.progress.refs = [], []
         if split == INPUT_SPLIT:
-            self._hyps = []
             self.control("scores", split=split, n=len(hyps), translations=hyps)
             return
         bleu = corpus_bleu(hyps, [refs], lowercase=True).score if hyps else 0.0
         scores = {"split": split, "bleu": bleu, "n": len(hyps),
                   "samples": [[h, r] for h, r in zip(hyps[:5], refs[:5])]}
         self.metrics.event("scores", **scores)
-        self._hyps, self._refs = [], []
         self.control("scores", **scores)
 
     def resume(self, msg: Message) -> None:
         body = self.body(msg)
         self.generation = int(body["generation"])
         self.restore(int(body["step"]))
+        self.progress = StepProgress()  # whatever the abandoned step had accumulated is void
         self.control("ready", step=self.step)
 
-    def micro_batch(self, msg: Message) -> float:
+    def micro_batch(self, msg: Message) -> None:
         t0 = time.perf_counter()
         inputs = self.received(msg)
         hidden = inputs["hidden"].detach().float().requires_grad_()
         inputs["hidden"] = hidden
-        self._ids += inputs["ids"].tolist()
         loss = self.model.loss(inputs)
         (loss / self.train.micro_batches).backward()
         grad = hidden.grad
@@ -390,18 +399,19 @@ class TailRunner(SplitRunner):
         self.sender.submit(lambda: Message(
             kind=Kind.TENSORS, job=self.job, dst=self.peer, step=step, micro_batch=mb, generation=generation,
             tensors=[self.codecs.pack("backward", "grad_hidden", grad, step)]))
-        self._compute = getattr(self, "_compute", 0.0) + time.perf_counter() - t0
-        return loss.item()
+        self.progress.ids += inputs["ids"].tolist()
+        self.progress.losses.append(loss.item())
+        self.progress.compute_s += time.perf_counter() - t0
 
-    def finish_step(self, step: int, losses: list[float]) -> None:
+    def finish_step(self, step: int) -> None:
         t0 = time.perf_counter()
         self.model.optimizer_step(step)
         self.model.zero_grad()  # the next step accumulates its micro-batches from zero
         self.step = step
-        self.ledger.append([step, digest(self._ids)])  # equals the head's entry: same example ids
+        self.ledger.append([step, digest(self.progress.ids)])  # equals the head's entry: same example ids
         if step % self.train.checkpoint_every == 0:
             self.save()
-        compute = getattr(self, "_compute", 0.0) + time.perf_counter() - t0
-        self._compute = 0.0
-        self.metrics.step(step=step, loss=sum(losses) / len(losses), compute_s=compute,
+        done, self.progress = self.progress, StepProgress(hyps=self.progress.hyps, refs=self.progress.refs)
+        self.metrics.step(step=step, loss=sum(done.losses) / len(done.losses),
+                          compute_s=done.compute_s + time.perf_counter() - t0,
                           backward_bytes=self.codecs.take_bytes("backward"))
