@@ -56,3 +56,11 @@ def test_unknown_stage_lists_the_registered_ones():
 def test_missing_job_file(tmp_path):
     with pytest.raises(ConfigError, match="does not exist"):
         load_job(tmp_path / "nope.toml")
+
+
+def test_language_pair_jobs_differ_only_in_their_data():
+    """abnet-es-en and abnet-zh-en run the same schedule and decoding (they drifted apart once)."""
+    es, zh = (load_job(ROOT / "deploy" / "jobs" / f"abnet-{pair}.toml") for pair in ("es-en", "zh-en"))
+    assert es.train == zh.train and es.compression == zh.compression
+    assert {n: s.options for n, s in es.stages.items()} == {n: s.options for n, s in zh.stages.items()}
+    assert Path(es.data).name == "es-en" and Path(zh.data).name == "zh-en"
