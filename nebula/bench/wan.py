@@ -39,11 +39,17 @@ SCENARIOS = {"abnet": ROOT / "deploy" / "jobs" / "abnet-es-en.toml"}
 PAPER_MBIT = 60.0
 BOUND_FACTOR = 5.0  # uncompressed wire time / compute time in the communication-bound regime
 HIDDEN = 384  # width of the boundary tensor H_E (multilingual-e5-small)
+# Untimed steps before the first phase's: the first bulk transfers overshoot in TCP slow start, and
+# a drop in the ~2 s deep tbf queue of a ~1 Mbit/s link costs a retransmission timeout (measured:
+# 15 s lost in step 2 when the head ran a step ahead, so steps 1 and 2 were on the wire together).
+LEAD_IN = 2
 
 SETTINGS = [("none", "none"), ("fp16", "int8"),
             *[(f"fp16(svd({r}))", "int8") for r in (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2)],
-            ("fp16(lowrank(0.6))", "int8"), ("fp16(lowrank(0.2))", "int8"), ("int8(lowrank(0.2))", "int8")]
-QUICK_SETTINGS = [("none", "none"), ("fp16", "int8"), ("fp16(svd(0.6))", "int8"), ("int8(lowrank(0.2))", "int8")]
+            ("fp16(lowrank(0.6))", "int8"), ("fp16(lowrank(0.2))", "int8"), ("int8(lowrank(0.2))", "int8"),
+            ("int8(lowrank(0.2))", "int8(lowrank(0.5))")]  # gradients beyond int8: the backward wire caps int8 at ~3.8x
+QUICK_SETTINGS = [("none", "none"), ("fp16", "int8"), ("int8(lowrank(0.2))", "int8"),
+                  ("int8(lowrank(0.2))", "int8(lowrank(0.5))")]
 
 
 def register(sub) -> None:
@@ -58,6 +64,12 @@ def register(sub) -> None:
                         help="timed steps per setting (speed; default 3, quick 2) or training steps per setting "
                              "(quality; default 300, quick 20)")
     parser.add_argument("--micro-batches", type=int, default=None, help="override the job's [train].micro_batches")
+    parser.add_argument("--setting", nargs=2, action="append", metavar=("FORWARD", "BACKWARD"),
+                        help="measure this codec pair instead of the built-in list (repeatable; the first is "
+                             "the baseline of `speedup`), e.g. --setting none none --setting fp16 int8")
+    parser.add_argument("--staleness", type=int, choices=(0, 1), default=None,
+                        help="override the job's [train].staleness: 0 synchronous steps (the paper's), "
+                             "1 the head runs one step ahead (no per-step pipeline bubble)")
     parser.add_argument("--bound-factor", type=float, default=BOUND_FACTOR,
                         help="uncompressed wire time / compute time at the communication-bound rate (default 5)")
     parser.add_argument("--plot", type=Path, default=None,
@@ -76,12 +88,12 @@ def run(args: argparse.Namespace) -> int:
         print("nebula bench wan: skipped: the emulated WAN link needs root (network namespaces and tc); "
               "run as root, or use --quality, which needs no link", file=sys.stderr)
         return 2
-    settings = QUICK_SETTINGS if args.quick else SETTINGS
+    settings = chosen_settings(args)
     timed = args.steps or (2 if args.quick else 3)
     with _workdir(args.workdir) as work:
         from nebula.runtime.job import load_job
         data = fixed_shape_corpus(Path(load_job(SCENARIOS[args.scenario]).data), work / "data")
-        job = bench_job(SCENARIOS[args.scenario], settings, timed, args.micro_batches, data)
+        job = bench_job(SCENARIOS[args.scenario], settings, timed, data, args.micro_batches, args.staleness)
         rows = measure_rate(work / "60mbit", job, PAPER_MBIT)
         rate = bound_rate(rows[0], args.bound_factor)
         progress(f"communication-bound rate: {rate} Mbit/s (uncompressed wire = {args.bound_factor:g} x compute)")
@@ -92,6 +104,15 @@ def run(args: argparse.Namespace) -> int:
         print_table(rows)
         print_verdict(rows, args.bound_factor)
     return 0
+
+
+def chosen_settings(args: argparse.Namespace) -> list[tuple[str, str]]:
+    if not args.setting:
+        return QUICK_SETTINGS if args.quick else SETTINGS
+    from nebula.runtime.link import parse_phases
+    pairs = [tuple(pair) for pair in args.setting]
+    parse_phases({"phases": [{"steps": 1, "forward": f, "backward": b} for f, b in pairs]}, "--setting")
+    return pairs
 
 
 def progress(line: str) -> None:
@@ -117,22 +138,30 @@ class _workdir:
 
 
 # --- the job: one phase per setting ----------------------------------------------------------------
-def bench_job(job_file: Path, settings: list[tuple[str, str]], timed: int, micro_batches: int | None,
-              data: Path) -> dict:
-    """The scenario's job on `data`, one compression phase per setting (1 untimed + `timed` steps each)."""
+def bench_job(job_file: Path, settings: list[tuple[str, str]], timed: int, data: Path,
+              micro_batches: int | None = None, staleness: int | None = None) -> dict:
+    """The scenario's job on `data`, one compression phase per setting (1 untimed + `timed` steps each;
+    the first phase has LEAD_IN more untimed steps)."""
     raw = tomllib.loads(job_file.read_text())
     per_phase = 1 + timed
-    total = per_phase * len(settings) + 1  # + the final step, which also saves the last checkpoint
+    total = per_phase * len(settings) + LEAD_IN + 1  # + the final step, which also saves the last checkpoint
     raw["job"]["data"] = str(data)  # absolute: the bench job file lives elsewhere
     raw["train"].update(steps=total, checkpoint_every=total, log_every=total)
-    if micro_batches:
-        raw["train"]["micro_batches"] = micro_batches
+    override_train(raw, micro_batches, staleness)
     for stage in raw["stages"].values():  # load only the examples the run uses; no test-set decoding
         stage.update(max_train_examples=total * raw["train"].get("batch_size", 32), eval_examples=0)
     phases = [{"steps": per_phase, "forward": f, "backward": b} for f, b in settings]
+    phases[0]["steps"] += LEAD_IN
     phases[-1]["steps"] += 1
     raw["compression"] = {"phases": phases}
     return raw
+
+
+def override_train(raw: dict, micro_batches: int | None, staleness: int | None) -> None:
+    if micro_batches:
+        raw["train"]["micro_batches"] = micro_batches
+    if staleness is not None:
+        raw["train"]["staleness"] = staleness
 
 
 def fixed_shape_corpus(data: Path, out: Path, min_words: int = 30) -> Path:
@@ -185,10 +214,11 @@ def write_toml(table: dict, path: Path) -> None:
 
 
 def phase_steps(job: dict) -> list[tuple[dict, list[int]]]:
-    """(phase, timed steps) for each phase: all but its first step and the run's last step."""
+    """(phase, timed steps) for each phase: all but its first step (the run's first 1 + LEAD_IN) and
+    the run's last step."""
     out, first, last = [], 1, job["train"]["steps"]
-    for phase in job["compression"]["phases"]:
-        steps = [s for s in range(first + 1, first + phase["steps"]) if s != last]
+    for i, phase in enumerate(job["compression"]["phases"]):
+        steps = [s for s in range(first + 1 + (LEAD_IN if i == 0 else 0), first + phase["steps"]) if s != last]
         out.append((phase, steps))
         first += phase["steps"]
     return out
@@ -273,7 +303,7 @@ def summarise(run: Path, job: dict, rate_mbit: float) -> list[dict]:
     tm = {r["step"]: r for r in read_records(run / tail / "metrics.jsonl")}
     fwd = per_step_link(run / head / "link.jsonl", "forward")
     bwd = per_step_link(run / tail / "link.jsonl", "backward")
-    rows = []
+    rows, stale = [], int(job["train"].get("staleness", 0))
     for phase, steps in phase_steps(job):
         def mean(values) -> float:
             return statistics.fmean(values)
@@ -281,8 +311,8 @@ def summarise(run: Path, job: dict, rate_mbit: float) -> list[dict]:
         compute_a, compute_b = mean(hm[s]["compute_s"] for s in steps), mean(tm[s]["compute_s"] for s in steps)
         fwd_wire, bwd_wire = mean(fwd[s]["wire"] for s in steps), mean(bwd[s]["wire"] for s in steps)
         wire_s = max(fwd_wire, bwd_wire) * 8 / (rate_mbit * 1e6)
-        rows.append({
-            "forward": phase["forward"], "backward": phase["backward"], "link_mbit": rate_mbit,
+        row = {
+            "forward": phase["forward"], "backward": phase["backward"], "link_mbit": rate_mbit, "staleness": stale,
             "s_per_step": round(step_s, 3), "speedup": None,
             "overlap_ratio": round(step_s / max(compute_a, compute_b, wire_s), 3),
             "forward_ratio": round(sum(fwd[s]["wire"] for s in steps) / sum(fwd[s]["raw"] for s in steps), 4),
@@ -291,10 +321,12 @@ def summarise(run: Path, job: dict, rate_mbit: float) -> list[dict]:
             "forward_mb": round(fwd_wire / 1e6, 4), "backward_mb": round(bwd_wire / 1e6, 4),
             "encode_a_s": round(mean(fwd[s]["encode_s"] for s in steps), 4),
             "encode_b_s": round(mean(bwd[s]["encode_s"] for s in steps), 4),
-            "fill_s": round(mean(fill(hm[s], bwd[s]) for s in steps), 3),
-            "bwd_wire_s": round(bwd_wire * 8 / (rate_mbit * 1e6), 3),
-            "rest_s": round(step_s - mean(fill(hm[s], bwd[s]) for s in steps) - bwd_wire * 8 / (rate_mbit * 1e6), 3),
-            "timed_steps": len(steps)})
+            "bwd_wire_s": round(bwd_wire * 8 / (rate_mbit * 1e6), 3), "fill_s": None, "rest_s": None,
+            "timed_steps": len(steps)}
+        if not stale:  # one step's anatomy; with staleness 1 the steps overlap, so it has no meaning
+            row["fill_s"] = round(mean(fill(hm[s], bwd[s]) for s in steps), 3)
+            row["rest_s"] = round(step_s - row["fill_s"] - row["bwd_wire_s"], 3)
+        rows.append(row)
     base = rows[0]["s_per_step"]
     for row in rows:
         row["speedup"] = round(base / row["s_per_step"], 3)
@@ -323,10 +355,12 @@ def print_table(rows: list[dict]) -> None:
     for i, row in enumerate(rows):
         if i and row["link_mbit"] != rows[i - 1]["link_mbit"]:
             print()
-        print("".join(f"{row[key]:<{w}}" if fmt == "s" else f"{row[key]:>{w}{fmt}}" for _, key, w, fmt in COLUMNS))
-    print("(seconds per step; comp a/b: each site's compute; wire: max direction bytes / link rate; "
-          "enc a/b: codec encode time on each site's sender thread;\n fill: step start -> first gradient "
-          "sent by b; bwire: backward bytes / link rate; rest = s/step - fill - bwire)")
+        print("".join(f"{row[key]:<{w}}" if fmt == "s" else f"{'-':>{w}}" if row[key] is None
+                      else f"{row[key]:>{w}{fmt}}" for _, key, w, fmt in COLUMNS))
+    print(f"(staleness {rows[0]['staleness']}; seconds per step; comp a/b: each site's compute; "
+          "wire: max direction bytes / link rate;\n enc a/b: codec encode time on each site's sender thread; "
+          "fill: step start -> first gradient sent by b;\n bwire: backward bytes / link rate; "
+          "rest = s/step - fill - bwire; fill and rest only for synchronous steps)")
 
 
 def print_verdict(rows: list[dict], factor: float) -> None:

@@ -15,14 +15,14 @@ import json
 import statistics
 from pathlib import Path
 
-from nebula.bench.wan import (QUICK_SETTINGS, SCENARIOS, SETTINGS, _workdir, per_step_link, progress,
+from nebula.bench.wan import (SCENARIOS, _workdir, chosen_settings, override_train, per_step_link, progress,
                               read_records, run_job)
 
 QUICK_STEPS, QUICK_EVAL = 20, 50
 
 
 def run_quality(args: argparse.Namespace) -> int:
-    settings = QUICK_SETTINGS if args.quick else SETTINGS
+    settings = chosen_settings(args)
     with _workdir(args.workdir) as work:
         rows, curves = [], {}
         for forward, backward in settings:
@@ -57,8 +57,7 @@ def quality_job(job_file: Path, forward: str, backward: str, args: argparse.Name
     raw["job"]["data"] = load_job(job_file).data
     steps = args.steps or (QUICK_STEPS if args.quick else raw["train"]["steps"])
     raw["train"].update(steps=steps, checkpoint_every=steps, log_every=max(1, steps // 10))
-    if args.micro_batches:
-        raw["train"]["micro_batches"] = args.micro_batches
+    override_train(raw, args.micro_batches, args.staleness)
     if args.quick:
         raw["stages"]["encoder"]["eval_examples"] = QUICK_EVAL
     raw["compression"] = {"forward": forward, "backward": backward}

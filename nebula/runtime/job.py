@@ -25,6 +25,10 @@ class TrainConfig:
     steps: int = 300
     batch_size: int = 32
     micro_batches: int = 4
+    # 0: each step's forward uses the weights of the previous step (exact; every step pays the pipeline
+    # fill and drain). 1: the head starts step t+1's forward before applying step t's gradients
+    # (PipeDream-2BW): its gradients are computed at weights one update old, and there is no per-step bubble.
+    staleness: int = 0
     max_len: int = 32
     lr: float = 5e-4
     warmup_steps: int = 50
@@ -67,6 +71,9 @@ def _check_train(train: TrainConfig, where: str) -> None:
     if train.batch_size % train.micro_batches:
         raise ConfigError(f"{where}: batch_size {train.batch_size} must be a multiple of "
                           f"micro_batches {train.micro_batches}")
+    if train.staleness not in (0, 1):
+        raise ConfigError(f"{where}.staleness: must be 0 (synchronous) or 1 (one-step-stale head weights), "
+                          f"got {train.staleness!r}")
     if not 0 < train.lr < 1:
         raise ConfigError(f"{where}.lr: must be in (0, 1), got {train.lr!r}")
 

@@ -3,6 +3,10 @@
 The head (site a) runs forward on micro-batch i+1 while i is on the wire or in the tail; the tail
 (site b) computes the loss and returns dL/d(boundary) per micro-batch; each side applies its optimizer
 once per step, after all micro-batches, so the result equals unpipelined training up to codec error.
+That synchronous schedule pays a pipeline fill and drain every step. With `[train] staleness = 1` the
+head starts step t+1's forward before applying step t's gradients (PipeDream-2BW weight stashing:
+each step's backward runs at the weights its forward used, and its gradient updates the current ones),
+so the link and the tail never wait for an update; the tail stays exact (it sees its steps in order).
 
 Resume protocol (the head coordinates): a starting stage sends CONTROL `hello` with its checkpoint
 steps and generation. The head answers any `hello` by choosing the last common checkpoint, bumping the
@@ -47,9 +51,14 @@ class SplitModel(Protocol):
 
 
 class HeadModel(SplitModel, Protocol):
-    def forward(self, indices: list[int]) -> dict[str, torch.Tensor]:
+    def forward(self, indices: list[int], split: str = "train",
+                weights: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         """Tensors to send: "hidden" (the boundary, with autograd graph) goes through the codec,
-        "ids" (B,) int64 example-id hashes tell the tail which targets to use."""
+        "ids" (B,) int64 example-id hashes tell the tail which targets to use. `weights` replace the
+        trainable parameters of the same names for this call (torch.func.functional_call)."""
+
+    def trainable(self) -> dict[str, torch.nn.Parameter]:
+        """The parameters the optimizer updates, by name."""
 
 
 class TailModel(SplitModel, Protocol):
@@ -187,8 +196,23 @@ class SplitRunner:
         self.sender.close()
 
 
+@dataclass
+class InFlight:
+    """A step whose forward has run at the head and whose gradients are awaited."""
+
+    step: int
+    started: float
+    boundary: dict[int, torch.Tensor] = field(default_factory=dict)  # micro-batch -> output, with its graph
+    ids: list[int] = field(default_factory=list)  # example-id hashes, for the ledger
+    weights: dict[str, torch.Tensor] | None = None  # staleness 1: the stashed weights this forward used
+    compute_s: float = 0.0
+
+
+@dataclass
 class HeadRunner(SplitRunner):
     """Site a: reads the source side, runs ahead, coordinates resumes."""
+
+    last_update: float | None = field(default=None, init=False)  # when the last optimizer step ended
 
     @reports_failure
     def start(self) -> None:
@@ -199,10 +223,12 @@ class HeadRunner(SplitRunner):
 
     def run(self, schedule: Schedule) -> None:
         self.start()
+        ahead = None  # the next step, when its forward ran before this step's update (staleness 1)
         while self.step < self.train.steps:
             try:
-                self.train_step(schedule, self.step + 1)
+                ahead = self.advance(schedule, ahead)
             except Resync as resync:
+                ahead = None  # abandoned with the rest of the step: the checkpoint decides what runs next
                 self.coordinate(resync.body)
 
     @reports_failure
@@ -248,6 +274,7 @@ class HeadRunner(SplitRunner):
                              f"theirs {sorted(theirs)}; start both stages from empty checkpoint dirs")
         self.generation = max(self.generation, int(peer.get("generation", 0))) + 1
         self.restore(common)
+        self.last_update = None
         self.control("resume", step=common, generation=self.generation)
         while True:
             msg = self.recv()
@@ -263,32 +290,55 @@ class HeadRunner(SplitRunner):
             if msg.kind == Kind.TENSORS and msg.generation == self.generation and msg.step == step:
                 return msg
 
-    def train_step(self, schedule: Schedule, step: int) -> None:
-        started, indices = time.perf_counter(), schedule.indices(step)
-        chunks = [indices[i::self.train.micro_batches] for i in range(self.train.micro_batches)]
-        self.model.zero_grad()
-        boundary, compute, ids = {}, 0.0, []
-        for mb, chunk in enumerate(chunks):
+    def advance(self, schedule: Schedule, ahead: "InFlight | None") -> "InFlight | None":
+        """Apply one step's gradients. With staleness 1, first start the next step's forward, so the
+        wire and the tail never wait for this update (returned: the step now in flight). Not across a
+        checkpoint: the saved state is then exactly what a resumed run starts from."""
+        current = ahead or self.forward_step(schedule, self.step + 1)
+        nxt = None
+        if self.train.staleness and current.step < self.train.steps and current.step % self.train.checkpoint_every:
+            nxt = self.forward_step(schedule, current.step + 1)
+        self.backward_step(current)
+        return nxt
+
+    def forward_step(self, schedule: Schedule, step: int) -> "InFlight":
+        """Forward every micro-batch of `step` and queue it for sending (codec work on the sender thread)."""
+        flight = InFlight(step=step, started=time.perf_counter())
+        if self.train.staleness:  # weight stashing: this step's graph keeps the weights it ran with
+            flight.weights = {k: p.detach().clone().requires_grad_() for k, p in self.model.trainable().items()}
+        else:
+            self.model.zero_grad()
+        indices = schedule.indices(step)
+        for mb in range(self.train.micro_batches):
             t0 = time.perf_counter()
-            out = self.model.forward(chunk)
-            compute += time.perf_counter() - t0
-            boundary[mb] = out["hidden"]
-            ids += out["ids"].tolist()
+            out = self.model.forward(indices[mb::self.train.micro_batches], weights=flight.weights)
+            flight.compute_s += time.perf_counter() - t0
+            flight.boundary[mb] = out["hidden"]
+            flight.ids += out["ids"].tolist()
             self.sender.submit(self._builder(step, mb, out))
-        for _ in chunks:
-            msg = self.next_grad(step)
+        return flight
+
+    def backward_step(self, flight: "InFlight") -> None:
+        """Backward each micro-batch as its gradient arrives, then one optimizer step."""
+        while flight.boundary:
+            msg = self.next_grad(flight.step)
             grad = self.codecs.unpack(msg.tensors[0])
             t0 = time.perf_counter()
-            boundary.pop(msg.micro_batch).backward(grad)
-            compute += time.perf_counter() - t0
+            flight.boundary.pop(msg.micro_batch).backward(grad)
+            flight.compute_s += time.perf_counter() - t0
         t0 = time.perf_counter()
-        self.model.optimizer_step(step)
-        compute += time.perf_counter() - t0
-        self.step = step
-        self.ledger.append([step, digest(ids)])
+        if flight.weights is not None:  # gradients at the stashed weights, applied to the current ones
+            for name, param in self.model.trainable().items():
+                param.grad = flight.weights[name].grad
+        self.model.optimizer_step(flight.step)
+        flight.compute_s += time.perf_counter() - t0
+        now, step = time.perf_counter(), flight.step
+        since = flight.started if self.last_update is None else self.last_update  # update to update
+        self.step, self.last_update = step, now
+        self.ledger.append([step, digest(flight.ids)])
         if step % self.train.checkpoint_every == 0 or step == self.train.steps:
             self.save()
-        self.metrics.step(step=step, step_s=time.perf_counter() - started, compute_s=compute,
+        self.metrics.step(step=step, step_s=now - since, compute_s=flight.compute_s,
                           forward_bytes=self.codecs.take_bytes("forward"))
 
     def _builder(self, step: int, mb: int, out: dict[str, torch.Tensor], topic: str = ""):

@@ -82,13 +82,15 @@ class _Trainable:
     def zero_grad(self) -> None:
         self.opt.zero_grad(set_to_none=True)
 
+    def trainable(self) -> dict[str, torch.nn.Parameter]:
+        return {k: p for k, p in self.module.named_parameters() if p.requires_grad}
+
     def optimizer_step(self, step: int) -> None:
         self.opt.step()
         self.sched.step()
 
     def state_dict(self) -> dict[str, Any]:
-        trainable = {k for k, p in self.module.named_parameters() if p.requires_grad}
-        weights = {k: v for k, v in self.module.state_dict().items() if k in trainable}
+        weights = {k: v for k, v in self.module.state_dict().items() if k in self.trainable()}
         return {"adapters": weights, "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
                 "rng": torch.get_rng_state()}
 
@@ -118,10 +120,14 @@ class EncoderSide(_Trainable):
         """Sentences to translate (not from the corpus): tokenized with the same vocabulary."""
         self.data.add_split(split, lines, [f"{split}:{i}" for i in range(len(lines))], self.pre, self.max_len)
 
-    def forward(self, indices: list[int], split: str = "train") -> dict[str, torch.Tensor]:
+    def forward(self, indices: list[int], split: str = "train",
+                weights: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
         self.module.train(split == "train")
         ids, mask, hashes = self.data.batch(split, indices)
-        hidden = self.module(ids, mask)  # (B, S, H)
+        if weights is None:
+            hidden = self.module(ids, mask)  # (B, S, H)
+        else:  # a stashed copy of the adapters (staleness 1, nebula.runtime.split)
+            hidden = torch.func.functional_call(self.module, weights, (ids, mask))
         return {"hidden": hidden, "mask": mask, "ids": hashes}
 
 

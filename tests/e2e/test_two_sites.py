@@ -66,9 +66,12 @@ def test_job_completes_with_scores_ledgers_and_audited_transfers(tmp_path, two_s
     assert stopped["b"][-1]["stats"]["links"]["to:a"]["bytes"] >= returned
 
 
-@pytest.mark.parametrize("victim", ["encoder", "decoder"])
-def test_killed_stage_is_restarted_and_resumes_without_loss_or_repeat(tmp_path, two_sites, victim):
-    sites = two_sites(write_job(tmp_path))
+@pytest.mark.parametrize("victim,staleness", [("encoder", 0), ("decoder", 0), ("encoder", 1)],
+                         ids=["encoder", "decoder", "encoder-stale"])
+def test_killed_stage_is_restarted_and_resumes_without_loss_or_repeat(tmp_path, two_sites, victim, staleness):
+    """staleness 1: the encoder runs the next step's forward before each update (weight stashing on
+    the real adapters) and is killed with a step in flight."""
+    sites = two_sites(write_job(tmp_path, {"seed = 1": f"seed = 1\nstaleness = {staleness}"}))
     sites.wait(until=lambda: sites.steps(victim) >= KILL_AFTER, what=f"{victim} to reach step {KILL_AFTER}")
     assert sites.steps(victim) < sites.job.train.steps, "the job ended before the kill: make it longer"
     sites.kill(victim)

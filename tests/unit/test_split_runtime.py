@@ -43,8 +43,13 @@ class Head(Trainable):
             self.module.bias.fill_(0.1)
         self.opt = torch.optim.Adam(self.module.parameters(), lr=1e-2)
 
-    def forward(self, indices, split="train"):
-        return {"hidden": torch.tanh(self.module(FEATURES[indices])), "ids": HASHES[indices]}
+    def forward(self, indices, split="train", weights=None):
+        out = self.module(FEATURES[indices]) if weights is None else \
+            torch.func.functional_call(self.module, weights, (FEATURES[indices],))
+        return {"hidden": torch.tanh(out), "ids": HASHES[indices]}
+
+    def trainable(self):
+        return dict(self.module.named_parameters())
 
 
 class Tail(Trainable):
@@ -70,18 +75,26 @@ class Tail(Trainable):
 
 
 def reference(train: TrainConfig):
-    """Unpipelined: one process, same micro-batches, one optimizer step per step."""
+    """Unpipelined: one process, same micro-batches, one optimizer step per step. With staleness 1,
+    step t's head forward and backward use the head weights after step t-2 (after t-1 when step t-1
+    ended with a checkpoint), and its gradient updates the current weights."""
     head, tail, schedule = Head(), Tail(), Schedule(N, train.batch_size, train.seed)
+    after = {0: {k: p.detach().clone() for k, p in head.trainable().items()}}  # head weights after each step
     for step in range(1, train.steps + 1):
+        stale = train.staleness and step > 1 and (step - 1) % train.checkpoint_every
+        used = {k: v.clone().requires_grad_() for k, v in after[step - 2 if stale else step - 1].items()}
         head.zero_grad(); tail.zero_grad()
         idx = schedule.indices(step)
         for m in range(train.micro_batches):
             chunk = idx[m::train.micro_batches]
-            out = head.forward(chunk)
+            out = head.forward(chunk, weights=used)
             received = out["hidden"].detach().requires_grad_()
             (tail.loss({"hidden": received, "ids": out["ids"]}) / train.micro_batches).backward()
             out["hidden"].backward(received.grad)
+        for k, p in head.trainable().items():
+            p.grad = used[k].grad
         head.opt.step(); tail.opt.step()
+        after[step] = {k: p.detach().clone() for k, p in head.trainable().items()}
     return head, tail
 
 
@@ -105,6 +118,7 @@ def start(target):
 
 
 TRAIN = TrainConfig(steps=12, batch_size=16, micro_batches=4, checkpoint_every=3, lr=1e-2)
+STALE = TrainConfig(steps=12, batch_size=16, micro_batches=4, checkpoint_every=3, lr=1e-2, staleness=1)
 IDENTITY = {"forward": "none", "backward": "none"}
 
 
@@ -121,13 +135,14 @@ def train_head(head, train):
     head.finish()
 
 
-def test_pipelined_equals_unpipelined(tmp_path):
-    hub, head, tail = run_pair(tmp_path, Tail())
+@pytest.mark.parametrize("train", [TRAIN, STALE], ids=["sync", "stale"])
+def test_pipelined_equals_unpipelined(tmp_path, train):
+    hub, head, tail = run_pair(tmp_path, Tail(), train)
     t_tail, e_tail = start(tail.run)
-    train_head(head, TRAIN)
+    train_head(head, train)
     t_tail.join(10)
     assert not e_tail and not t_tail.is_alive()
-    ref_head, ref_tail = reference(TRAIN)
+    ref_head, ref_tail = reference(train)
     for got, want in [(head.model.module, ref_head.module), (tail.model.module, ref_tail.module)]:
         for p, q in zip(got.parameters(), want.parameters()):
             torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
@@ -145,21 +160,28 @@ def test_lossy_codec_stays_close_to_reference(tmp_path):
     assert 0 < diff < 0.05  # compressed, so not identical, but close
 
 
-def test_tail_killed_mid_training_resumes_without_loss_or_repeat(tmp_path):
+def test_stale_schedule_differs_from_sync():
+    """The staleness-1 reference is a different optimisation path, so the test above checks something."""
+    sync, stale = reference(TRAIN)[0].module.weight, reference(STALE)[0].module.weight
+    assert not torch.allclose(sync, stale, atol=1e-4)
+
+
+@pytest.mark.parametrize("train", [TRAIN, STALE], ids=["sync", "stale"])
+def test_tail_killed_mid_training_resumes_without_loss_or_repeat(tmp_path, train):
     crashing = Tail()
     crashing.fail_at = 8  # dies after checkpoint 6, in the middle of step 8
-    hub, head, tail = run_pair(tmp_path, crashing)
+    hub, head, tail = run_pair(tmp_path, crashing, train)
     t_tail, e_tail = start(tail.run)
-    t_head, e_head = start(lambda: train_head(head, TRAIN))
+    t_head, e_head = start(lambda: train_head(head, train))
     t_tail.join(10)
     assert e_tail and isinstance(e_tail[0], KeyboardInterrupt)
     tail.close()
-    restarted = runner(TailRunner, hub.restart("b/decoder/0"), "a/encoder/0", Tail(), TRAIN, tmp_path, "tail",
+    restarted = runner(TailRunner, hub.restart("b/decoder/0"), "a/encoder/0", Tail(), train, tmp_path, "tail",
                        IDENTITY)
     t_new, e_new = start(restarted.run)
     t_head.join(20); t_new.join(10)
     assert not e_head and not e_new
-    ref_head, ref_tail = reference(TRAIN)
+    ref_head, ref_tail = reference(train)
     torch.testing.assert_close(head.model.module.weight, ref_head.module.weight, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(restarted.model.module.weight, ref_tail.module.weight, rtol=1e-5, atol=1e-6)
     expected = [[s, digest(HASHES[Schedule(N, 16, 1).indices(s)].tolist())] for s in range(1, 13)]
