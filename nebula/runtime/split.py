@@ -17,6 +17,9 @@ is never advertised: the stage falls back to an earlier one (with a warning) ins
 Failures: a stage that fails on its own (bad configuration, data that does not fit the model, a bug)
 tells its peer with an ERROR message (code "stage") before it exits, so the peer stops with a
 RemoteError naming the cause instead of waiting for a dead partner.
+
+This module holds what both sides share; the sides are nebula.runtime.head.HeadRunner and
+nebula.runtime.tail.TailRunner.
 """
 from __future__ import annotations
 
@@ -24,18 +27,16 @@ import functools
 import hashlib
 import json
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from nebula.errors import DataError, RemoteError, StageError, TransportError
+from nebula.errors import RemoteError, StageError, TransportError
 from nebula.runtime.checkpoint import CheckpointDir
 from nebula.runtime.job import TrainConfig
 from nebula.runtime.metrics import MetricsLog
-from nebula.runtime.schedule import Schedule, digest
 from nebula.runtime.sender import BackgroundSender
 from nebula.transport.base import Channel
 from nebula.wire import Kind, Message
@@ -194,274 +195,3 @@ class SplitRunner:
 
     def close(self) -> None:
         self.sender.close()
-
-
-@dataclass
-class InFlight:
-    """A step whose forward has run at the head and whose gradients are awaited."""
-
-    step: int
-    started: float
-    boundary: dict[int, torch.Tensor] = field(default_factory=dict)  # micro-batch -> output, with its graph
-    ids: list[int] = field(default_factory=list)  # example-id hashes, for the ledger
-    weights: dict[str, torch.Tensor] | None = None  # staleness 1: the stashed weights this forward used
-    compute_s: float = 0.0
-
-
-@dataclass
-class HeadRunner(SplitRunner):
-    """Site a: reads the source side, runs ahead, coordinates resumes."""
-
-    last_update: float | None = field(default=None, init=False)  # when the last optimizer step ended
-
-    @reports_failure
-    def start(self) -> None:
-        """Agree with the tail on the last common checkpoint and load it."""
-        self.ensure_initial_checkpoint()
-        self.hello()
-        self.coordinate(self.await_hello())
-
-    def run(self, schedule: Schedule) -> None:
-        self.start()
-        ahead = None  # the next step, when its forward ran before this step's update (staleness 1)
-        while self.step < self.train.steps:
-            try:
-                ahead = self.advance(schedule, ahead)
-            except Resync as resync:
-                ahead = None  # abandoned with the rest of the step: the checkpoint decides what runs next
-                self.coordinate(resync.body)
-
-    @reports_failure
-    def finish(self) -> None:
-        """Tell the tail the job is over and wait until it has saved its final state."""
-        self.control("done", step=self.step)
-        self.sender.flush()
-        while True:  # the tail confirms it saved the final state
-            msg = self.recv()
-            if msg.kind == Kind.CONTROL and msg.topic == "done" and msg.generation == self.generation:
-                return
-            if msg.kind == Kind.CONTROL and msg.topic == "hello":
-                self.coordinate(self.body(msg))
-                self.control("done", step=self.step)
-
-    @reports_failure
-    @torch.no_grad()
-    def evaluate(self, split: str, n: int, batch_size: int) -> dict[str, Any]:
-        """Cross-site inference: boundary tensors of `split` go to the tail, which decodes and scores
-        against the references only it holds; returns its `scores` body (e.g. BLEU)."""
-        batches = 0
-        for start in range(0, n, batch_size):
-            out = self.model.forward(list(range(start, min(n, start + batch_size))), split)
-            self.sender.submit(self._builder(self.step, batches, out, topic=f"infer:{split}"))
-            batches += 1
-        self.control("infer-done", split=split, batches=batches)
-        while True:
-            msg = self.recv()
-            if msg.kind == Kind.CONTROL and msg.topic == "scores" and msg.generation == self.generation:
-                return self.body(msg)
-
-    def await_hello(self) -> dict[str, Any]:
-        while True:
-            msg = self.recv()
-            if msg.kind == Kind.CONTROL and msg.topic == "hello":
-                return self.body(msg)
-
-    def coordinate(self, peer: dict[str, Any]) -> None:
-        theirs, mine = {int(s) for s in peer.get("checkpoints", [])}, self.good_checkpoints()
-        common = max(set(mine) & theirs, default=None)
-        if common is None:
-            raise StageError(f"no common checkpoint with {self.peer}: mine {mine}, "
-                             f"theirs {sorted(theirs)}; start both stages from empty checkpoint dirs")
-        self.generation = max(self.generation, int(peer.get("generation", 0))) + 1
-        self.restore(common)
-        self.last_update = None
-        self.control("resume", step=common, generation=self.generation)
-        while True:
-            msg = self.recv()
-            if msg.kind == Kind.CONTROL and msg.topic == "ready" and msg.generation == self.generation:
-                self.metrics.event("resumed", step=common, generation=self.generation)
-                return
-
-    def next_grad(self, step: int) -> Message:
-        while True:
-            msg = self.recv()
-            if msg.kind == Kind.CONTROL and msg.topic == "hello":
-                raise Resync(self.body(msg))
-            if msg.kind == Kind.TENSORS and msg.generation == self.generation and msg.step == step:
-                return msg
-
-    def advance(self, schedule: Schedule, ahead: "InFlight | None") -> "InFlight | None":
-        """Apply one step's gradients. With staleness 1, first start the next step's forward, so the
-        wire and the tail never wait for this update (returned: the step now in flight). Not across a
-        checkpoint: the saved state is then exactly what a resumed run starts from."""
-        current = ahead or self.forward_step(schedule, self.step + 1)
-        nxt = None
-        if self.train.staleness and current.step < self.train.steps and current.step % self.train.checkpoint_every:
-            nxt = self.forward_step(schedule, current.step + 1)
-        self.backward_step(current)
-        return nxt
-
-    def forward_step(self, schedule: Schedule, step: int) -> "InFlight":
-        """Forward every micro-batch of `step` and queue it for sending (codec work on the sender thread)."""
-        flight = InFlight(step=step, started=time.perf_counter())
-        if self.train.staleness:  # weight stashing: this step's graph keeps the weights it ran with
-            flight.weights = {k: p.detach().clone().requires_grad_() for k, p in self.model.trainable().items()}
-        else:
-            self.model.zero_grad()
-        indices = schedule.indices(step)
-        for mb in range(self.train.micro_batches):
-            t0 = time.perf_counter()
-            out = self.model.forward(indices[mb::self.train.micro_batches], weights=flight.weights)
-            flight.compute_s += time.perf_counter() - t0
-            flight.boundary[mb] = out["hidden"]
-            flight.ids += out["ids"].tolist()
-            self.sender.submit(self._builder(step, mb, out))
-        return flight
-
-    def backward_step(self, flight: "InFlight") -> None:
-        """Backward each micro-batch as its gradient arrives, then one optimizer step."""
-        while flight.boundary:
-            msg = self.next_grad(flight.step)
-            grad = self.codecs.unpack(msg.tensors[0])
-            t0 = time.perf_counter()
-            flight.boundary.pop(msg.micro_batch).backward(grad)
-            flight.compute_s += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        if flight.weights is not None:  # gradients at the stashed weights, applied to the current ones
-            for name, param in self.model.trainable().items():
-                param.grad = flight.weights[name].grad
-        self.model.optimizer_step(flight.step)
-        flight.compute_s += time.perf_counter() - t0
-        now, step = time.perf_counter(), flight.step
-        since = flight.started if self.last_update is None else self.last_update  # update to update
-        self.step, self.last_update = step, now
-        self.ledger.append([step, digest(flight.ids)])
-        if step % self.train.checkpoint_every == 0 or step == self.train.steps:
-            self.save()
-        self.metrics.step(step=step, step_s=now - since, compute_s=flight.compute_s,
-                          forward_bytes=self.codecs.take_bytes("forward"))
-
-    def _builder(self, step: int, mb: int, out: dict[str, torch.Tensor], topic: str = ""):
-        generation = self.generation
-
-        def build() -> Message:  # runs on the sender thread: codec work overlaps the next forward
-            tensors = [self.codecs.pack("forward", name, tensor.detach(), step)
-                       for name, tensor in out.items()]
-            return Message(kind=Kind.TENSORS, job=self.job, dst=self.peer, step=step, micro_batch=mb,
-                           tensors=tensors, generation=generation, topic=topic)
-        return build
-
-
-@dataclass
-class StepProgress:
-    """What the tail has accumulated of the step in flight (and of an inference pass)."""
-
-    losses: list[float] = field(default_factory=list)
-    ids: list[int] = field(default_factory=list)  # example-id hashes, for the ledger
-    compute_s: float = 0.0
-    hyps: list[str] = field(default_factory=list)
-    refs: list[str] = field(default_factory=list)
-
-
-@dataclass
-class TailRunner(SplitRunner):
-    """Site b: holds the target side and the loss; follows the head's schedule and resumes."""
-
-    progress: StepProgress = field(default_factory=StepProgress)
-
-    @reports_failure
-    def run(self) -> None:
-        self.ensure_initial_checkpoint()
-        self.hello()
-        while True:
-            msg = self.recv()
-            if msg.kind == Kind.CONTROL:
-                if msg.topic == "hello":
-                    self.hello()
-                elif msg.topic == "resume":
-                    self.resume(msg)
-                elif msg.topic == "infer-done" and msg.generation == self.generation:
-                    self.score(self.body(msg).get("split", "test"))
-                elif msg.topic == "done" and msg.generation == self.generation:
-                    self.save()
-                    self.control("done", step=self.step)
-                    self.sender.flush()
-                    return
-            elif msg.kind == Kind.TENSORS and msg.topic.startswith("infer:") and msg.generation == self.generation:
-                self.infer(msg)
-            elif msg.kind == Kind.TENSORS and msg.generation == self.generation and msg.step == self.step + 1:
-                self.micro_batch(msg)
-                if len(self.progress.losses) == self.train.micro_batches:
-                    self.finish_step(msg.step)
-
-    def infer(self, msg: Message) -> None:
-        split = msg.topic.partition(":")[2]
-        inputs = self.received(msg)
-        self.progress.hyps += self.model.translate(inputs)
-        if split != INPUT_SPLIT:  # user input has no references at this site
-            self.progress.refs += self.model.references(split, inputs["ids"])
-
-    def received(self, msg: Message) -> dict[str, torch.Tensor]:
-        """The tensors of a head message, checked: "hidden" floating point (B, S, H), "ids" int64 (B,)."""
-        inputs = {t.name: self.codecs.unpack(t) for t in msg.tensors}
-        missing = sorted({"hidden", "ids"} - inputs.keys())
-        if missing:
-            raise DataError(f"{msg.src} sent step {msg.step} without tensor(s) {', '.join(missing)} "
-                            f"(got {', '.join(sorted(inputs)) or 'none'}): both stages must run the same job")
-        hidden, ids = inputs["hidden"], inputs["ids"]
-        if not hidden.is_floating_point():
-            raise DataError(f"{msg.src} sent 'hidden' as {hidden.dtype}, expected a floating-point (B, S, H) "
-                            "boundary tensor: check the head stage's model and the [compression] codecs")
-        if ids.dtype != torch.int64 or ids.dim() != 1 or ids.shape[0] != hidden.shape[0]:
-            raise DataError(f"{msg.src} sent 'ids' {ids.dtype} {tuple(ids.shape)} for 'hidden' "
-                            f"{tuple(hidden.shape)}: expected int64 (B,) example-id hashes, one per row")
-        return inputs
-
-    def score(self, split: str) -> None:
-        from sacrebleu import corpus_bleu
-        hyps, refs = self.progress.hyps, self.progress.refs
-        self.progress.hyps, self.progress.refs = [], []
-        if split == INPUT_SPLIT:
-            self.control("scores", split=split, n=len(hyps), translations=hyps)
-            return
-        bleu = corpus_bleu(hyps, [refs], lowercase=True).score if hyps else 0.0
-        scores = {"split": split, "bleu": bleu, "n": len(hyps),
-                  "samples": [[h, r] for h, r in zip(hyps[:5], refs[:5])]}
-        self.metrics.event("scores", **scores)
-        self.control("scores", **scores)
-
-    def resume(self, msg: Message) -> None:
-        body = self.body(msg)
-        self.generation = int(body["generation"])
-        self.restore(int(body["step"]))
-        self.progress = StepProgress()  # whatever the abandoned step had accumulated is void
-        self.control("ready", step=self.step)
-
-    def micro_batch(self, msg: Message) -> None:
-        t0 = time.perf_counter()
-        inputs = self.received(msg)
-        hidden = inputs["hidden"].detach().float().requires_grad_()
-        inputs["hidden"] = hidden
-        loss = self.model.loss(inputs)
-        (loss / self.train.micro_batches).backward()
-        grad = hidden.grad
-        step, mb, generation = msg.step, msg.micro_batch, self.generation
-        self.sender.submit(lambda: Message(
-            kind=Kind.TENSORS, job=self.job, dst=self.peer, step=step, micro_batch=mb, generation=generation,
-            tensors=[self.codecs.pack("backward", "grad_hidden", grad, step)]))
-        self.progress.ids += inputs["ids"].tolist()
-        self.progress.losses.append(loss.item())
-        self.progress.compute_s += time.perf_counter() - t0
-
-    def finish_step(self, step: int) -> None:
-        t0 = time.perf_counter()
-        self.model.optimizer_step(step)
-        self.model.zero_grad()  # the next step accumulates its micro-batches from zero
-        self.step = step
-        self.ledger.append([step, digest(self.progress.ids)])  # equals the head's entry: same example ids
-        if step % self.train.checkpoint_every == 0:
-            self.save()
-        done, self.progress = self.progress, StepProgress(hyps=self.progress.hyps, refs=self.progress.refs)
-        self.metrics.step(step=step, loss=sum(done.losses) / len(done.losses),
-                          compute_s=done.compute_s + time.perf_counter() - t0,
-                          backward_bytes=self.codecs.take_bytes("backward"))

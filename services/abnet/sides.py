@@ -126,7 +126,7 @@ class EncoderSide(_Trainable):
         ids, mask, hashes = self.data.batch(split, indices)
         if weights is None:
             hidden = self.module(ids, mask)  # (B, S, H)
-        else:  # a stashed copy of the adapters (staleness 1, nebula.runtime.split)
+        else:  # a stashed copy of the adapters (staleness 1, nebula.runtime.head)
             hidden = torch.func.functional_call(self.module, weights, (ids, mask))
         return {"hidden": hidden, "mask": mask, "ids": hashes}
 

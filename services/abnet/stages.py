@@ -11,7 +11,9 @@ from nebula.runtime.link import LinkCodecs
 from nebula.runtime.metrics import MetricsLog
 from nebula.runtime.registry import register_stage
 from nebula.runtime.schedule import Schedule
-from nebula.runtime.split import INPUT_SPLIT, HeadRunner, TailRunner
+from nebula.runtime.head import HeadRunner
+from nebula.runtime.split import INPUT_SPLIT
+from nebula.runtime.tail import TailRunner
 from nebula.runtime.stage import Stage
 from nebula.transport.base import Channel
 from services.abnet.baseline import BaselineConfig

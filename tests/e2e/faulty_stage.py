@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from nebula.runtime.schedule import Schedule, id_hash
-from nebula.runtime.split import HeadRunner
+from nebula.runtime.head import HeadRunner
 from nebula.transport.base import Channel
 from services.abnet.stages import AbnetEncoder
 

@@ -36,6 +36,7 @@ def test_stage_options_are_kept_for_the_implementation():
     ({"train": {"steps": 0}}, "steps: must be a positive integer"),
     ({"train": {"batch_size": 9, "micro_batches": 2}}, "multiple of micro_batches"),
     ({"train": {"stepz": 3}}, "unknown key"),
+    ({"train": {"staleness": 2}}, "staleness: must be 0"),
     ({"stages": {"encoder": {"address": "a/encoder", "impl": "x"}}}, "not site/stage/rank"),
     ({"stages": {}}, "at least one"),
     ({"compression": {"forward": "fp16(svd(2))"}}, "compression.forward"),

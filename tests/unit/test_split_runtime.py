@@ -11,7 +11,8 @@ from nebula.runtime.job import TrainConfig
 from nebula.runtime.link import LinkCodecs
 from nebula.runtime.metrics import MetricsLog
 from nebula.runtime.schedule import Schedule, digest, id_hash
-from nebula.runtime.split import HeadRunner, TailRunner
+from nebula.runtime.head import HeadRunner
+from nebula.runtime.tail import TailRunner
 from nebula.transport.inproc import InProcHub
 
 N, D, H = 64, 8, 16
