@@ -16,6 +16,7 @@ its policy stays in force (evaluation after training uses the last step's codec)
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -102,6 +103,7 @@ class LinkCodecs:
         self.state = codecs.CodecState()
         self._bytes: Counter = Counter()
         self.raw_bytes: Counter = Counter()
+        self._meter_lock = threading.Lock()  # pack runs on sender threads, take_bytes on the stage's
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any], link: str, meter_path: str | Path | None = None) -> "LinkCodecs":
@@ -121,8 +123,9 @@ class LinkCodecs:
                               state=self.state.slot(f"{self.link}:{direction}", name))
         encode_s = time.perf_counter() - started
         raw = tensor.numel() * tensor.element_size()
-        self._bytes[direction] += payload.wire_bytes
-        self.raw_bytes[direction] += raw
+        with self._meter_lock:
+            self._bytes[direction] += payload.wire_bytes
+            self.raw_bytes[direction] += raw
         if self.meter:
             self.meter.record(step=step, dir=direction, name=name, codec=str(codec), raw=raw,
                               wire=payload.wire_bytes, encode_s=round(encode_s, 6))
@@ -133,4 +136,5 @@ class LinkCodecs:
 
     def take_bytes(self, direction: str) -> int:
         """Wire bytes sent in `direction` since the last call."""
-        return self._bytes.pop(direction, 0)
+        with self._meter_lock:
+            return self._bytes.pop(direction, 0)
