@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from nebula.runtime.schedule import Schedule, id_hash
 from nebula.runtime.head import HeadRunner
+from nebula.runtime.schedule import Schedule, id_hash
 from nebula.transport.base import Channel
 from services.abnet.stages import AbnetEncoder
 
@@ -20,12 +20,13 @@ class IntHidden:
         ids = (Path(data_dir) / "train.ids").read_text(encoding="utf-8").split("\n")[:-1]
         self.hashes, self.n_train = torch.tensor([id_hash(i) for i in ids]), len(ids)
 
-    def forward(self, indices: list[int], split: str = "train") -> dict[str, torch.Tensor]:
+    def forward(self, indices: list[int], split: str = "train", weights=None) -> dict[str, torch.Tensor]:
         hidden = torch.ones(len(indices), 4, 384, dtype=torch.int64)  # (B, S, H), wrong dtype
         return {"hidden": hidden, "mask": torch.ones(len(indices), 4, dtype=torch.bool),
                 "ids": self.hashes[indices]}
 
     def zero_grad(self) -> None: ...
+    def trainable(self) -> dict: return {}
     def optimizer_step(self, step: int) -> None: ...
     def state_dict(self) -> dict: return {}
     def load_state_dict(self, state: dict) -> None: ...
