@@ -70,6 +70,8 @@ def register(sub) -> None:
     parser.add_argument("--staleness", type=int, choices=(0, 1), default=None,
                         help="override the job's [train].staleness: 0 synchronous steps (the paper's), "
                              "1 the head runs one step ahead (no per-step pipeline bubble)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="override the job's [train].seed (initialisation, dropout and example order)")
     parser.add_argument("--bound-factor", type=float, default=BOUND_FACTOR,
                         help="uncompressed wire time / compute time at the communication-bound rate (default 5)")
     parser.add_argument("--plot", type=Path, default=None,
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     with _workdir(args.workdir) as work:
         from nebula.runtime.job import load_job
         data = fixed_shape_corpus(Path(load_job(SCENARIOS[args.scenario]).data), work / "data")
-        job = bench_job(SCENARIOS[args.scenario], settings, timed, data, args.micro_batches, args.staleness)
+        job = bench_job(SCENARIOS[args.scenario], settings, timed, data, args)
         rows = measure_rate(work / "60mbit", job, PAPER_MBIT)
         rate = bound_rate(rows[0], args.bound_factor)
         progress(f"communication-bound rate: {rate} Mbit/s (uncompressed wire = {args.bound_factor:g} x compute)")
@@ -139,7 +141,7 @@ class _workdir:
 
 # --- the job: one phase per setting ----------------------------------------------------------------
 def bench_job(job_file: Path, settings: list[tuple[str, str]], timed: int, data: Path,
-              micro_batches: int | None = None, staleness: int | None = None) -> dict:
+              args: argparse.Namespace) -> dict:
     """The scenario's job on `data`, one compression phase per setting (1 untimed + `timed` steps each;
     the first phase has LEAD_IN more untimed steps)."""
     raw = tomllib.loads(job_file.read_text())
@@ -147,7 +149,7 @@ def bench_job(job_file: Path, settings: list[tuple[str, str]], timed: int, data:
     total = per_phase * len(settings) + LEAD_IN + 1  # + the final step, which also saves the last checkpoint
     raw["job"]["data"] = str(data)  # absolute: the bench job file lives elsewhere
     raw["train"].update(steps=total, checkpoint_every=total, log_every=total)
-    override_train(raw, micro_batches, staleness)
+    override_train(raw, args)
     for stage in raw["stages"].values():  # load only the examples the run uses; no test-set decoding
         stage.update(max_train_examples=total * raw["train"].get("batch_size", 32), eval_examples=0)
     phases = [{"steps": per_phase, "forward": f, "backward": b} for f, b in settings]
@@ -157,11 +159,11 @@ def bench_job(job_file: Path, settings: list[tuple[str, str]], timed: int, data:
     return raw
 
 
-def override_train(raw: dict, micro_batches: int | None, staleness: int | None) -> None:
-    if micro_batches:
-        raw["train"]["micro_batches"] = micro_batches
-    if staleness is not None:
-        raw["train"]["staleness"] = staleness
+def override_train(raw: dict, args: argparse.Namespace) -> None:
+    """--micro-batches, --staleness, --seed: the job's [train] values unless given."""
+    for key in ("micro_batches", "staleness", "seed"):
+        if getattr(args, key, None) is not None:
+            raw["train"][key] = getattr(args, key)
 
 
 def fixed_shape_corpus(data: Path, out: Path, min_words: int = 30) -> Path:

@@ -57,7 +57,7 @@ def quality_job(job_file: Path, forward: str, backward: str, args: argparse.Name
     raw["job"]["data"] = load_job(job_file).data
     steps = args.steps or (QUICK_STEPS if args.quick else raw["train"]["steps"])
     raw["train"].update(steps=steps, checkpoint_every=steps, log_every=max(1, steps // 10))
-    override_train(raw, args.micro_batches, args.staleness)
+    override_train(raw, args)
     if args.quick:
         raw["stages"]["encoder"]["eval_examples"] = QUICK_EVAL
     raw["compression"] = {"forward": forward, "backward": backward}
