@@ -101,6 +101,7 @@ class Message:
     ack: int = 0
     epoch: int = 0
     generation: int = 0
+    base: int = 0
 
     @property
     def payload_bytes(self) -> int:
@@ -131,7 +132,7 @@ def encode_message(msg: Message) -> list[Any]:
     env = pb.Envelope(version=PROTOCOL_VERSION, job=msg.job, src=msg.src, dst=msg.dst,
                       kind=int(msg.kind), seq=msg.seq, step=msg.step, micro_batch=msg.micro_batch,
                       topic=msg.topic, body=msg.body, ack=msg.ack, epoch=msg.epoch,
-                      generation=msg.generation)
+                      generation=msg.generation, base=msg.base)
     if msg.error_code or msg.error_message:
         env.error.code, env.error.message = msg.error_code, msg.error_message
     frames: list[Any] = [b""]
@@ -148,6 +149,13 @@ def encode_message(msg: Message) -> list[Any]:
             frames.append(buffer)
     frames[0] = env.SerializeToString()
     return frames
+
+
+def with_base(envelope: bytes, base: int) -> bytes:
+    """The envelope frame with `base` set, without re-encoding it: protobuf parses concatenated
+    messages as their merge, and a later scalar wins. The reliable channel stamps each copy of a
+    message as it hands it to the socket (the base moves as ACKs arrive)."""
+    return bytes(envelope) + pb.Envelope(base=base).SerializeToString()
 
 
 def _frame_buffer(frame: Any) -> memoryview:
@@ -248,4 +256,4 @@ def decode_message(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Me
     return Message(kind=Kind(env.kind), job=env.job, src=env.src, dst=env.dst, seq=env.seq, step=env.step,
                    micro_batch=env.micro_batch, tensors=tensors, topic=env.topic, body=bytes(env.body),
                    error_code=env.error.code, error_message=env.error.message, ack=env.ack, epoch=env.epoch,
-                   generation=env.generation)
+                   generation=env.generation, base=env.base)

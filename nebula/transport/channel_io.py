@@ -21,7 +21,7 @@ from nebula.security.certs import parse_address
 from nebula.transport import sockets
 from nebula.transport.streams import RecvStream, SendStream, Verdict
 from nebula.transport.window import Window
-from nebula.wire import Kind, Message, decode_message, encode_message
+from nebula.wire import Kind, Message, decode_message, encode_message, with_base
 
 log = logging.getLogger("nebula.channel")
 RECV_BATCH = 64  # messages handled per poll round before timers and ACKs get their turn
@@ -42,7 +42,7 @@ class ChannelIO(threading.Thread):
         self.blocked = False  # the socket refused a send (HWM or no connection): wait for POLLOUT
         self.next_tick = self.last_ping = 0.0
         self.stats = {"sent": 0, "resent": 0, "delivered": 0, "duplicates": 0, "gaps": 0, "dropped_full": 0,
-                      "bad": 0}
+                      "bad": 0, "disconnects": 0}
 
     def wake(self) -> None:
         try:
@@ -111,8 +111,9 @@ class ChannelIO(threading.Thread):
             if item is None:
                 return
             stream, pending = item
+            frames = [with_base(pending.frames[0], self.window.base(stream)), *pending.frames[1:]]
             try:
-                self.sock.send_multipart(pending.frames, flags=zmq.NOBLOCK, copy=False)
+                self.sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 self.window.put_back(item)
                 self.blocked = True
@@ -193,7 +194,7 @@ class ChannelIO(threading.Thread):
     def _on_data(self, msg: Message) -> None:
         stream = self.recv_streams.get(msg.src) or self.recv_streams.setdefault(msg.src, RecvStream(msg.src))
         self.heard.setdefault(msg.src, time.monotonic())
-        verdict = stream.judge(msg.epoch, msg.seq)
+        verdict = stream.judge(msg.epoch, msg.seq, msg.base)
         if verdict is Verdict.DELIVER:
             try:
                 self.inbox.put_nowait(msg)
@@ -220,6 +221,7 @@ class ChannelIO(threading.Thread):
         elif kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
             self.window.fail(sockets.handshake_error(event, self.address, self.gateway))
         elif kind == zmq.EVENT_DISCONNECTED:
+            self.stats["disconnects"] += 1  # the gateway died or the connection broke
             log.info("%s: disconnected from its gateway %s; reconnecting", self.address, self.gateway)
 
     def _on_reconnected(self) -> None:

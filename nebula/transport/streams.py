@@ -71,10 +71,12 @@ class RecvStream:
     delivered: int = 0  # highest seq delivered in order
     gap_reported: tuple[int, int] | None = None  # (epoch, delivered) of the last resend request
 
-    def judge(self, epoch: int, seq: int) -> Verdict:
+    def judge(self, epoch: int, seq: int, base: int = 0) -> Verdict:
         if self.epoch == 0:
-            # First contact (or this receiver restarted): take the stream from where it is.
-            self.epoch, self.delivered = epoch, seq - 1
+            # First contact (or this receiver restarted): take the stream from the sender's oldest
+            # unacknowledged message, not from this one: an earlier one may still be on its way (e.g.
+            # bounced as "unreachable" while this receiver was connecting). base 0: not known.
+            self.epoch, self.delivered = epoch, (base or seq) - 1
         elif epoch < self.epoch:
             return Verdict.STALE
         elif epoch > self.epoch:

@@ -120,6 +120,11 @@ class Window:
             timeout = max(self.config.resend_timeout, 4 * stream.ack_gap) * stream.backoff
             return now - stream.last_progress > timeout
 
+    def base(self, stream: SendStream) -> int:
+        """The stream's oldest unacknowledged seq: a receiver that never heard of it starts there."""
+        with self.cond:
+            return next(iter(stream.unacked), stream.next_seq)
+
     def next_outgoing(self) -> tuple[SendStream, Pending] | None:
         with self.cond:
             while self.outbox:

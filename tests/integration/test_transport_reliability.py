@@ -14,6 +14,7 @@ from nebula.errors import TransportError
 from nebula.transport.reliable import open_channel
 from nebula.transport.streams import RecvStream, Verdict
 from tests.integration.conftest import FAST, REPO
+from nebula.wire import decode_message, encode_message, with_base
 from tests.integration.test_gateway import tensor_message
 
 # Survives a gateway restart (a few seconds: the process imports torch) without declaring it dead.
@@ -48,7 +49,10 @@ def test_gateway_sigkill_mid_stream_loses_nothing_and_duplicates_nothing(world, 
         assert a.flush(10)
         with pytest.raises(TransportError, match="no message"):
             b.recv(timeout=1.5)  # and nothing more: no late duplicate
-        assert a.stats["resent"] > 0  # the loss really happened and was repaired
+        # The gateway really died mid-stream: the victim's stage lost its connection to it. Whether
+        # a message was inside it at that instant (and had to be resent) is timing; the order and the
+        # exactly-once checks above hold either way.
+        assert (b if victim == "b" else a).stats["disconnects"] >= 1
 
 
 def test_restarted_sender_starts_a_new_stream(world, gateways):
@@ -71,6 +75,25 @@ def test_stream_rules_drop_stale_and_duplicate_messages():
     assert stream.judge(200, 3) is Verdict.GAP  # restarted sender whose first message was lost
     assert stream.judge(200, 1) is Verdict.DELIVER
     assert stream.judge(100, 3) is Verdict.STALE  # late message of the old incarnation
+
+
+def test_first_contact_starts_the_stream_at_the_senders_oldest_unacked_message():
+    """A receiver that has never heard of a stream takes it from `base`, the sender's oldest
+    unacknowledged seq: seq 1 bounced ("unreachable": the receiver was still connecting) while seq 2
+    got through must not make seq 1 look like a duplicate (it was once dropped that way, ~1 run in 5)."""
+    fresh = RecvStream("a/enc/0")
+    assert fresh.judge(100, 2, base=1) is Verdict.GAP  # wait for seq 1 (the receiver asks for a resend)
+    assert [fresh.judge(100, s, base=1) for s in (1, 2, 3)] == [Verdict.DELIVER] * 3
+    restarted = RecvStream("a/enc/0")  # this receiver restarted: messages before base were acknowledged
+    assert restarted.judge(100, 7, base=7) is Verdict.DELIVER
+    assert RecvStream("a/enc/0").judge(100, 7) is Verdict.DELIVER  # base unknown (0): from this message
+
+
+def test_base_is_stamped_on_the_envelope_without_re_encoding_it():
+    frames = encode_message(tensor_message("b/dec/0", 3))
+    stamped = with_base(frames[0], 42)
+    assert decode_message([stamped, *frames[1:]]).base == 42
+    assert decode_message([with_base(stamped, 43), *frames[1:]]).base == 43  # the last stamp wins
 
 
 def test_full_window_blocks_then_times_out_and_memory_stays_bounded(world, gateways):
