@@ -13,7 +13,8 @@ regime: 4.42 s/step uncompressed vs 0.86 s/step at its strongest compression).
 
 Per row (all from the stages' own metrics: metrics.jsonl and link.jsonl of each stage):
 - forward_ratio / backward_ratio: wire bytes / raw bytes of the tensors sent in that direction;
-- s_per_step: mean step time at the head (forward of all micro-batches to the last optimizer step);
+- s_per_step: mean time between the head's optimizer steps (with staleness 0 that is one step's
+  forward of all micro-batches to its update);
 - speedup: uncompressed s_per_step / this row's, same run;
 - overlap_ratio: s_per_step / max(compute, wire), compute = the larger site's compute per step,
   wire = max over the two directions of wire bytes per step / link rate (the link is full duplex).

@@ -114,10 +114,14 @@ class HeadRunner(SplitRunner):
         checkpoint: the saved state is then exactly what a resumed run starts from."""
         current = ahead or self.forward_step(schedule, self.step + 1)
         nxt = None
-        if self.train.staleness and current.step < self.train.steps and current.step % self.train.checkpoint_every:
+        if self.train.staleness and not self.saves_after(current.step):
             nxt = self.forward_step(schedule, current.step + 1)
         self.backward_step(current)
         return nxt
+
+    def saves_after(self, step: int) -> bool:
+        """A checkpoint follows this step (and the last step): the head must not run ahead of it."""
+        return step % self.train.checkpoint_every == 0 or step == self.train.steps
 
     def forward_step(self, schedule: Schedule, step: int) -> "InFlight":
         """Forward every micro-batch of `step` and queue it for sending (codec work on the sender thread)."""
@@ -154,7 +158,7 @@ class HeadRunner(SplitRunner):
         since = flight.started if self.last_update is None else self.last_update  # update to update
         self.step, self.last_update = step, now
         self.ledger.append([step, digest(flight.ids)])
-        if step % self.train.checkpoint_every == 0 or step == self.train.steps:
+        if self.saves_after(step):
             self.save()
         self.metrics.step(step=step, step_s=now - since, compute_s=flight.compute_s,
                           forward_bytes=self.codecs.take_bytes("forward"))
