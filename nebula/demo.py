@@ -48,7 +48,7 @@ def plot(run: Path, tail: str, out: Path, job) -> None:
     codecs = f"{job.compression.get('forward', 'none')} forward, {job.compression.get('backward', 'none')} backward"
     ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], label=codecs)
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss (CMLM)")
+    ax.set_ylabel("training loss")
     ax.set_title(f"{job.name} across two sites")
     ax.legend()
     fig.tight_layout()

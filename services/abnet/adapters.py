@@ -53,9 +53,15 @@ class CrossAttention(nn.Module):
         b, s, h = x.shape
         return x.view(b, s, self.heads, h // self.heads).transpose(1, 2)  # (B, nh, S, hd)
 
-    def forward(self, x: torch.Tensor, enc: torch.Tensor, enc_mask: torch.Tensor) -> torch.Tensor:
-        """x (B, T, H); enc (B, S, H_E); enc_mask (B, S) bool -> (B, T, H)."""
-        q, k, v = self._split(self.query(x)), self._split(self.key(enc)), self._split(self.value(enc))
+    def project(self, enc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of H_E (B, nh, S, hd) each: computed once per source when decoding."""
+        return self._split(self.key(enc)), self._split(self.value(enc))
+
+    def forward(self, x: torch.Tensor, enc: torch.Tensor, enc_mask: torch.Tensor,
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """x (B, T, H); enc (B, S, H_E); enc_mask (B, S) bool -> (B, T, H); ``kv``: project(enc)."""
+        k, v = kv if kv is not None else self.project(enc)
+        q = self._split(self.query(x))
         ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=enc_mask[:, None, None, :],
                                              dropout_p=self.dropout if self.training else 0.0)
         return self.out(ctx.transpose(1, 2).reshape(x.shape))
@@ -75,7 +81,8 @@ class DecoderAdapter(nn.Module):
         nn.init.zeros_(self.ffn_out.weight)
         nn.init.zeros_(self.ffn_out.bias)
 
-    def forward(self, h: torch.Tensor, enc: torch.Tensor, enc_mask: torch.Tensor) -> torch.Tensor:
-        h = h + self.dropout(self.attn(self.attn_norm(h), enc, enc_mask))
+    def forward(self, h: torch.Tensor, enc: torch.Tensor, enc_mask: torch.Tensor,
+                kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        h = h + self.dropout(self.attn(self.attn_norm(h), enc, enc_mask, kv))
         mid = self.dropout(F.gelu(self.ffn_in(self.ffn_norm(h))))  # (B, T, FF)
         return h + self.dropout(self.ffn_out(mid))

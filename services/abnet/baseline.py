@@ -1,7 +1,7 @@
 """From-scratch Transformer for the paper's Table 2 comparison ("Transformer-base" row).
 
-Same objective (CMLM + length offset), same decoding (mask-predict, length beam), same tokenizers
-and cut vocabularies as ABNet, so only the pre-trained knowledge differs. Everything trains; the
+Same objective and decoding as the ABNet decoder it is compared with (``objective``: CMLM or
+autoregressive), same tokenizers and cut vocabularies, so only the pre-trained knowledge differs. Everything trains; the
 default size gives about as many trainable parameters as ABNet's adapters + head (see
 docs/abnet.md). The encoder/decoder split and method names match ``SourceEncoder`` /
 ``TargetDecoder``, so ``train_step`` and the two-site services run it unchanged.
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from services.abnet.cmlm import CmlmOutput, cmlm_loss
-from services.abnet.decoding import mask_predict
+from services.abnet.autoregressive import DecodeState
 from services.abnet.model import LengthPredictor
+from services.abnet.objective import Objective, check_objective
 from services.abnet.plm import SpecialIds
 
 
@@ -32,6 +32,10 @@ class BaselineConfig:
     max_length_delta: int = 32
     label_smoothing: float = 0.1
     length_loss_weight: float = 0.1
+    objective: str = "cmlm"  # or "ar": services/abnet/objective.py
+
+    def __post_init__(self):
+        check_objective(self.objective)
 
 
 class _Embed(nn.Module):
@@ -68,8 +72,9 @@ class BaselineEncoder(nn.Module):
         return [p for p in self.parameters() if p.requires_grad]
 
 
-class BaselineDecoder(nn.Module):
-    """Bidirectional (non-causal) Transformer decoder with cross-attention; tied output head."""
+class BaselineDecoder(Objective, nn.Module):
+    """Transformer decoder with cross-attention (self-attention both ways for CMLM, leftwards for
+    the autoregressive objective); tied output head."""
 
     def __init__(self, vocab: int, specials: SpecialIds, cfg: BaselineConfig):
         super().__init__()
@@ -79,30 +84,44 @@ class BaselineDecoder(nn.Module):
                                            activation="gelu", batch_first=True, norm_first=True)
         self.layers = nn.TransformerDecoder(layer, cfg.dec_layers)
         self.norm = nn.LayerNorm(cfg.d_model)
-        self.length = LengthPredictor(cfg.d_model, cfg.max_length_delta)
+        if cfg.objective == "cmlm":
+            self.length = LengthPredictor(cfg.d_model, cfg.max_length_delta)
         self.bias = nn.Parameter(torch.zeros(vocab))
 
-    def features(self, hidden, src_mask, tgt_in, tgt_mask) -> torch.Tensor:
-        x = self.layers(self.embed(tgt_in), hidden, tgt_key_padding_mask=~tgt_mask.bool(),
-                        memory_key_padding_mask=~src_mask.bool())
+    def features(self, hidden, src_mask, tgt_in, tgt_mask, causal: bool = False) -> torch.Tensor:
+        t = tgt_in.shape[1]  # nn.Transformer masks say True = blocked
+        future = torch.ones(t, t, dtype=torch.bool, device=tgt_in.device).triu(1) if causal else None
+        x = self.layers(self.embed(tgt_in), hidden, tgt_mask=future, tgt_is_causal=causal,
+                        tgt_key_padding_mask=~tgt_mask.bool(), memory_key_padding_mask=~src_mask.bool())
         return self.norm(x)  # (B, T, d)
+
+    def start_decoding(self, hidden: torch.Tensor, src_mask: torch.Tensor) -> DecodeState:
+        return DecodeState(hidden, src_mask.bool(), [{} for _ in self.layers.layers])
+
+    def next_features(self, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (N, 1) -> (N, d): each pre-LN ``nn.TransformerDecoderLayer`` step by step, its
+        self-attention reading the cached normed inputs of the earlier positions. Eval mode only
+        (the layers' dropouts are skipped)."""
+        if self.training:
+            raise RuntimeError("incremental decoding runs in eval mode: call .eval() first")
+        pos = torch.arange(state.pos, state.pos + 1, device=tokens.device)
+        x = self.embed.tokens(tokens) * self.embed.scale + self.embed.positions(pos)  # (N, 1, d)
+        memory, blocked = state.hidden, ~state.src_mask
+        for layer, cache in zip(self.layers.layers, state.layers):
+            h = layer.norm1(x)
+            cache["h"] = torch.cat([cache["h"], h], 1) if "h" in cache else h
+            x = x + layer.self_attn(h, cache["h"], cache["h"], need_weights=False)[0]
+            x = x + layer.multihead_attn(layer.norm2(x), memory, memory, key_padding_mask=blocked,
+                                         need_weights=False)[0]
+            x = x + layer.linear2(layer.activation(layer.linear1(layer.norm3(x))))
+        state.pos += 1
+        return self.norm(x)[:, -1]
 
     def token_logits(self, feats: torch.Tensor) -> torch.Tensor:
         return feats @ self.embed.tokens.weight.T + self.bias  # (..., V), tied to the input
 
     def length_logits(self, hidden: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         return self.length(hidden, src_mask)
-
-    def loss(self, hidden, src_mask, tgt_ids, tgt_mask,
-             generator: torch.Generator | None = None) -> CmlmOutput:
-        return cmlm_loss(self, hidden, src_mask, tgt_ids, tgt_mask,
-                         label_smoothing=self.cfg.label_smoothing,
-                         length_weight=self.cfg.length_loss_weight, generator=generator)
-
-    @torch.no_grad()
-    def decode(self, hidden, src_mask, iterations: int = 10,
-               length_beam: int = 4) -> list[list[int]]:
-        return mask_predict(self, hidden, src_mask, iterations=iterations, length_beam=length_beam)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]

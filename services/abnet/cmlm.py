@@ -20,7 +20,7 @@ class CmlmDecoder(Protocol):
     max_delta: int  # length classes are tgt_len - src_len in [-max_delta, max_delta]
 
     def features(self, hidden: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor,
-                 tgt_mask: torch.Tensor) -> torch.Tensor: ...  # (B, T, H)
+                 tgt_mask: torch.Tensor, causal: bool = False) -> torch.Tensor: ...  # (B, T, H)
 
     def token_logits(self, feats: torch.Tensor) -> torch.Tensor: ...  # (..., V)
 
@@ -28,11 +28,13 @@ class CmlmDecoder(Protocol):
 
 
 @dataclass
-class CmlmOutput:
+class DecoderLoss:
+    """What either objective returns (the autoregressive one has no length loss: it is 0)."""
+
     loss: torch.Tensor  # scalar to back-propagate: token loss + weight * length loss
     token_loss: torch.Tensor  # label-smoothed CE per masked token
     length_loss: torch.Tensor
-    n_masked: int
+    n_tokens: int  # positions scored: masked (CMLM) or all (autoregressive)
 
 
 def content_positions(tgt_ids: torch.Tensor, tgt_mask: torch.Tensor,
@@ -65,7 +67,7 @@ def lengths_from_classes(src_mask: torch.Tensor, classes: torch.Tensor,
 def cmlm_loss(dec: CmlmDecoder, hidden: torch.Tensor, src_mask: torch.Tensor,
               tgt_ids: torch.Tensor, tgt_mask: torch.Tensor, *, label_smoothing: float = 0.1,
               length_weight: float = 0.1,
-              generator: torch.Generator | None = None) -> CmlmOutput:
+              generator: torch.Generator | None = None) -> DecoderLoss:
     """hidden (B, S, H_E), src_mask (B, S), tgt_ids/tgt_mask (B, T) with the [CLS] .. [SEP] frame."""
     content = content_positions(tgt_ids, tgt_mask, dec.specials)
     masked = random_mask(content, generator)
@@ -79,5 +81,5 @@ def cmlm_loss(dec: CmlmDecoder, hidden: torch.Tensor, src_mask: torch.Tensor,
                                  reduction="sum") / max(n_masked, 1)
     classes = length_classes(src_mask, content.sum(1), dec.max_delta)
     length_loss = F.cross_entropy(dec.length_logits(hidden, src_mask), classes)
-    return CmlmOutput(token_loss + length_weight * length_loss, token_loss.detach(),
+    return DecoderLoss(token_loss + length_weight * length_loss, token_loss.detach(),
                       length_loss.detach(), n_masked)

@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from services.abnet.adapters import DecoderAdapter, EncoderAdapter
-from services.abnet.cmlm import CmlmOutput, cmlm_loss
-from services.abnet.decoding import mask_predict
+from services.abnet.autoregressive import DecodeState, causal_mask
+from services.abnet.cmlm import DecoderLoss
+from services.abnet.objective import Objective, check_objective
 from services.abnet.plm import BertModel, Pretrained, SpecialIds
 from services.abnet.vocab import VocabMap, cut_embeddings
 
@@ -33,6 +34,10 @@ class AbnetConfig:
     max_length_delta: int = 32  # target length predicted as src_len + [-32, 32]
     label_smoothing: float = 0.1
     length_loss_weight: float = 0.1
+    objective: str = "cmlm"  # or "ar": services/abnet/objective.py
+
+    def __post_init__(self):
+        check_objective(self.objective)
 
 
 def _trainable(module: nn.Module) -> list[nn.Parameter]:
@@ -76,9 +81,10 @@ class LengthPredictor(nn.Module):
         return self.net(pooled)
 
 
-class TargetDecoder(nn.Module):
-    """Site b: frozen target PLM (bidirectional), a cross-attention adapter after each layer,
-    the length predictor and a trainable output head initialised from the word embeddings."""
+class TargetDecoder(Objective, nn.Module):
+    """Site b: frozen target PLM, a cross-attention adapter after each layer, the length predictor
+    (CMLM only) and a trainable output head initialised from the word embeddings. The PLM attends
+    both ways for CMLM and only leftwards for the autoregressive objective."""
 
     def __init__(self, plm: BertModel, specials: SpecialIds, enc_hidden: int, cfg: AbnetConfig):
         super().__init__()
@@ -88,7 +94,8 @@ class TargetDecoder(nn.Module):
         self.adapters = nn.ModuleList(
             DecoderAdapter(h, enc_hidden, cfg.dec_adapter_heads, cfg.dec_adapter_ffn,
                            cfg.adapter_dropout) for _ in plm.layers)
-        self.length = LengthPredictor(enc_hidden, cfg.max_length_delta)
+        if cfg.objective == "cmlm":
+            self.length = LengthPredictor(enc_hidden, cfg.max_length_delta)
         emb = plm.embeddings.word_embeddings.weight  # (V, H)
         self.head = nn.Linear(h, emb.shape[0])
         with torch.no_grad():
@@ -96,32 +103,35 @@ class TargetDecoder(nn.Module):
             self.head.bias.zero_()
 
     def features(self, hidden: torch.Tensor, src_mask: torch.Tensor, tgt_in: torch.Tensor,
-                 tgt_mask: torch.Tensor) -> torch.Tensor:
+                 tgt_mask: torch.Tensor, causal: bool = False) -> torch.Tensor:
         """H_D_{l+1} = A(PLM_l(H_D_l), H_E, H_E); returns (B, T, H)."""
-        x, am = self.plm.embeddings(tgt_in), BertModel.attention_mask(tgt_mask)
+        am = causal_mask(tgt_mask) if causal else BertModel.attention_mask(tgt_mask)
+        x = self.plm.embeddings(tgt_in)
         src_mask = src_mask.bool()
         for layer, adapter in zip(self.plm.layers, self.adapters):
             x = adapter(layer(x, am), hidden, src_mask)
         return x
+
+    def start_decoding(self, hidden: torch.Tensor, src_mask: torch.Tensor) -> DecodeState:
+        """Autoregressive decoding state: H_E's cross-attention keys/values, computed once."""
+        layers = [dict(zip(("ck", "cv"), a.attn.project(hidden))) for a in self.adapters]
+        return DecodeState(hidden, src_mask.bool(), layers)
+
+    def next_features(self, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor:
+        """The next token of every row, tokens (N, 1) -> its features (N, H), reusing the cached
+        self-attention keys/values of the earlier tokens: the same as ``features(..., causal=True)``
+        at the last position, in time linear rather than quadratic in the length."""
+        x = self.plm.embeddings(tokens, start=state.pos)
+        for layer, adapter, cache in zip(self.plm.layers, self.adapters, state.layers):
+            x = adapter(layer(x, None, cache), state.hidden, state.src_mask, (cache["ck"], cache["cv"]))
+        state.pos += 1
+        return x[:, -1]
 
     def token_logits(self, feats: torch.Tensor) -> torch.Tensor:
         return self.head(feats)  # (..., V)
 
     def length_logits(self, hidden: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
         return self.length(hidden, src_mask)  # (B, 2D+1)
-
-    def loss(self, hidden: torch.Tensor, src_mask: torch.Tensor, tgt_ids: torch.Tensor,
-             tgt_mask: torch.Tensor, generator: torch.Generator | None = None) -> CmlmOutput:
-        hidden = hidden.to(self.head.weight.dtype)  # H_E may arrive in a codec's fp16/bf16
-        return cmlm_loss(self, hidden, src_mask, tgt_ids, tgt_mask,
-                         label_smoothing=self.cfg.label_smoothing,
-                         length_weight=self.cfg.length_loss_weight, generator=generator)
-
-    @torch.no_grad()
-    def decode(self, hidden: torch.Tensor, src_mask: torch.Tensor, iterations: int = 10,
-               length_beam: int = 4) -> list[list[int]]:
-        hidden = hidden.to(self.head.weight.dtype)
-        return mask_predict(self, hidden, src_mask, iterations=iterations, length_beam=length_beam)
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return _trainable(self)
@@ -155,7 +165,7 @@ class Batch:
 
 def train_step(encoder: nn.Module, decoder: nn.Module, batch: Batch,
                opt_e: torch.optim.Optimizer, opt_d: torch.optim.Optimizer,
-               generator: torch.Generator | None = None) -> CmlmOutput:
+               generator: torch.Generator | None = None) -> DecoderLoss:
     """One unpipelined step doing exactly what the two sites do, in one process.
 
     Site a runs the encoder; H_E is cut from its graph as site b receives it; site b computes

@@ -70,12 +70,13 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        seq = ids.shape[1]
+    def forward(self, ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """ids (B, S) at positions start .. start+S-1 (start > 0: incremental decoding)."""
+        seq = start + ids.shape[1]
         if seq > self.cfg.max_positions:
             raise StageError(f"sequence of {seq} tokens exceeds the model's "
                              f"{self.cfg.max_positions} positions; truncate the input")
-        pos = torch.arange(seq, device=ids.device) + self.cfg.position_offset  # (S,)
+        pos = torch.arange(start, seq, device=ids.device) + self.cfg.position_offset  # (S,)
         x = (self.word_embeddings(ids) + self.position_embeddings(pos)
              + self.token_type_embeddings.weight[0])  # (B, S, H)
         return self.dropout(self.LayerNorm(x))
@@ -100,10 +101,19 @@ class BertLayer(nn.Module):
         b, s, h = x.shape
         return x.view(b, s, self.heads, h // self.heads).transpose(1, 2)  # (B, nh, S, hd)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor) -> torch.Tensor:
-        """x (B, S, H); attn_mask (B, 1, 1, S) bool, True = attend."""
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None,
+                cache: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """x (B, S, H); attn_mask (B, 1, 1 or S, S) bool, True = attend.
+
+        ``cache``: incremental causal decoding. x holds only the newest position(s), which attend to
+        the keys and values cached for every earlier position and to themselves (``attn_mask`` None,
+        one position at a time); the cache is extended in place."""
         drop = self.dropout if self.training else 0.0
         q, k, v = self._split(self.query(x)), self._split(self.key(x)), self._split(self.value(x))
+        if cache is not None:
+            if "k" in cache:
+                k, v = torch.cat([cache["k"], k], 2), torch.cat([cache["v"], v], 2)
+            cache["k"], cache["v"] = k, v
         # dropout_p > 0 sends SDPA to its slow math kernel on CPU; 0 keeps the fused one.
         ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=drop)
         ctx = ctx.transpose(1, 2).reshape(x.shape)  # (B, S, H)

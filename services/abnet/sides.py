@@ -135,9 +135,9 @@ class DecoderSide(_Trainable):
     """Site b: target text only; looks its targets up by the example-id hashes it receives."""
 
     def __init__(self, pre: Pretrained, data_dir: str, train: TrainConfig, cfg: AbnetConfig,
-                 enc_hidden: int, limit: int | None = None, decode_iterations: int = 10, length_beam: int = 4,
+                 enc_hidden: int, limit: int | None = None, decode_iterations: int = 10, beam: int = 4,
                  baseline: BaselineConfig | None = None):
-        self.pre, self.decode_iterations, self.length_beam = pre, decode_iterations, length_beam
+        self.pre, self.decode_iterations, self.beam = pre, decode_iterations, beam
         self.enc_hidden = enc_hidden  # H of the boundary the encoder sends; checked on every message
         self.data = TokenizedSide(data_dir, "tgt", pre, train.max_len, limit)
         if baseline:
@@ -171,11 +171,12 @@ class DecoderSide(_Trainable):
 
     @torch.no_grad()
     def translate(self, inputs: dict[str, torch.Tensor]) -> list[str]:
-        """Mask-predict with a length beam (4, as the paper's beam) -> detokenized sentences."""
+        """Beam search (ar) or mask-predict with a length beam (cmlm), beam 4 as the paper's ->
+        detokenized sentences."""
         from services.abnet.decoding import detokenize
         self.module.eval()
         hidden, src_mask = self.check_boundary(inputs)
-        rows = self.module.decode(hidden, src_mask, iterations=self.decode_iterations, length_beam=self.length_beam)
+        rows = self.module.decode(hidden, src_mask, iterations=self.decode_iterations, beam=self.beam)
         return [detokenize(r, self.pre.tokenizer, self.data.vmap) for r in rows]
 
     def references(self, split: str, hashes: torch.Tensor) -> list[str]:

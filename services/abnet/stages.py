@@ -31,7 +31,14 @@ def _baseline(options: dict) -> BaselineConfig | None:
     if model not in ("abnet", "transformer"):
         raise ConfigError(f"model = {model!r}: use \"abnet\" (frozen PLM + adapters) or \"transformer\" "
                           "(from scratch, the comparison baseline)")
-    return BaselineConfig() if model == "transformer" else None
+    return BaselineConfig(objective=options.get("objective", "cmlm")) if model == "transformer" else None
+
+
+def spread(total: int, n: int) -> list[int]:
+    """`n` indices evenly spaced over `total` examples: the test file is grouped by source package,
+    so its first n sentences would all come from one or two packages."""
+    n = min(n, total)
+    return [i * total // n for i in range(n)]
 
 
 class _AbnetStage(Stage):
@@ -68,7 +75,8 @@ class AbnetEncoder(_AbnetStage):
         runner = HeadRunner(**self.runner_args(channel, model))
         try:
             runner.start()
-            result = runner.evaluate(INPUT_SPLIT, len(lines), int(self.config.options.get("eval_batch_size", 32)))
+            result = runner.evaluate(INPUT_SPLIT, list(range(len(lines))),
+                                     int(self.config.options.get("eval_batch_size", 32)))
             runner.finish()
             return result["translations"]
         finally:
@@ -80,8 +88,8 @@ class AbnetEncoder(_AbnetStage):
         runner = HeadRunner(**self.runner_args(channel, model))
         try:
             runner.run(Schedule(model.n_train, self.job.train.batch_size, self.job.train.seed))
-            n_test = min(len(model.data.splits["test"]["rows"]), int(opts.get("eval_examples", 500)))
-            scores = runner.evaluate("test", n_test, int(opts.get("eval_batch_size", 32)))
+            test = spread(len(model.data.splits["test"]["rows"]), int(opts.get("eval_examples", 500)))
+            scores = runner.evaluate("test", test, int(opts.get("eval_batch_size", 32)))
             (self.workdir / "scores.json").write_text(json.dumps(scores, indent=1, ensure_ascii=False))
             runner.finish()
             runner.write_ledger(self.workdir / "ledger.json")
@@ -103,7 +111,7 @@ class AbnetDecoder(_AbnetStage):
         model = DecoderSide(load_minilm(), self.job.data, self.job.train, _abnet_config(opts),
                             enc_hidden=int(opts.get("enc_hidden", 384)), limit=opts.get("max_train_examples"),
                             decode_iterations=int(opts.get("decode_iterations", 10)),
-                            length_beam=int(opts.get("length_beam", 4)), baseline=_baseline(opts))
+                            beam=int(opts.get("beam", 4)), baseline=_baseline(opts))
         runner = TailRunner(**self.runner_args(channel, model))
         try:
             runner.run()

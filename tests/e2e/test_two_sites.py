@@ -87,7 +87,8 @@ def test_killed_stage_is_restarted_and_resumes_without_loss_or_repeat(tmp_path, 
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, two_sites):
-    sites = two_sites(write_job(tmp_path))
+    # ABNet's own objective here (CMLM, mask-predict scoring), so both decoders run end to end.
+    sites = two_sites(write_job(tmp_path, {'objective = "ar"': 'objective = "cmlm"'}))
     sites.wait(until=lambda: sites.steps("decoder") >= KILL_AFTER, what=f"decoder to reach step {KILL_AFTER}")
     sites.kill("decoder")  # supervision is paused while the test holds it: nothing restarts yet
     ckpt = sites.run / "decoder" / "checkpoints"

@@ -203,13 +203,13 @@ def test_mask_predict_returns_valid_ids_of_predicted_lengths(small):
         hidden = enc(batch.src_ids, batch.src_mask)
         top = dec.length_logits(hidden, batch.src_mask).topk(4, dim=-1).indices  # (B, 4)
     allowed = lengths_from_classes(batch.src_mask, top, dec.max_delta)  # (B, 4), at least 1
-    out = dec.decode(hidden, batch.src_mask, iterations=3, length_beam=4)
+    out = dec.decode(hidden, batch.src_mask, iterations=3, beam=4)
     specials = set(dec.specials.as_list())
     assert len(out) == len(PAIRS)
     for row, lengths in zip(out, allowed.tolist()):
         assert len(row) in lengths
         assert all(0 <= i < len(tvm) and i not in specials for i in row)
-    one = dec.decode(hidden, batch.src_mask, iterations=2, length_beam=1)
+    one = dec.decode(hidden, batch.src_mask, iterations=2, beam=1)
     assert [len(r) for r in one] == allowed[:, 0].tolist()
 
 
@@ -252,3 +252,10 @@ def test_bad_inputs_raise_errors_that_say_what_to_do(tmp_path, minilm):
         build_vocab_map(count_ids([[5, 40_000]]), minilm.specials, minilm.model.cfg.vocab_size)
     with pytest.raises(StageError, match="truncate"):
         minilm.model(torch.zeros(1, 600, dtype=torch.long), torch.ones(1, 600, dtype=torch.bool))
+
+
+def test_evaluation_sentences_spread_over_the_whole_test_set():
+    from services.abnet.stages import spread
+    assert spread(6000, 4) == [0, 1500, 3000, 4500]  # every package region, not the first few
+    assert spread(3, 10) == [0, 1, 2]  # fewer sentences than asked: all of them, once
+    assert spread(3, 0) == []
