@@ -64,19 +64,26 @@ class HeadRunner(SplitRunner):
 
     @reports_failure
     @torch.no_grad()
-    def evaluate(self, split: str, n: int, batch_size: int) -> dict[str, Any]:
-        """Cross-site inference: boundary tensors of `split` go to the tail, which decodes and scores
-        against the references only it holds; returns its `scores` body (e.g. BLEU)."""
+    def evaluate(self, split: str, indices: list[int], batch_size: int) -> dict[str, Any]:
+        """Cross-site inference on examples `indices` of `split`: boundary tensors go to the tail, which
+        decodes and scores against the references only it holds; returns its `scores` body (e.g. BLEU,
+        translations in the order of `indices`)."""
         batches = 0
-        for start in range(0, n, batch_size):
-            out = self.model.forward(list(range(start, min(n, start + batch_size))), split)
+        for start in range(0, len(indices), batch_size):
+            out = self.model.forward(indices[start:start + batch_size], split)
             self.sender.submit(self._builder(self.step, batches, out, topic=f"infer:{split}"))
             batches += 1
         self.control("infer-done", split=split, batches=batches)
-        while True:
+        while True:  # each decoded batch is reported, so `timeout` bounds one batch, not the pass
             msg = self.recv()
-            if msg.kind == Kind.CONTROL and msg.topic == "scores" and msg.generation == self.generation:
+            if msg.kind != Kind.CONTROL or msg.generation != self.generation:
+                continue
+            if msg.topic == "scores":
                 return self.body(msg)
+            if msg.topic == "infer-progress":
+                done = self.body(msg).get("n", 0)
+                if done == len(indices) or done % (8 * batch_size) < batch_size:
+                    self.metrics.event("decoded", split=split, n=done, of=len(indices))
 
     def await_hello(self) -> dict[str, Any]:
         while True:

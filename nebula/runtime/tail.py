@@ -61,6 +61,8 @@ class TailRunner(SplitRunner):
         self.progress.hyps += self.model.translate(inputs)
         if split != INPUT_SPLIT:  # user input has no references at this site
             self.progress.refs += self.model.references(split, inputs["ids"])
+        # Tells the head decoding goes on: a long evaluation is progress, not a silent peer.
+        self.control("infer-progress", split=split, n=len(self.progress.hyps))
 
     def received(self, msg: Message) -> dict[str, torch.Tensor]:
         """The tensors of a head message, checked: "hidden" floating point (B, S, H), "ids" int64 (B,)."""

@@ -1,6 +1,7 @@
 """The split runner with a small real torch model over in-process channels: pipelined training equals
 unpipelined training, and a stage killed mid-training resumes with no example lost or applied twice."""
 import threading
+import time
 
 import pytest
 import torch
@@ -99,10 +100,11 @@ def reference(train: TrainConfig):
     return head, tail
 
 
-def runner(cls, hub_channel, peer, model, train, tmp_path, name, policy):
+def runner(cls, hub_channel, peer, model, train, tmp_path, name, policy, timeout=20.0):
     return cls(job="t", channel=hub_channel, peer=peer, model=model,
                codecs=LinkCodecs(CompressionPolicy.from_dict(policy), "link"), train=train,
-               checkpoints=CheckpointDir(tmp_path / name), metrics=MetricsLog(None, name, quiet=True), timeout=20)
+               checkpoints=CheckpointDir(tmp_path / name), metrics=MetricsLog(None, name, quiet=True),
+               timeout=timeout)
 
 
 def start(target):
@@ -123,11 +125,12 @@ STALE = TrainConfig(steps=12, batch_size=16, micro_batches=4, checkpoint_every=3
 IDENTITY = {"forward": "none", "backward": "none"}
 
 
-def run_pair(tmp_path, tail_model, train=TRAIN, policy=IDENTITY):
+def run_pair(tmp_path, tail_model, train=TRAIN, policy=IDENTITY, timeout=20.0):
     hub = InProcHub()
-    head = runner(HeadRunner, hub.channel("a/encoder/0"), "b/decoder/0", Head(), train, tmp_path, "head", policy)
+    head = runner(HeadRunner, hub.channel("a/encoder/0"), "b/decoder/0", Head(), train, tmp_path, "head", policy,
+                  timeout)
     tail = runner(TailRunner, hub.channel("b/decoder/0"), "a/encoder/0", tail_model, train, tmp_path, "tail",
-                  policy)
+                  policy, timeout)
     return hub, head, tail
 
 
@@ -188,3 +191,27 @@ def test_tail_killed_mid_training_resumes_without_loss_or_repeat(tmp_path, train
     expected = [[s, digest(HASHES[Schedule(N, 16, 1).indices(s)].tolist())] for s in range(1, 13)]
     assert head.ledger == restarted.ledger == expected
     assert head.generation == 2  # one resume after the initial agreement
+
+
+class SlowDecodingTail(Tail):
+    """Translates each example to its id, taking 0.4 s per batch (a real decoder takes seconds)."""
+
+    def translate(self, inputs):
+        time.sleep(0.4)
+        return [f"this is example number {int(h)}" for h in inputs["ids"]]
+
+    def references(self, split, hashes):
+        return [f"this is example number {int(h)}" for h in hashes]
+
+
+def test_evaluation_longer_than_the_timeout_completes_reporting_progress(tmp_path):
+    train = TrainConfig(steps=3, batch_size=16, micro_batches=4, checkpoint_every=3, lr=1e-2)
+    hub, head, tail = run_pair(tmp_path, SlowDecodingTail(), train, timeout=1.0)
+    t_tail, e_tail = start(tail.run)
+    head.run(Schedule(N, train.batch_size, train.seed))
+    scores = head.evaluate("test", list(range(0, 48)), batch_size=8)  # 6 batches: 2.4 s of decoding
+    head.finish()
+    t_tail.join(10)
+    assert not e_tail and scores["n"] == 48 and scores["bleu"] == pytest.approx(100.0)
+    decoded = [r["n"] for r in head.metrics.records if r.get("event") == "decoded"]
+    assert decoded[-1] == 48
