@@ -57,6 +57,9 @@ def register(sub) -> None:
     parser = sub.add_parser("wan", help="Table 5: training speed per compression setting over the emulated WAN "
                                         "(root), or BLEU per setting with --quality")
     parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="abnet", help="which job (default abnet)")
+    parser.add_argument("--job", type=Path, default=None,
+                        help="use this job file instead of the scenario's (e.g. all the training data, "
+                             "another objective)")
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per row")
     parser.add_argument("--quick", action="store_true", help="4 settings, fewer steps (a few minutes)")
     parser.add_argument("--quality", action="store_true",
@@ -95,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
     timed = args.steps or (2 if args.quick else 3)
     with _workdir(args.workdir) as work:
         from nebula.runtime.job import load_job
-        data = fixed_shape_corpus(Path(load_job(SCENARIOS[args.scenario]).data), work / "data")
-        job = bench_job(SCENARIOS[args.scenario], settings, timed, data, args)
+        data = fixed_shape_corpus(Path(load_job(chosen_job(args)).data), work / "data")
+        job = bench_job(chosen_job(args), settings, timed, data, args)
         rows = measure_rate(work / "60mbit", job, PAPER_MBIT)
         rate = bound_rate(rows[0], args.bound_factor)
         progress(f"communication-bound rate: {rate} Mbit/s (uncompressed wire = {args.bound_factor:g} x compute)")
@@ -107,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
         print_table(rows)
         print_verdict(rows, args.bound_factor)
     return 0
+
+
+def chosen_job(args: argparse.Namespace) -> Path:
+    return args.job or SCENARIOS[args.scenario]
 
 
 def chosen_settings(args: argparse.Namespace) -> list[tuple[str, str]]:

@@ -15,7 +15,7 @@ import json
 import statistics
 from pathlib import Path
 
-from nebula.bench.wan import (SCENARIOS, _workdir, chosen_settings, override_train, per_step_link, progress,
+from nebula.bench.wan import (_workdir, chosen_job, chosen_settings, override_train, per_step_link, progress,
                               read_records, run_job)
 
 QUICK_STEPS, QUICK_EVAL = 20, 50
@@ -26,7 +26,7 @@ def run_quality(args: argparse.Namespace) -> int:
     with _workdir(args.workdir) as work:
         rows, curves = [], {}
         for forward, backward in settings:
-            job = quality_job(SCENARIOS[args.scenario], forward, backward, args)
+            job = quality_job(chosen_job(args), forward, backward, args)
             run = work / slug(forward, backward)
             progress(f"quality: {forward} + {backward}, {job['train']['steps']} steps")
             run_job(run, job, label=f"{forward}+{backward}")
@@ -92,7 +92,7 @@ def plot(curves: dict[str, list[float]], out: Path, steps: int) -> None:
         smooth = [statistics.fmean(losses[max(0, i - window + 1):i + 1]) for i in range(len(losses))]
         ax.plot(range(1, len(smooth) + 1), smooth, label=label, linewidth=1.2)
     ax.set_xlabel("step")
-    ax.set_ylabel(f"training loss (CMLM, moving average of {window})")
+    ax.set_ylabel(f"training loss (moving average of {window})")
     ax.set_title("ABNet-Cloud es->en: training loss per compression setting")
     ax.legend(fontsize=7)
     fig.tight_layout()
