@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -26,7 +27,12 @@ class StepProgress:
 
 @dataclass
 class TailRunner(SplitRunner):
-    """Site b: holds the target side and the loss; follows the head's schedule and resumes."""
+    """Site b: holds the target side and the loss; follows the head's schedule and resumes.
+    ``outputs``: where an evaluation leaves ``{split}.hyp`` and ``{split}.ref`` (one sentence per
+    line, same order), for significance tests such as ``sacrebleu REF -i HYP_A HYP_B --paired-bs``;
+    they stay at this site, which holds the references."""
+
+    outputs: Path | None = None
 
     progress: StepProgress = field(default_factory=StepProgress)
 
@@ -87,6 +93,9 @@ class TailRunner(SplitRunner):
         if split == INPUT_SPLIT:
             self.control("scores", split=split, n=len(hyps), translations=hyps)
             return
+        if self.outputs is not None:
+            for ext, lines in (("hyp", hyps), ("ref", refs)):
+                (self.outputs / f"{split}.{ext}").write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
         bleu = corpus_bleu(hyps, [refs], lowercase=True).score if hyps else 0.0
         scores = {"split": split, "bleu": bleu, "n": len(hyps),
                   "samples": [[h, r] for h, r in zip(hyps[:5], refs[:5])]}

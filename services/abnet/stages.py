@@ -112,7 +112,7 @@ class AbnetDecoder(_AbnetStage):
                             enc_hidden=int(opts.get("enc_hidden", 384)), limit=opts.get("max_train_examples"),
                             decode_iterations=int(opts.get("decode_iterations", 10)),
                             beam=int(opts.get("beam", 4)), baseline=_baseline(opts))
-        runner = TailRunner(**self.runner_args(channel, model))
+        runner = TailRunner(**self.runner_args(channel, model), outputs=self.workdir)
         try:
             runner.run()
             runner.write_ledger(self.workdir / "ledger.json")

@@ -207,6 +207,7 @@ class SlowDecodingTail(Tail):
 def test_evaluation_longer_than_the_timeout_completes_reporting_progress(tmp_path):
     train = TrainConfig(steps=3, batch_size=16, micro_batches=4, checkpoint_every=3, lr=1e-2)
     hub, head, tail = run_pair(tmp_path, SlowDecodingTail(), train, timeout=1.0)
+    tail.outputs = tmp_path  # where the tail leaves the hypotheses and references
     t_tail, e_tail = start(tail.run)
     head.run(Schedule(N, train.batch_size, train.seed))
     scores = head.evaluate("test", list(range(0, 48)), batch_size=8)  # 6 batches: 2.4 s of decoding
@@ -215,3 +216,5 @@ def test_evaluation_longer_than_the_timeout_completes_reporting_progress(tmp_pat
     assert not e_tail and scores["n"] == 48 and scores["bleu"] == pytest.approx(100.0)
     decoded = [r["n"] for r in head.metrics.records if r.get("event") == "decoded"]
     assert decoded[-1] == 48
+    hyps = (tmp_path / "test.hyp").read_text().splitlines()
+    assert len(hyps) == 48 and hyps == (tmp_path / "test.ref").read_text().splitlines()
