@@ -4,8 +4,8 @@ Same contract and wire layout as `svd(r)` (parts U_k S_k (m, k) and V_k^T (k, n)
 the receiver decodes both alike. Instead of a full SVD it runs subspace iteration on the small side:
 with A (m, n), n <= m (else A^T), l = k + oversample basis vectors V (n, l),
     `iters` times: V <- orth(A^T (A V))           two (m, n, l) matmuls + a small QR
-    AV = A V; W = eigvecs((AV)^T AV)              Rayleigh-Ritz in the l-dim subspace
-    U_k S_k = AV W_k,  V_k = V W_k                 best rank k inside span(V)
+    A V = U S W^T                                  Rayleigh-Ritz in the l-dim subspace (small SVD)
+    U_k S_k,  V_k = V W_k                          best rank k inside span(V)
 That is 2 iters + 1 large matmuls instead of a full SVD. With a state, the l Ritz vectors are kept
 and start the next step (warm start): activations and gradients drift slowly between steps, so
 the subspace only needs refining, and the error falls below a cold start's at the same cost.
@@ -18,7 +18,7 @@ import torch
 
 from nebula.codecs.base import Codec, Meta, Parts, check_ratio, register_codec
 from nebula.codecs.svd import as_matrix, decode_factors, rank_for
-from nebula.errors import ConfigError
+from nebula.errors import CodecError, ConfigError
 
 SEED = 0x6E6562  # a fixed seed: encoding is deterministic and never touches the global RNG
 
@@ -53,19 +53,29 @@ class LowRank(Codec):
 
 
 def _factor(a: torch.Tensor, k: int, oversample: int, iters: int, state: dict | None):
-    """a (m, n), n <= m -> (A V_k (m, k), V (n, l)) with V's columns the Ritz vectors, best first."""
+    """a (m, n), n <= m -> (A V_k (m, k), V (n, l)) with V's columns the Ritz vectors, best first.
+
+    Works on a / max|a|: gradients of 1e-10 would otherwise leave A^T A V in denormals. The
+    Rayleigh-Ritz step is an SVD of A V, not an eigendecomposition of its Gram matrix: gradients are
+    rank-deficient (padded positions are exactly zero), and eigh of a Gram matrix with many zero
+    eigenvalues failed to converge or returned NaN (found by a 3000-step training run and a fuzz test).
+    """
     n = a.shape[1]
     l = min(n, k + oversample)
+    scale = a.abs().max()
+    if not torch.isfinite(scale):
+        raise CodecError("codec 'lowrank': tensor has NaN/Inf values; fix the producer or send it with codec 'none'")
+    if scale == 0:  # nothing to factor; keep any warm start for the next step
+        return a.new_zeros(a.shape[0], k), _orthonormal(_start(state, n, l))
+    a = a / scale
     v = _orthonormal(_start(state, n, l))  # (n, l)
     for _ in range(iters):
         v = _orthonormal(a.T @ (a @ v))  # (n, l)
-    av = a @ v  # (m, l)
-    _, w = torch.linalg.eigh(av.T @ av)  # (l, l), eigenvalues ascending
-    w = w.flip(1)
-    v = v @ w  # (n, l)
+    u, sv, wh = torch.linalg.svd(a @ v, full_matrices=False)  # A V = U S W^T, singular values descending
+    v = v @ wh.T  # (n, l): the Ritz vectors
     if state is not None:
         state["basis"] = v
-    return av @ w[:, :k], v
+    return u[:, :k] * (sv[:k] * scale), v
 
 
 def _start(state: dict | None, n: int, l: int) -> torch.Tensor:
