@@ -1,16 +1,31 @@
-"""WAN emulation: two network namespaces (one per site) joined by a veth pair shaped with tc tbf.
+"""WAN emulation: one network namespace per site, every pair of sites joined by its own shaped veth pair.
 
-    with WanLink(name_prefix=f"nbt{os.getpid()}", rate_mbit=20) as link:
-        server = link.popen("b", [sys.executable, "-m", "some.service", ...])  # runs in ns b
-        print(measure_goodput(link, 4_000_000))          # Mbit/s of TCP payload, a -> b
+    with WanLink(name_prefix=f"nbt{os.getpid()}", rate_mbit=20, sites=("a", "b", "c")) as link:
+        server = link.popen("c", [sys.executable, "-m", "some.service", ...])  # runs in ns c
+        server_address = link.address("c", peer="a")                 # where site a reaches site c
+        print(measure_goodput(link, 4_000_000, src="a", dst="c"))    # Mbit/s of TCP payload, a -> c
 
-Namespaces are `<prefix>-a` and `<prefix>-b`; each holds `lo` and one end of the pair, named `wan0`,
-created directly inside its namespace so nothing appears (or collides) in the host namespace. The
-addresses (first two hosts of `subnet`) exist only inside those namespaces.
+The sites form a full mesh of point-to-point links (default: sites a and b, one link):
+- namespace `<prefix>-<site>` per site; it holds `lo` and one veth end per peer, named `wan-<peer>`
+  (in namespace `<prefix>-a`, `wan-b` leads to site b). Both ends are created directly inside their
+  namespaces, so nothing appears (or collides) in the host namespace. The prefix names one mesh:
+  `up()` refuses while any `<prefix>-<site>` namespace exists.
+- each pair takes the next /30 of `subnet`, in the order of itertools.combinations(sites, 2); the
+  first site of the pair gets host 1, the other host 2. With the default subnet 10.213.0.0/24, sites
+  a and b are 10.213.0.1 and 10.213.0.2, and with a third site c the links a-c and b-c are
+  10.213.0.4/30 and 10.213.0.8/30. The addresses exist only inside the namespaces, and no namespace
+  forwards, so a link carries only the traffic of its two sites.
+- site names are 1-11 lowercase letters or digits: `wan-<site>` must fit Linux's 15-character
+  interface names, and with no '-' in a site name `<prefix>-<site>` reads back unambiguously. With
+  a prefix of at most 41 characters a namespace name is at most 53, far below the 255 that
+  `ip netns` (a file name) allows.
 
-tbf parameters, measured on this host (kernel 6.18, HZ=250, 2 busy shared cores; docs/wan.md has
-the tables): a single TCP stream carries 1448 payload bytes per 1514-byte frame that tbf counts, so
-95.6% of the shaped rate is the ceiling, and that is what we reach at 10, 60 and 170 Mbit/s.
+Every link is shaped exactly as a single two-site link always was: each end shapes what it sends
+with the tbf and small-packet priority below, so each pair is limited to the rate in each direction,
+independently of the other pairs. tbf parameters, measured on this host (kernel 6.18, HZ=250, 2 busy
+shared cores; docs/wan.md has the tables): a single TCP stream carries 1448 payload bytes per
+1514-byte frame that tbf counts, so 95.6% of the shaped rate is the ceiling, and that is what we
+reach at 10, 60 and 170 Mbit/s.
 - burst = max(rate x 4 ms, 10 frames). tbf refills its bucket from a timer; on a busy host the
   dequeue runs late, and tokens beyond `burst` are thrown away. A 1-2 frame burst lost 5-10% of the
   rate at 60-170 Mbit/s; one tick (4 ms at HZ=250) of rate held the ceiling. The 10-frame floor
@@ -31,6 +46,7 @@ Propagation delay is not emulated (netem is missing from this kernel); see docs/
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import json
 import os
 import re
@@ -42,13 +58,16 @@ import time
 
 from nebula.errors import ConfigError, NebulaError
 
-SITES = ("a", "b")
-DEVICE = "wan0"
+DEFAULT_SITES = ("a", "b")
+DEFAULT_SUBNET = "10.213.0.0/24"  # 64 links: up to 11 sites; its first /30 is the two-site link
+DEVICE_PREFIX = "wan-"  # in a site's namespace, the end of its link to `peer` is `wan-<peer>`
+LINK_PREFIXLEN = 30  # each link: a /30, its two hosts the two ends
 FRAME_BYTES = 1514  # what tbf counts for a full-size frame: 1500 MTU + 14 Ethernet header
 TICK_S = 0.004  # one kernel tick at HZ=250
 QUEUE_S = 0.050  # queue, as time at the link rate...
 QUEUE_MIN_BYTES = 256 * 1024  # ...but never shorter than this (see the module docstring)
-_PREFIX_RE = re.compile(r"^[a-z][a-z0-9_-]{0,40}$")
+_PREFIX_RE = re.compile(r"[a-z][a-z0-9_-]{0,40}")
+_SITE_RE = re.compile(r"[a-z0-9]{1,11}")  # 4 + 11 = 15 characters, Linux's longest interface name
 
 
 class WanError(NebulaError):
@@ -66,41 +85,63 @@ def tbf_limit_bytes(rate_mbit: float) -> int:
 
 
 class WanLink:
-    """Two site namespaces and a shaped veth pair between them; a context manager that always cleans up.
+    """One namespace per site and a shaped veth pair between every two sites; a context manager that
+    always cleans up.
 
-    `up()` leaves the link in place (for `nebula wan up`); `down()` removes both namespaces and is
-    safe to call when they are already gone.
+    `up()` leaves the mesh in place (for `nebula wan up`); `down()` removes this handle's namespaces
+    (and with them every link) and is safe to call when they are already gone.
     """
 
     def __init__(self, name_prefix: str = "nebula", rate_mbit: float = 60.0,
-                 subnet: str = "10.213.0.0/30"):
-        if not _PREFIX_RE.match(name_prefix):
+                 subnet: str = DEFAULT_SUBNET, sites: tuple[str, ...] = DEFAULT_SITES):
+        if not _PREFIX_RE.fullmatch(name_prefix):
             raise ConfigError(f"WAN name prefix {name_prefix!r} is invalid: use 1-41 lowercase "
                               "letters, digits, '-' or '_', starting with a letter")
         if not 0.1 <= rate_mbit <= 10_000:
             raise ConfigError(f"WAN rate {rate_mbit} Mbit/s is out of range: use 0.1 to 10000")
         self.prefix = name_prefix
         self.rate_mbit = float(rate_mbit)
-        self._addresses = _site_addresses(subnet)
+        self.sites = _check_sites(sites)
+        self.pairs = tuple(itertools.combinations(self.sites, 2))  # one link each
+        self._addresses = _link_addresses(self.pairs, subnet)
         self.subnet = subnet
 
     @classmethod
     def attach(cls, name_prefix: str) -> "WanLink":
-        """A handle on a link that is already up (e.g. from `nebula wan up`), with its rate and subnet."""
+        """A handle on a mesh that is already up (e.g. from `nebula wan up`): its sites, in the order
+        they were given, its rate and the smallest subnet that holds its links, all read back."""
         check_host()
-        status = cls(name_prefix).status()
-        if not all(status.values()) or status["a"]["qdisc"] is None or not status["a"]["addresses"]:
+        sites = sites_up(name_prefix)
+        status = mesh_status(name_prefix, sites)
+        if len(sites) < 2 or not all(_is_complete(info) for info in status.values()):
             raise WanError(f"WAN link {name_prefix} is not up: run `nebula wan up --prefix {name_prefix}`")
-        subnet = ipaddress.ip_interface(status["a"]["addresses"][0]).network
-        return cls(name_prefix, status["a"]["qdisc"]["rate_mbit"], str(subnet))
+        order, subnet = _layout(status)
+        unknown = WanError(f"WAN mesh {name_prefix} is not laid out as `nebula wan up` lays it out: run "
+                           f"`nebula wan down --prefix {name_prefix}` and bring it up again")
+        try:
+            link = cls(name_prefix, status[sites[0]]["qdisc"]["rate_mbit"], subnet, order)
+        except ConfigError as exc:  # e.g. an address that is neither host of its /30
+            raise unknown from exc
+        if link._addresses != {(site, peer): end["address"] for site in sites
+                               for peer, end in status[site]["links"].items()}:
+            raise unknown
+        return link
 
     # --- naming -------------------------------------------------------------------------
     def namespace(self, site: str) -> str:
-        return f"{self.prefix}-{_check_site(site)}"
+        return f"{self.prefix}-{self._check_site(site)}"
 
-    def address(self, site: str) -> str:
-        """The site's address on the WAN, reachable from the other site's namespace."""
-        return self._addresses[_check_site(site)]
+    def address(self, site: str, peer: str | None = None) -> str:
+        """The site's address on its link to `peer`: where `peer` connects to reach `site`.
+        `peer` may be left out when there are two sites."""
+        return self._addresses[self._ends(site, peer)]
+
+    def device(self, site: str, peer: str | None = None) -> str:
+        """The name, inside the site's namespace, of its end of the link to `peer`."""
+        return DEVICE_PREFIX + self._ends(site, peer)[1]
+
+    def peers(self, site: str) -> list[str]:
+        return [peer for peer in self.sites if peer != self._check_site(site)]
 
     def exec_prefix(self, site: str) -> list[str]:
         """argv prefix that runs a command inside the site's namespace."""
@@ -114,15 +155,30 @@ class WanLink:
         """Runs `argv` inside the site's namespace to completion; kwargs go to subprocess.run."""
         return subprocess.run([*self.exec_prefix(site), *argv], **kwargs)
 
+    def _check_site(self, site: str) -> str:
+        if site not in self.sites:
+            raise ConfigError(f"unknown WAN site {site!r}: use one of {', '.join(self.sites)}")
+        return site
+
+    def _ends(self, site: str, peer: str | None) -> tuple[str, str]:
+        if peer is None:
+            if len(self.sites) != 2:
+                raise ConfigError(f"the WAN has sites {', '.join(self.sites)}: name the peer, e.g. "
+                                  f"address({site!r}, peer={self.peers(site)[0]!r})")
+            return site, self.peers(site)[0]
+        if self._check_site(peer) == self._check_site(site):
+            raise ConfigError(f"WAN site {site!r} has no link to itself: name another site as the peer")
+        return site, peer
+
     # --- lifecycle ------------------------------------------------------------------------
     def exists(self) -> list[str]:
-        """Names of this link's namespaces that currently exist."""
+        """Names of this handle's site namespaces that currently exist."""
         present = set(_existing_namespaces())
-        return [self.namespace(s) for s in SITES if self.namespace(s) in present]
+        return [self.namespace(s) for s in self.sites if self.namespace(s) in present]
 
     def up(self) -> "WanLink":
         check_host()
-        if taken := self.exists():
+        if taken := [f"{self.prefix}-{site}" for site in sites_up(self.prefix)]:
             raise WanError(f"network namespace(s) {', '.join(taken)} already exist: run "
                            f"`nebula wan down --prefix {self.prefix}` first, or pick another prefix")
         created: list[str] = []
@@ -136,7 +192,7 @@ class WanLink:
 
     def down(self) -> None:
         for name in self.exists():
-            _ip("netns", "delete", name)  # deleting a namespace destroys its end of the veth too
+            _ip("netns", "delete", name)  # deleting a namespace destroys its ends of the links too
 
     def __enter__(self) -> "WanLink":
         return self.up()
@@ -145,51 +201,121 @@ class WanLink:
         self.down()
 
     def _create(self, created: list[str]) -> None:
-        na, nb = self.namespace("a"), self.namespace("b")
-        for name in (na, nb):
-            _ip("netns", "add", name)
-            created.append(name)
-        _ip("-n", na, "link", "add", DEVICE, "type", "veth", "peer", "name", DEVICE, "netns", nb)
-        prefixlen = ipaddress.ip_network(self.subnet).prefixlen
-        burst = tbf_burst_bytes(self.rate_mbit)
-        for site in SITES:
-            ns = self.namespace(site)
-            _ip("-n", ns, "addr", "add", f"{self.address(site)}/{prefixlen}", "dev", DEVICE)
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", ns, "link", "set", DEVICE, "up")
-            # Each end shapes what it sends, so both directions are limited to the rate.
-            _run(["tc", "-n", ns, "qdisc", "add", "dev", DEVICE, "root", "handle", "1:", "tbf",
-                  "rate", f"{self.rate_mbit}mbit", "burst", str(burst),
-                  "limit", str(tbf_limit_bytes(self.rate_mbit))])
-            _prioritise_small_packets(ns, tbf_limit_bytes(self.rate_mbit))
+        for site in self.sites:
+            _ip("netns", "add", self.namespace(site))
+            created.append(self.namespace(site))
+        for site, peer in self.pairs:
+            _ip("-n", self.namespace(site), "link", "add", self.device(site, peer), "type", "veth",
+                "peer", "name", self.device(peer, site), "netns", self.namespace(peer))
+        for site in self.sites:
+            _ip("-n", self.namespace(site), "link", "set", "lo", "up")
+            for peer in self.peers(site):
+                self._shape(site, peer)
+
+    def _shape(self, site: str, peer: str) -> None:
+        """Address and shape the site's end of its link to `peer`: each end shapes what it sends, so
+        both directions are limited to the rate."""
+        ns, dev = self.namespace(site), self.device(site, peer)
+        _ip("-n", ns, "addr", "add", f"{self.address(site, peer)}/{LINK_PREFIXLEN}", "dev", dev)
+        _ip("-n", ns, "link", "set", dev, "up")
+        _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf",
+              "rate", f"{self.rate_mbit}mbit", "burst", str(tbf_burst_bytes(self.rate_mbit)),
+              "limit", str(tbf_limit_bytes(self.rate_mbit))])
+        _prioritise_small_packets(ns, dev, tbf_limit_bytes(self.rate_mbit))
 
     # --- inspection -----------------------------------------------------------------------
     def status(self) -> dict:
-        """Per site: namespace, address, and the tbf qdisc's settings and counters (None if absent)."""
-        present = set(self.exists())
-        return {site: _site_status(self, site) if self.namespace(site) in present else None
-                for site in SITES}
+        """Per site: see mesh_status."""
+        return mesh_status(self.prefix, self.sites)
 
 
-def _site_status(link: WanLink, site: str) -> dict:
-    ns = link.namespace(site)
-    addrs = json.loads(_run(["ip", "-n", ns, "-4", "-j", "addr", "show", "dev", DEVICE]))
-    qdiscs = json.loads(_run(["tc", "-n", ns, "-s", "-j", "qdisc", "show", "dev", DEVICE]))
-    tbf = next((q for q in qdiscs if q.get("kind") == "tbf"), None)
+def sites_up(name_prefix: str) -> tuple[str, ...]:
+    """The sites of mesh `name_prefix` whose namespace `<prefix>-<site>` exists, in name order."""
+    start = f"{name_prefix}-"
+    return tuple(sorted(name[len(start):] for name in _existing_namespaces()
+                        if name.startswith(start) and _SITE_RE.fullmatch(name[len(start):])))
+
+
+def remove_mesh(name_prefix: str) -> list[str]:
+    """Deletes every namespace of mesh `name_prefix`, also of a half-removed one; returns their names."""
+    names = [f"{name_prefix}-{site}" for site in sites_up(name_prefix)]
+    for name in names:
+        _ip("netns", "delete", name)
+    return names
+
+
+def mesh_status(name_prefix: str, sites: tuple[str, ...]) -> dict:
+    """Per site: None when its namespace is absent, else its namespace, addresses ("ip/len" on all
+    its links), "links" (per peer: None when absent, else the device, the site's address on it and
+    its tbf qdisc) and "qdisc": the tbf settings and the counters summed over the site's links, None
+    unless every link has its tbf. Two sites: "qdisc" is that of their one link."""
+    present = set(_existing_namespaces())
+    return {site: _site_status(f"{name_prefix}-{site}", [p for p in sites if p != site])
+            if f"{name_prefix}-{site}" in present else None for site in sites}
+
+
+def _site_status(ns: str, peers: list[str]) -> dict:
+    addrs = json.loads(_run(["ip", "-n", ns, "-4", "-j", "addr", "show"]))
+    qdiscs = json.loads(_run(["tc", "-n", ns, "-s", "-j", "qdisc", "show"]))
+    devices = {i["ifname"]: [f"{a['local']}/{a['prefixlen']}" for a in i["addr_info"]] for i in addrs}
+    tbfs = {q["dev"]: _tbf_status(q) for q in qdiscs if q.get("kind") == "tbf"}
+    links = {peer: None if DEVICE_PREFIX + peer not in devices else {
+        "device": DEVICE_PREFIX + peer,
+        "address": next((a.split("/")[0] for a in devices[DEVICE_PREFIX + peer]), None),
+        "qdisc": tbfs.get(DEVICE_PREFIX + peer),
+    } for peer in peers}
     return {
         "namespace": ns,
-        "addresses": [f"{a['local']}/{a['prefixlen']}" for i in addrs for a in i["addr_info"]],
-        "qdisc": None if tbf is None else {
-            "rate_mbit": tbf["options"]["rate"] * 8 / 1e6,
-            "burst_bytes": tbf["options"]["burst"],
-            "latency_us": tbf["options"]["lat"],
-            **{k: tbf[k] for k in ("bytes", "packets", "drops", "overlimits", "backlog", "qlen")},
-        },
+        "addresses": [a for peer in peers for a in devices.get(DEVICE_PREFIX + peer, [])],
+        "qdisc": _sum_qdiscs([link and link["qdisc"] for link in links.values()]),
+        "links": links,
     }
 
 
+def _tbf_status(tbf: dict) -> dict:
+    return {
+        "rate_mbit": tbf["options"]["rate"] * 8 / 1e6,
+        "burst_bytes": tbf["options"]["burst"],
+        "latency_us": tbf["options"]["lat"],
+        **{k: tbf[k] for k in ("bytes", "packets", "drops", "overlimits", "backlog", "qlen")},
+    }
+
+
+def _sum_qdiscs(qdiscs: list[dict | None]) -> dict | None:
+    """Settings of the first (every link has the same), counters summed; None if a link has none."""
+    if not qdiscs or None in qdiscs:
+        return None
+    counters = ("bytes", "packets", "drops", "overlimits", "backlog", "qlen")
+    return {**qdiscs[0], **{k: sum(q[k] for q in qdiscs) for k in counters}}
+
+
+def _is_complete(info: dict | None) -> bool:
+    return bool(info and info["qdisc"] and all(link["address"] for link in info["links"].values()))
+
+
+def _layout(status: dict) -> tuple[tuple[str, ...], str]:
+    """The site order and a subnet that give a complete mesh's addresses, read back from them.
+
+    Links take consecutive /30s in the order of combinations(sites, 2), the pair's first site on
+    host 1: the lowest /30 holds sites[0] and sites[1], and sites[0]'s links, lowest first, lead to
+    the others in order. The subnet is the lowest /30 widened until it holds the highest.
+    """
+    ends: dict[ipaddress.IPv4Network, dict[int, str]] = {}  # link /30 -> host number -> site
+    for site, info in status.items():
+        for link in info["links"].values():
+            iface = ipaddress.IPv4Interface(f"{link['address']}/{LINK_PREFIXLEN}")
+            ends.setdefault(iface.network, {})[int(iface.ip) - int(iface.network.network_address)] = site
+    nets = sorted(ends)
+    first = ends[nets[0]].get(1)
+    order = (first, *(ends[net].get(2) for net in nets if ends[net].get(1) == first))
+    subnet = nets[0]
+    while not nets[-1].subnet_of(subnet):
+        subnet = subnet.supernet()
+    return order, str(subnet)
+
+
 # --- host checks and command helpers ------------------------------------------------------
-def _prioritise_small_packets(ns: str, limit_bytes: int) -> None:
+def _prioritise_small_packets(ns: str, dev: str, limit_bytes: int) -> None:
     """Inside tbf, serve small TCP packets (pure ACKs, SYNs) before bulk data.
 
     When both directions are saturated (forward activations one way, gradients the other), each
@@ -199,15 +325,15 @@ def _prioritise_small_packets(ns: str, limit_bytes: int) -> None:
     classes (its rates are far above the link's); tbf still sets the pace.
     """
     tc = ["tc", "-n", ns]
-    _run([*tc, "qdisc", "add", "dev", DEVICE, "parent", "1:1", "handle", "10:", "htb", "default", "20"])
-    _run([*tc, "class", "add", "dev", DEVICE, "parent", "10:", "classid", "10:1", "htb",
+    _run([*tc, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "htb", "default", "20"])
+    _run([*tc, "class", "add", "dev", dev, "parent", "10:", "classid", "10:1", "htb",
           "rate", "10gbit", "quantum", "15140"])
     for classid, prio in (("10:10", "0"), ("10:20", "1")):
-        _run([*tc, "class", "add", "dev", DEVICE, "parent", "10:1", "classid", classid, "htb",
+        _run([*tc, "class", "add", "dev", dev, "parent", "10:1", "classid", classid, "htb",
               "rate", "5gbit", "ceil", "10gbit", "prio", prio, "quantum", "15140"])
-        _run([*tc, "qdisc", "add", "dev", DEVICE, "parent", classid, "bfifo", "limit", str(limit_bytes)])
+        _run([*tc, "qdisc", "add", "dev", dev, "parent", classid, "bfifo", "limit", str(limit_bytes)])
     # IPv4 TCP with total length < 128 bytes: ACK-only and control packets
-    _run([*tc, "filter", "add", "dev", DEVICE, "parent", "10:", "protocol", "ip", "prio", "1", "u32",
+    _run([*tc, "filter", "add", "dev", dev, "parent", "10:", "protocol", "ip", "prio", "1", "u32",
           "match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2",
           "flowid", "10:10"])
 
@@ -245,23 +371,36 @@ def _run(argv: list[str]) -> str:
     return done.stdout
 
 
-def _check_site(site: str) -> str:
-    if site not in SITES:
-        raise ConfigError(f"unknown WAN site {site!r}: use one of {', '.join(SITES)}")
-    return site
+def _check_sites(sites: tuple[str, ...]) -> tuple[str, ...]:
+    sites = tuple(sites)
+    for site in sites:
+        if not (isinstance(site, str) and _SITE_RE.fullmatch(site)):
+            raise ConfigError(f"WAN site name {site!r} is invalid: use 1-11 lowercase letters or digits "
+                              f"(its device `{DEVICE_PREFIX}<site>` must fit Linux's 15-character names)")
+    if len(sites) < 2:
+        raise ConfigError(f"a WAN needs at least two sites, got {', '.join(sites) or 'none'}")
+    if twice := sorted({site for site in sites if sites.count(site) > 1}):
+        raise ConfigError(f"WAN site(s) {', '.join(twice)} given more than once: name each site once")
+    return sites
 
 
-def _site_addresses(subnet: str) -> dict[str, str]:
+def _link_addresses(pairs: tuple[tuple[str, str], ...], subnet: str) -> dict[tuple[str, str], str]:
+    """(site, peer) -> the site's address on their link: pair i takes the i-th /30 of `subnet`."""
     try:
         net = ipaddress.IPv4Network(subnet, strict=True)
     except ValueError as exc:
         raise ConfigError(f"WAN subnet {subnet!r} is invalid: give an IPv4 network such as "
-                          "10.213.0.0/30") from exc
-    if not net.is_private or net.prefixlen > 30:
-        raise ConfigError(f"WAN subnet {subnet} must be private and hold two hosts (/30 or larger), "
-                          "so it can exist only inside the emulation's namespaces")
-    # network+1 and network+2 are hosts for any /30 or larger; no need to list every host.
-    return {"a": str(net.network_address + 1), "b": str(net.network_address + 2)}
+                          f"{DEFAULT_SUBNET}") from exc
+    needed = LINK_PREFIXLEN - (len(pairs) - 1).bit_length()  # a /needed holds len(pairs) /30s
+    if not net.is_private or net.prefixlen > needed:
+        raise ConfigError(f"WAN subnet {subnet} must be private and hold one /30 (two hosts) per pair "
+                          f"of sites, {len(pairs)} here (a /{needed} or larger), so it can exist only "
+                          "inside the emulation's namespaces")
+    addresses = {}
+    for (site, peer), link in zip(pairs, net.subnets(new_prefix=LINK_PREFIXLEN)):
+        addresses[site, peer] = str(link.network_address + 1)
+        addresses[peer, site] = str(link.network_address + 2)
+    return addresses
 
 
 # --- goodput measurement ------------------------------------------------------------------
@@ -270,7 +409,8 @@ CHUNK = 1 << 20
 
 def measure_goodput(link: WanLink, nbytes: int, src: str = "a", dst: str = "b",
                     timeout_s: float | None = None) -> float:
-    """Sends `nbytes` over one plain TCP connection from site `src` to site `dst`; returns Mbit/s.
+    """Sends `nbytes` over one plain TCP connection from site `src` to site `dst` (over their link);
+    returns Mbit/s.
 
     Both ends are separate processes inside their namespaces (`python -m nebula.wanem recv|send`).
     The receiver times from accepting the connection to end of stream, so the figure includes slow
@@ -280,11 +420,12 @@ def measure_goodput(link: WanLink, nbytes: int, src: str = "a", dst: str = "b",
         raise ConfigError(f"goodput transfer size must be positive, got {nbytes}")
     if timeout_s is None:  # ten times the wire time, plus process start-up
         timeout_s = 10 * nbytes * 8 / (link.rate_mbit * 1e6) + 10
-    recv = link.popen(dst, [sys.executable, "-m", "nebula.wanem", "recv", link.address(dst),
-                            str(timeout_s)], stdout=subprocess.PIPE, text=True)
+    host = link.address(dst, peer=src)  # dst's end of the src-dst link
+    recv = link.popen(dst, [sys.executable, "-m", "nebula.wanem", "recv", host, str(timeout_s)],
+                      stdout=subprocess.PIPE, text=True)
     try:
         port = _read_ready_port(recv)
-        link.run(src, [sys.executable, "-m", "nebula.wanem", "send", link.address(dst), str(port),
+        link.run(src, [sys.executable, "-m", "nebula.wanem", "send", host, str(port),
                        str(nbytes)], check=True, timeout=timeout_s, capture_output=True)
         out, _ = recv.communicate(timeout=timeout_s)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:

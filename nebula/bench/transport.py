@@ -30,6 +30,7 @@ SIZES = (1 * MB, 25 * MB)
 COUNTS = {1 * MB: 200, 25 * MB: 12}  # messages per measurement (quick: a quarter)
 WAN_MBIT = 60.0
 WAN_COUNT = 4  # 25 MB messages over the emulated link (quick: 2)
+SITES = ("a", "b")  # point to point: the sender stage at a, the receiver stage at b
 
 
 def register(sub) -> None:
@@ -128,17 +129,16 @@ def _gateways(tmp: Path, size: int, count: int) -> float:
     from nebula.transport.testbed import make_sites
 
     root = Path(tempfile.mkdtemp(dir=tmp))
-    endpoints = {site: (f"tcp://127.0.0.1:{_free_port()}", f"tcp://127.0.0.1:{_free_port()}") for site in "ab"}
-    paths = make_sites(root, endpoints, ["a/bench/0", "b/bench/0"], extra_gateway="stats_interval = 0")
-    prefix = {"a": [], "b": []}
-    return _stream(prefix, paths, size, count, root)["mb_per_s"]
+    endpoints = {site: (f"tcp://127.0.0.1:{_free_port()}", f"tcp://127.0.0.1:{_free_port()}") for site in SITES}
+    paths = make_sites(root, endpoints, [f"{site}/bench/0" for site in SITES], extra_gateway="stats_interval = 0")
+    return _stream({site: [] for site in SITES}, paths, size, count, root)["mb_per_s"]
 
 
 def _stream(prefix: dict[str, list[str]], paths: dict[str, Path], size: int, count: int, root: Path) -> dict:
     """Gateways a and b, a receiver stage at b and a sender stage at a, each its own process."""
     procs = []
     try:
-        for site in "ab":
+        for site in SITES:
             procs.append(_spawn(prefix[site] + [sys.executable, "-m", "services.gateway.main", str(paths[site])],
                                 root / f"gateway-{site}.log", wait_for="up:"))
         receiver = _spawn(prefix["b"] + [sys.executable, "-m", "nebula.bench.transport", "recv", str(paths["b"]),
@@ -187,11 +187,14 @@ def _wan(tmp: Path, size: int, count: int, notes: list[str]) -> dict | None:
 
     root = Path(tempfile.mkdtemp(dir=tmp))
     try:
-        with WanLink(name_prefix=f"nbt{os.getpid()}", rate_mbit=WAN_MBIT) as link:
-            tcp_mbit = measure_goodput(link, 64 * MB)
-            endpoints = {site: ("tcp://127.0.0.1:5601", f"tcp://{link.address(site)}:5600") for site in "ab"}
-            paths = make_sites(root, endpoints, ["a/bench/0", "b/bench/0"], extra_gateway="stats_interval = 0")
-            result = _stream({site: link.exec_prefix(site) for site in "ab"}, paths, size, count, root)
+        with WanLink(name_prefix=f"nbt{os.getpid()}", rate_mbit=WAN_MBIT, sites=SITES) as link:
+            tcp_mbit = measure_goodput(link, 64 * MB, src="a", dst="b")
+            # Each gateway listens on its end of the a-b link, where the other site's gateway connects.
+            endpoints = {site: ("tcp://127.0.0.1:5601", f"tcp://{link.address(site, peer)}:5600")
+                         for site, peer in (SITES, SITES[::-1])}
+            paths = make_sites(root, endpoints, [f"{site}/bench/0" for site in SITES],
+                               extra_gateway="stats_interval = 0")
+            result = _stream({site: link.exec_prefix(site) for site in SITES}, paths, size, count, root)
     except WanError as exc:
         notes.append(f"wan skipped: {exc}")
         return None

@@ -1,10 +1,12 @@
-"""WAN emulation: real namespaces, a real tbf-shaped veth pair, real TCP between two processes.
+"""WAN emulation: real namespaces, real tbf-shaped veth pairs (one per pair of sites), real TCP
+between two processes.
 
 Each test uses its own namespace prefix (pid + test number) so parallel runs and a running demo
 (`nebula wan up`, prefix "nebula") never collide.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import shutil
@@ -26,6 +28,29 @@ def unique_prefix() -> str:
 def host_namespaces() -> set[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+# Connects to port 9 of each address: "ConnectionRefusedError" means the other end's kernel answered.
+_PROBE = """import socket, sys
+for address in sys.argv[1:]:
+    try:
+        socket.create_connection((address, 9), timeout=2).close()
+        print("open")
+    except OSError as exc:
+        print(type(exc).__name__)
+"""
+
+
+def wan_cli(prefix: str, *args: str) -> subprocess.CompletedProcess:
+    """`nebula wan ARGS --prefix PREFIX`, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "nebula.cli", "wan", *args, "--prefix", prefix],
+                          capture_output=True, text=True, timeout=50)
+
+
+def reached_from(link: WanLink, site: str, addresses: list[str]) -> list[bool]:
+    out = link.run(site, [sys.executable, "-c", _PROBE, *addresses], capture_output=True, text=True,
+                   check=True, timeout=30).stdout.split()
+    return [answer == "ConnectionRefusedError" for answer in out]
 
 
 @pytest.fixture
@@ -59,6 +84,32 @@ def test_bad_arguments_are_config_errors(kwargs, fragment):
 def test_unknown_site_is_a_config_error():
     with pytest.raises(ConfigError, match="unknown WAN site 'c'"):
         WanLink().address("c")
+
+
+def test_three_sites_one_link_per_pair_each_in_its_own_slash_30():
+    link = WanLink(name_prefix="demo3", sites=("a", "b", "c"))
+    assert link.pairs == (("a", "b"), ("a", "c"), ("b", "c"))
+    assert [(link.address(x, y), link.address(y, x)) for x, y in link.pairs] == [
+        ("10.213.0.1", "10.213.0.2"), ("10.213.0.5", "10.213.0.6"), ("10.213.0.9", "10.213.0.10")]
+    assert (link.device("a", "c"), link.device("c", "a"), link.namespace("c")) == ("wan-c", "wan-a", "demo3-c")
+    assert WanLink().address("a") == WanLink().address("a", peer="b") == "10.213.0.1"  # two sites: peer implied
+    with pytest.raises(ConfigError, match="name the peer"):
+        link.address("a")
+    with pytest.raises(ConfigError, match="no link to itself"):
+        link.address("a", peer="a")
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    ({"sites": ("a",)}, "at least two sites"),
+    ({"sites": ("a", "b", "a")}, "given more than once"),
+    ({"sites": ("a", "B")}, "lowercase letters or digits"),
+    ({"sites": ("a", "gpu-east")}, "lowercase letters or digits"),
+    ({"sites": ("a", "abcdefghijkl")}, "15-character"),  # wan-abcdefghijkl: 16 characters
+    ({"sites": ("a", "b", "c"), "subnet": "10.0.0.0/29"}, r"3 here \(a /28 or larger\)"),
+])
+def test_bad_sites_are_config_errors(kwargs, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        WanLink(**kwargs)
 
 
 def test_not_root_says_so(monkeypatch):
@@ -117,13 +168,42 @@ def test_addresses_exist_only_inside_the_namespaces(needs_root):
 
 
 @pytest.mark.root
-def test_namespaces_removed_when_the_body_raises(needs_root):
+@pytest.mark.timeout(60)
+def test_three_sites_each_pair_reaches_only_over_its_link_near_the_rate(needs_root):
+    with WanLink(name_prefix=unique_prefix(), rate_mbit=20, sites=("a", "b", "c")) as link:
+        ends = {(x, y): link.address(x, y) for x in link.sites for y in link.peers(x)}  # x's end of x-y
+        for site in link.sites:  # a site reaches its peers' ends of its own links, and no other address
+            probed = [(x, y) for x, y in ends if x != site]
+            assert reached_from(link, site, [ends[x, y] for x, y in probed]) == [y == site for x, y in probed]
+        mbit = measure_goodput(link, 2_500_000, src="a", dst="c")  # ~1 s on the wire
+        status = link.status()
+    assert 0.85 * 20 <= mbit <= 1.05 * 20, f"goodput a -> c {mbit:.2f} Mbit/s on a 20 Mbit/s link"
+    a = status["a"]
+    assert a["links"]["c"]["device"] == "wan-c" and a["links"]["c"]["address"] == ends["a", "c"]
+    assert a["links"]["c"]["qdisc"]["bytes"] >= 2_500_000 > 100 * a["links"]["b"]["qdisc"]["bytes"]
+    assert a["qdisc"]["bytes"] == a["links"]["b"]["qdisc"]["bytes"] + a["links"]["c"]["qdisc"]["bytes"]
+
+
+@pytest.mark.root
+def test_attach_reads_back_the_sites_in_their_order_rate_and_addresses(needs_root):
+    prefix = unique_prefix()
+    with WanLink(name_prefix=prefix, rate_mbit=7.5, subnet="10.213.4.0/26", sites=("c", "a", "b")) as link:
+        attached = WanLink.attach(prefix)
+    assert (attached.sites, attached.rate_mbit, attached.subnet) == (("c", "a", "b"), 7.5, "10.213.4.0/28")
+    assert all(attached.address(x, y) == link.address(x, y) for x in link.sites for y in link.peers(x))
+    with pytest.raises(WanError, match=f"is not up: run `nebula wan up --prefix {prefix}`"):
+        WanLink.attach(prefix)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("sites", [("a", "b"), ("a", "b", "c")])
+def test_namespaces_removed_when_the_body_raises(needs_root, sites):
     prefix = unique_prefix()
     with pytest.raises(RuntimeError, match="boom"):
-        with WanLink(name_prefix=prefix, rate_mbit=10):
-            assert f"{prefix}-a" in host_namespaces()
+        with WanLink(name_prefix=prefix, rate_mbit=10, sites=sites):
+            assert f"{prefix}-{sites[-1]}" in host_namespaces()
             raise RuntimeError("boom")
-    assert not ({f"{prefix}-a", f"{prefix}-b"} & host_namespaces())
+    assert not ({f"{prefix}-{site}" for site in sites} & host_namespaces())
 
 
 @pytest.mark.root
@@ -132,27 +212,32 @@ def test_up_refuses_existing_namespaces_and_leaves_them(needs_root):
     with WanLink(name_prefix=prefix, rate_mbit=10) as first:
         with pytest.raises(WanError, match=f"already exist: run `nebula wan down --prefix {prefix}`"):
             WanLink(name_prefix=prefix, rate_mbit=30).up()
+        with pytest.raises(WanError, match="already exist"):  # the prefix names one mesh
+            WanLink(name_prefix=prefix, sites=("c", "d")).up()
         assert first.status()["b"]["qdisc"]["rate_mbit"] == 10  # the first link is untouched
 
 
 @pytest.mark.root
 @pytest.mark.timeout(60)
-def test_cli_up_status_measure_down(needs_root):
+@pytest.mark.parametrize("sites, shown, route, direction", [
+    ("a,b", "10.213.0.2/30  tbf 40 Mbit/s", (), "a -> b"),
+])
+def test_cli_up_status_measure_down(needs_root, sites, shown, route, direction):
     prefix = unique_prefix()
-
-    def nebula(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "nebula.cli", "wan", *args, "--prefix", prefix],
-                              capture_output=True, text=True, timeout=50)
+    nebula = functools.partial(wan_cli, prefix)
 
     try:
-        assert nebula("up", "--rate-mbit", "40").returncode == 0
+        site_args = () if sites == "a,b" else ("--sites", sites)  # a,b is the default
+        assert nebula("up", *site_args, "--rate-mbit", "40").returncode == 0
         again = nebula("up")
         assert again.returncode == 2 and "nebula wan down" in again.stderr
         status = nebula("status")
-        assert status.returncode == 0 and "10.213.0.2/30" in status.stdout and "tbf 40 Mbit/s" in status.stdout
-        measured = nebula("measure", "--mbytes", "3")
+        assert status.returncode == 0 and shown in status.stdout, status.stdout
+        measured = nebula("measure", "--mbytes", "3", *route)
         assert measured.returncode == 0 and "of the 40 Mbit/s link" in measured.stdout, measured.stderr
+        assert f"goodput {direction}:" in measured.stdout
     finally:
         down = nebula("down")
-    assert down.returncode == 0 and f"removed {prefix}-a, {prefix}-b" in down.stdout
+    removed = ", ".join(f"{prefix}-{site}" for site in sites.split(","))
+    assert down.returncode == 0 and f"removed {removed}" in down.stdout
     assert nebula("status").returncode == 1
