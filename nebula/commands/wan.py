@@ -1,27 +1,35 @@
-"""`nebula wan up|down|status|measure`: the two-namespace WAN emulation (see nebula/wanem.py, docs/wan.md)."""
+"""`nebula wan up|down|status|measure`: the WAN emulation, a full mesh of site namespaces (see
+nebula/wanem.py, docs/wan.md)."""
 from __future__ import annotations
 
 import argparse
 import json
 
+from nebula.wanem import DEFAULT_SITES, DEFAULT_SUBNET  # wanem imports only the standard library
+
 DEFAULT_PREFIX = "nebula"
 
 
 def register(sub) -> None:
-    parser = sub.add_parser("wan", help="emulate a WAN: two site namespaces joined by a shaped link")
+    parser = sub.add_parser("wan", help="emulate a WAN: site namespaces joined pairwise by shaped links")
     wan_sub = parser.add_subparsers(dest="wan", required=True, metavar="ACTION")
 
-    up = _action(wan_sub, "up", "create namespaces <prefix>-a and <prefix>-b and the shaped link", _up)
-    up.add_argument("--rate-mbit", type=float, default=60.0, help="link rate each way (default 60)")
-    up.add_argument("--subnet", default="10.213.0.0/30",
-                    help="private IPv4 subnet for the two ends (default 10.213.0.0/30)")
+    up = _action(wan_sub, "up", "create namespace <prefix>-<site> per site and a shaped link per pair", _up)
+    sites = ",".join(DEFAULT_SITES)
+    up.add_argument("--sites", default=sites,
+                    help=f"comma-separated site names, lowercase letters and digits (default {sites})")
+    up.add_argument("--rate-mbit", type=float, default=60.0, help="rate of each link, each way (default 60)")
+    up.add_argument("--subnet", default=DEFAULT_SUBNET,
+                    help=f"private IPv4 subnet, one /30 per pair of sites (default {DEFAULT_SUBNET})")
 
-    _action(wan_sub, "down", "remove the namespaces (and with them the link)", _down)
+    _action(wan_sub, "down", "remove the namespaces (and with them the links)", _down)
     status = _action(wan_sub, "status", "show namespaces, addresses and qdisc counters", _status)
     status.add_argument("--json", action="store_true", help="print JSON instead of text")
 
-    measure = _action(wan_sub, "measure", "measure TCP goodput from site a to site b", _measure)
+    measure = _action(wan_sub, "measure", "measure TCP goodput from one site to another", _measure)
     measure.add_argument("--mbytes", type=float, default=20.0, help="transfer size in MB (default 20)")
+    measure.add_argument("--src", default="a", help="sending site (default a)")
+    measure.add_argument("--dst", default="b", help="receiving site (default b)")
 
 
 def _action(wan_sub, name: str, help_text: str, handler) -> argparse.ArgumentParser:
@@ -35,53 +43,67 @@ def _action(wan_sub, name: str, help_text: str, handler) -> argparse.ArgumentPar
 def _up(args) -> int:
     from nebula.wanem import WanLink
 
-    link = WanLink(name_prefix=args.prefix, rate_mbit=args.rate_mbit, subnet=args.subnet).up()
-    for site in ("a", "b"):
-        print(f"site {site}: namespace {link.namespace(site)}, address {link.address(site)}, "
+    sites = tuple(site.strip() for site in args.sites.split(","))
+    link = WanLink(name_prefix=args.prefix, rate_mbit=args.rate_mbit, subnet=args.subnet, sites=sites).up()
+    for site in link.sites:
+        ends = ", ".join(f"{link.address(site, peer)} on {link.device(site, peer)} (to {peer})"
+                         for peer in link.peers(site))
+        print(f"site {site}: namespace {link.namespace(site)}, address {ends}, "
               f"run inside with: {' '.join(link.exec_prefix(site))} CMD")
-    print(f"link: {link.rate_mbit:g} Mbit/s each way; remove with: nebula wan down --prefix {args.prefix}")
+    print(f"links: {len(link.pairs)}, {link.rate_mbit:g} Mbit/s each way; "
+          f"remove with: nebula wan down --prefix {args.prefix}")
     return 0
 
 
 def _down(args) -> int:
-    from nebula.wanem import WanLink, check_host
+    from nebula.wanem import check_host, remove_mesh
 
     check_host()
-    link = WanLink(name_prefix=args.prefix)
-    removed = link.exists()
-    link.down()
+    removed = remove_mesh(args.prefix)
     print(f"removed {', '.join(removed)}" if removed else f"nothing to remove for prefix {args.prefix}")
     return 0
 
 
 def _status(args) -> int:
-    from nebula.wanem import WanLink, check_host
+    from nebula.wanem import check_host, mesh_status, sites_up
 
     check_host()
-    status = WanLink(name_prefix=args.prefix).status()
+    found = sites_up(args.prefix)
+    # Fewer than two namespaces left: report the default sites too, so that what is missing shows.
+    status = mesh_status(args.prefix, found if len(found) >= 2 else tuple(dict.fromkeys(found + DEFAULT_SITES)))
     if args.json:
         print(json.dumps(status, indent=2))
     else:
         for site, info in status.items():
             print(_format_site(site, info, args.prefix))
-    return 0 if all(status.values()) else 1
+    return 0 if all(info and info["qdisc"] for info in status.values()) else 1
 
 
 def _format_site(site: str, info: dict | None, prefix: str) -> str:
     if info is None:
         return f"site {site}: namespace {prefix}-{site} is not up (run: nebula wan up --prefix {prefix})"
-    q = info["qdisc"]
-    shaping = "no tbf qdisc" if q is None else (
-        f"tbf {q['rate_mbit']:g} Mbit/s burst {q['burst_bytes']} B queue {q['latency_us'] / 1000:.0f} ms; "
-        f"sent {q['bytes']} B / {q['packets']} pkts, dropped {q['drops']}, backlog {q['backlog']} B")
-    return f"site {site}: {info['namespace']} {' '.join(info['addresses'])}  {shaping}"
+    line = f"site {site}: {info['namespace']} {' '.join(info['addresses'])}  {_format_qdisc(info['qdisc'])}"
+    if len(info["links"]) == 1:  # the site line is its one link
+        return line
+    return "\n".join([line, *(f"  to {peer}: {_format_link(link)}" for peer, link in info["links"].items())])
+
+
+def _format_link(link: dict | None) -> str:
+    return "no link" if link is None else f"{link['device']} {link['address']}  {_format_qdisc(link['qdisc'])}"
+
+
+def _format_qdisc(q: dict | None) -> str:
+    if q is None:
+        return "no tbf qdisc"
+    return (f"tbf {q['rate_mbit']:g} Mbit/s burst {q['burst_bytes']} B queue {q['latency_us'] / 1000:.0f} ms; "
+            f"sent {q['bytes']} B / {q['packets']} pkts, dropped {q['drops']}, backlog {q['backlog']} B")
 
 
 def _measure(args) -> int:
     from nebula.wanem import WanLink, measure_goodput
 
     link = WanLink.attach(args.prefix)
-    mbit = measure_goodput(link, int(args.mbytes * 1e6))
-    print(f"goodput a -> b: {mbit:.2f} Mbit/s = {mbit / link.rate_mbit:.1%} "
+    mbit = measure_goodput(link, int(args.mbytes * 1e6), src=args.src, dst=args.dst)
+    print(f"goodput {args.src} -> {args.dst}: {mbit:.2f} Mbit/s = {mbit / link.rate_mbit:.1%} "
           f"of the {link.rate_mbit:g} Mbit/s link")
     return 0

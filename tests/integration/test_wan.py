@@ -221,6 +221,7 @@ def test_up_refuses_existing_namespaces_and_leaves_them(needs_root):
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sites, shown, route, direction", [
     ("a,b", "10.213.0.2/30  tbf 40 Mbit/s", (), "a -> b"),
+    ("a,b,c", "  to c: wan-c 10.213.0.5  tbf 40 Mbit/s", ("--src", "c", "--dst", "a"), "c -> a"),
 ])
 def test_cli_up_status_measure_down(needs_root, sites, shown, route, direction):
     prefix = unique_prefix()
