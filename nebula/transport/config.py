@@ -24,10 +24,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nebula.config import build, check
 from nebula.errors import ConfigError
 from nebula.security.certs import check_site_name
 
@@ -103,15 +105,18 @@ def load_site_config(path: str | os.PathLike) -> SiteConfig:
 
 
 def parse_site_config(data: dict[str, Any], base: Path = Path("."), source: str = "<memory>") -> SiteConfig:
+    _reject_unknown(data, {"site", "gateway", "peers", "channel"}, source)
     site = _table(data, "site", source)
+    _reject_unknown(site, {"name", "keys", "audit"}, f"{source} [site]")
     name = check_site_name(_str(site, "name", f"{source} [site]"))
     keys = _path(base, _str(site, "keys", f"{source} [site]"))
-    audit = _path(base, site["audit"]) if "audit" in site else keys / "audit.jsonl"
+    audit = _path(base, _str(site, "audit", f"{source} [site]")) if "audit" in site else keys / "audit.jsonl"
     gateway = _gateway(name, _table(data, "gateway", source), source)
-    peers = {peer: _peer(peer, table, source) for peer, table in dict(data.get("peers", {})).items()}
+    peers = {peer: _peer(peer, _table(data["peers"], peer, f"{source} [peers]"), source)
+             for peer in _table(data, "peers", source, required=False)}
     if name in peers:
         raise ConfigError(f"{source}: [peers.{name}] names this site itself; list only other sites")
-    channel = _channel(dict(data.get("channel", {})), source)
+    channel = _channel(_table(data, "channel", source, required=False), source)
     return SiteConfig(name=name, keys=keys, audit=audit, gateway=gateway, peers=peers, channel=channel, source=source)
 
 
@@ -120,7 +125,12 @@ def _gateway(site: str, table: dict, source: str) -> GatewayConfig:
     internal, external = _endpoint(table, "internal", where), _endpoint(table, "external", where)
     known = {f.name for f in dataclasses.fields(GatewayConfig)}
     _reject_unknown(table, known, where)
-    extra = {k: table[k] for k in ("io_threads", "max_message_bytes", "max_frames", "hwm", "stats_interval") if k in table}
+    hints = typing.get_type_hints(GatewayConfig)
+    extra = {k: check(hints[k], table[k], f"{where}.{k}")
+             for k in ("io_threads", "max_message_bytes", "max_frames", "hwm", "stats_interval") if k in table}
+    for key in ("address", "internal_connect"):
+        if key in table:
+            _str(table, key, where)
     return GatewayConfig(internal=internal, external=external, address=table.get("address", f"{site}/gateway/0"),
                          internal_connect=table.get("internal_connect", connectable(internal)), **extra)
 
@@ -128,13 +138,15 @@ def _gateway(site: str, table: dict, source: str) -> GatewayConfig:
 def _peer(site: str, table: dict, source: str) -> PeerConfig:
     where = f"{source} [peers.{check_site_name(site)}]"
     _reject_unknown(table, {"endpoint", "address", "curve_key"}, where)
+    for key in ("address", "curve_key"):
+        if key in table:
+            _str(table, key, where)
     return PeerConfig(site=site, endpoint=_endpoint(table, "endpoint", where),
                       address=table.get("address", f"{site}/gateway/0"), curve_key=table.get("curve_key"))
 
 
 def _channel(table: dict, source: str) -> ChannelConfig:
-    _reject_unknown(table, {f.name for f in dataclasses.fields(ChannelConfig)}, f"{source} [channel]")
-    return ChannelConfig(**table)
+    return build(ChannelConfig, table, f"{source} [channel]")
 
 
 def connectable(endpoint: str) -> str:
@@ -145,10 +157,11 @@ def connectable(endpoint: str) -> str:
     return endpoint
 
 
-def _table(data: dict, key: str, source: str) -> dict:
-    value = data.get(key)
+def _table(data: dict, key: str, source: str, required: bool = True) -> dict:
+    value = data.get(key, None if required else {})
     if not isinstance(value, dict):
-        raise ConfigError(f"{source}: missing [{key}] table (see docs/transport.md for the format)")
+        what = "missing" if value is None else f"`{key}` must be a table, not {value!r};"
+        raise ConfigError(f"{source}: {what} [{key}] table (see docs/transport.md for the format)")
     return value
 
 
