@@ -1,4 +1,8 @@
-"""`nebula ...`: one entry point; each top-level command lives in nebula/commands/<name>.py.
+"""`nebula ...`: the command line of Nebula and of the workloads installed with it.
+
+Each framework command lives in nebula/commands/<name>.py, and a
+workload adds its own commands (e.g. `nebula demo`, `nebula translate`) through the entry-point
+group `nebula.commands` (name = "package.module:register").
 
 A command module exposes `register(subparsers)`; it must import only argparse-level code at
 module import time (heavy imports such as torch go inside the handler) so `nebula --help` is fast.
@@ -8,25 +12,19 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib.metadata import entry_points
 
-from nebula.errors import ConfigError, DataError, NebulaError, StageError
-
-EXIT_ERROR = 2  # failed; running it again may succeed (a link or a peer failed)
-EXIT_FIX_FIRST = 3  # a service (supervised=True) that fails the same way until its cause is fixed:
-                    # supervisors do not restart it
-FIX_FIRST = (ConfigError, DataError, StageError)
+from nebula.errors import EXIT_ERROR, EXIT_FIX_FIRST, FIX_FIRST, NebulaError
 
 COMMANDS = [
     "bench",
     "gateway",
-    "data",
     "keys",
     "audit",
     "stage",
-    "demo",
-    "translate",
     "wan",
 ]
+ENTRY_POINT_GROUP = "nebula.commands"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,6 +32,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f"nebula.commands.{name}").register(sub)
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
+        if ep.name in COMMANDS:
+            raise NebulaError(f"workload command {ep.name!r} ({ep.value}) clashes with a built-in command")
+        ep.load()(sub)
     return parser
 
 

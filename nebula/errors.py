@@ -40,3 +40,9 @@ class StageError(NebulaError):
 
 class DataError(NebulaError):
     """A data set is missing, malformed or inconsistent between sites."""
+
+
+# Exit codes of `nebula ...` commands and services, what supervisors act on.
+EXIT_ERROR = 2  # failed; running it again may succeed (a link or a peer failed)
+EXIT_FIX_FIRST = 3  # a service that fails the same way until its cause is fixed: supervisors do not restart it
+FIX_FIRST = (ConfigError, DataError, StageError)

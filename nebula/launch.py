@@ -1,11 +1,14 @@
-"""Two sites on one machine: key stores, site configs and supervised local processes.
+"""The sites of a job on one machine: key stores, site configs and supervised local processes.
 
-Used by `nebula demo`, the end-to-end tests and the WAN benchmark. Every process is a real service
-(gateways and stages), every socket real CURVE; the only difference from a deployment is loopback.
+Used by `nebula demo`, the end-to-end tests and the benchmarks. Every process is a real service
+(gateways and stages, a stage with `ranks = N` as N processes with torchrun's variables), every
+socket real CURVE; the only difference from a deployment is that the sites share a host (loopback,
+or an emulated WAN of network namespaces, nebula.wanem).
 """
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -13,11 +16,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from nebula.cli import EXIT_FIX_FIRST
-from nebula.errors import StageError
-
-SITES = ("a", "b")
+from nebula.errors import EXIT_FIX_FIRST, ConfigError, StageError
 
 
 def free_port() -> int:
@@ -26,12 +27,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_keys(root: Path, stages: dict[str, str], days: float = 7) -> None:
-    """Site CAs for a and b, certificates for both gateways and every stage, trust exchanged."""
+def make_keys(root: Path, sites: list[str], stages: dict[str, str], days: float = 7) -> None:
+    """A CA per site, certificates for every gateway and stage (address -> site), trust exchanged."""
     from nebula.security.keyfile import write_json
     from nebula.security.keystore import SiteKeyStore
 
-    stores = {site: SiteKeyStore.init(root, site) for site in SITES}
+    stores = {site: SiteKeyStore.init(root, site) for site in sites}
     for site, store in stores.items():
         store.issue(f"{site}/gateway/0", "gateway", days)
     for address in stages.values():
@@ -44,26 +45,27 @@ def make_keys(root: Path, stages: dict[str, str], days: float = 7) -> None:
                 other_store.trust(store.export_bundle().to_dict(), str(bundle))
 
 
-def write_site_configs(root: Path, host: str = "127.0.0.1", hosts: dict[str, str] | None = None,
+def write_site_configs(root: Path, sites: list[str], wan: Any = None,
                        channel: dict[str, float] | None = None) -> dict[str, Path]:
     """One site TOML each; ports are picked free now (a tiny race with other programs is accepted).
 
-    `hosts` gives each site's own external address (e.g. its end of an emulated WAN link, where the
-    site runs in its own network namespace); by default every site uses `host`. Stages always reach
-    their gateway on 127.0.0.1, which inside a namespace is that namespace's own loopback.
+    With `wan` (a nebula.wanem.WanLink), each gateway listens on every address of its namespace and
+    reaches a peer at that peer's end of their link; otherwise everything is on 127.0.0.1. Stages
+    always reach their gateway on 127.0.0.1, which inside a namespace is that namespace's own.
     `channel` sets the stages' [channel] knobs (e.g. resend_timeout on a very slow link).
     """
-    hosts = hosts or {site: host for site in SITES}
-    ports = {site: (free_port(), free_port()) for site in SITES}
+    ports = {site: (free_port(), free_port()) for site in sites}
+    bind = "0.0.0.0" if wan is not None else "127.0.0.1"
     paths = {}
-    for site in SITES:
+    for site in sites:
         internal, external = ports[site]
-        peers = "".join(f'\n[peers.{o}]\nendpoint = "tcp://{hosts[o]}:{ports[o][1]}"\n' for o in SITES if o != site)
+        peers = "".join(f'\n[peers.{o}]\nendpoint = "tcp://{wan.address(o, site) if wan else "127.0.0.1"}:'
+                        f'{ports[o][1]}"\n' for o in sites if o != site)
+        knobs = "\n[channel]\n" + "".join(f"{k} = {v!r}\n" for k, v in channel.items()) if channel else ""
         path = root / f"site-{site}.toml"
         path.write_text(f'[site]\nname = "{site}"\nkeys = "keys/{site}"\naudit = "audit/{site}.jsonl"\n\n'
                         f'[gateway]\ninternal = "tcp://127.0.0.1:{internal}"\n'
-                        f'external = "tcp://{hosts[site]}:{external}"\n{peers}'
-                        + ("\n[channel]\n" + "".join(f"{k} = {v!r}\n" for k, v in channel.items()) if channel else ""))
+                        f'external = "tcp://{bind}:{external}"\n{peers}{knobs}')
         paths[site] = path
     (root / "audit").mkdir(exist_ok=True)
     return paths
@@ -71,13 +73,29 @@ def write_site_configs(root: Path, host: str = "127.0.0.1", hosts: dict[str, str
 
 @dataclass
 class Service:
+    """One supervised service: a process, or the N ranks of a data-parallel stage (started, failed
+    and restarted together, as torchrun does)."""
+
     name: str
     argv: list[str]
     log: Path
     restart: bool = False  # supervised: restarted with backoff when it dies unsuccessfully
-    proc: subprocess.Popen | None = None
+    ranks: int = 1
+    procs: list[subprocess.Popen] = field(default_factory=list)
     restarts: int = 0
     started: float = 0.0
+
+    @property
+    def proc(self) -> subprocess.Popen | None:
+        """Rank 0's process (the one with the stage's channel)."""
+        return self.procs[0] if self.procs else None
+
+    def failed(self) -> int | None:
+        """The exit code of a process that failed, if one did."""
+        return next((p.returncode for p in self.procs if p.poll() not in (None, 0)), None)
+
+    def finished(self) -> bool:
+        return bool(self.procs) and all(p.poll() == 0 for p in self.procs)
 
 
 @dataclass
@@ -91,9 +109,15 @@ class ProcessGroup:
 
     def start(self, service: Service) -> Service:
         service.log.parent.mkdir(parents=True, exist_ok=True)
-        with open(service.log, "ab") as log:
-            service.proc = subprocess.Popen(service.argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                            start_new_session=True)
+        port, service.procs = free_port(), []
+        for rank in range(service.ranks):
+            env = self.env if service.ranks == 1 else {
+                **self.env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(service.ranks),
+                "LOCAL_WORLD_SIZE": str(service.ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+            log = service.log if rank == 0 else service.log.with_name(f"{service.log.stem}.rank{rank}.log")
+            with open(log, "ab") as out:
+                service.procs.append(subprocess.Popen(service.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                                      start_new_session=True))
         service.started = time.monotonic()
         self.services[service.name] = service
         return service
@@ -101,9 +125,10 @@ class ProcessGroup:
     def poll(self) -> None:
         """Restart supervised services that died; raise if one fails too often or an unsupervised one fails."""
         for s in self.services.values():
-            code = s.proc.poll() if s.proc else None
-            if code is None or code == 0:
+            code = s.failed()
+            if code is None:
                 continue
+            self._kill(s)  # the other ranks of a failed stage go with it
             if not s.restart or s.restarts >= self.max_restarts or code == EXIT_FIX_FIRST:
                 raise StageError(f"{s.name} exited with code {code}; last lines of {s.log}:\n{tail(s.log)}")
             time.sleep(min(2 ** s.restarts * 0.5, 8))  # backoff
@@ -112,16 +137,24 @@ class ProcessGroup:
 
     def stop(self, timeout: float = 10) -> None:
         for s in self.services.values():
-            if s.proc and s.proc.poll() is None:
-                os.killpg(s.proc.pid, signal.SIGTERM)
+            for proc in s.procs:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
         for s in self.services.values():
-            if s.proc:
+            for proc in s.procs:
                 try:
-                    s.proc.wait(max(0.1, deadline - time.monotonic()))
+                    proc.wait(max(0.1, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    os.killpg(s.proc.pid, signal.SIGKILL)
-                    s.proc.wait()
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+
+    @staticmethod
+    def _kill(service: Service) -> None:
+        for proc in service.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def tail(path: Path, lines: int = 20) -> str:
@@ -142,31 +175,57 @@ def start_gateway(group: ProcessGroup, run: Path, site: str, config: Path, prefi
 
 
 def start_stage(group: ProcessGroup, run: Path, job_file: Path, name: str, site_config: Path,
-                prefix: list[str] | None = None, restart: bool = True, steps: int | None = None) -> Service:
-    """`nebula stage run` of one stage, its workdir `run/<name>`, its log `run/logs/<name>.log`."""
+                prefix: list[str] | None = None, restart: bool = True, steps: int | None = None,
+                ranks: int = 1) -> Service:
+    """`nebula stage run` of one stage (its `ranks` processes), workdir `run/<name>`, log `run/logs/<name>.log`."""
     argv = nebula_argv("stage", "run", "--job", str(job_file), "--stage", name, "--site", str(site_config),
                        "--workdir", str(run / name), "--quiet")
     if steps:
         argv += ["--steps", str(steps)]
-    return group.start(Service(name, [*(prefix or []), *argv], run / "logs" / f"{name}.log", restart=restart))
+    return group.start(Service(name, [*(prefix or []), *argv], run / "logs" / f"{name}.log", restart=restart,
+                               ranks=ranks))
 
 
-def start_sites(run: Path, job_file: Path, stages: dict[str, str], hosts: dict[str, str] | None = None,
-                prefixes: dict[str, list[str]] | None = None, restart: bool = True,
-                channel: dict[str, float] | None = None, steps: int | None = None) -> ProcessGroup:
-    """Keys, site configs, both gateways and every stage of `job_file` (stage name -> address).
+def start_sites(run: Path, job_file: Path, wan: Any = None, restart: bool = True,
+                channel: dict[str, float] | None = None, steps: int | None = None,
+                skip: tuple[str, ...] = (), keys: bool = True) -> ProcessGroup:
+    """Keys, site configs, a gateway per site and every stage of `job_file` but those in `skip`.
 
-    `prefixes` puts a site's processes somewhere else, e.g. `WanLink.exec_prefix(site)` runs them
-    inside that site's network namespace; `hosts` are then the sites' WAN addresses. A benchmark
-    passes restart=False, so that a failing service stops the run instead of being retried.
+    With `wan` (nebula.wanem.WanLink), each site's processes run inside that site's namespace. A
+    benchmark passes restart=False, so that a failing service stops the run instead of being retried.
+    keys=False reuses the keys and site configs an earlier call left in `run`.
     """
-    prefixes = prefixes or {site: [] for site in SITES}
-    make_keys(run / "keys", stages)
-    sites = write_site_configs(run, hosts=hosts, channel=channel)
+    from nebula.runtime.job import load_job
+
+    job = load_job(job_file)
+    if keys:
+        make_keys(run / "keys", job.sites, {name: stage.address for name, stage in job.stages.items()})
+        sites = write_site_configs(run, job.sites, wan=wan, channel=channel)
+    else:
+        sites = {site: run / f"site-{site}.toml" for site in job.sites}
+        missing = [str(path) for path in sites.values() if not path.exists()]
+        if missing:
+            raise ConfigError(f"{run} lacks the site configs {', '.join(missing)} of an earlier run")
+    prefixes = {site: wan.exec_prefix(site) if wan else [] for site in job.sites}
     group = ProcessGroup()
-    for site, config in sites.items():
-        start_gateway(group, run, site, config, prefixes[site], restart)
-    for name, address in stages.items():
-        site = address.split("/")[0]
-        start_stage(group, run, job_file, name, sites[site], prefixes[site], restart, steps)
+    try:
+        for site, config in sites.items():
+            start_gateway(group, run, site, config, prefixes[site], restart)
+        for name, stage in job.stages.items():
+            if name not in skip:
+                start_stage(group, run, job_file, name, sites[stage.site], prefixes[stage.site], restart, steps,
+                            stage.ranks)
+    except BaseException:
+        group.stop()
+        raise
     return group
+
+
+def hot_start(run: Path, source: Path, stages: list[str]) -> None:
+    """Seed each stage's checkpoints from a one-site run (`nebula stage one-site`), paper §4.3."""
+    for name in stages:
+        found = source / name / "checkpoints"
+        if not any(found.glob("step-*.pt")):
+            raise ConfigError(f"--hot-start {source}: no checkpoints in {found}; run "
+                              f"`nebula stage one-site --job JOB --workdir {source}` first")
+        shutil.copytree(found, run / name / "checkpoints")

@@ -1,23 +1,25 @@
 """`nebula bench wan --scenario abnet`: the paper's Table 5 (compression vs speed) on the emulated WAN.
 
-Both sites run as real services inside their own network namespace (nebula.wanem): site a's gateway
-and the ABNet encoder in one, site b's gateway and decoder in the other, the gateways joined by a
-tbf-shaped veth pair. One training run per link rate measures every setting: the job's
-[compression] holds one *phase* per setting (nebula.runtime.link), so the ~10 s model load is paid
-once per rate, not once per setting. The first step of each phase is not timed (codec warm-up, and
-the pipeline still draining the previous phase), nor is the run's last step (final checkpoint).
+Every site of the scenario's job runs as real services inside its own network namespace
+(nebula.wanem): its gateway and its stages, the gateways joined by tbf-shaped links. One training
+run per link rate measures every setting: the benchmarked link's [links.compression] holds one
+*phase* per setting (nebula.runtime.link), so the model load is paid once per rate, not once per
+setting. The first step of each phase is not timed (codec warm-up, and the pipeline still draining
+the previous phase), nor is the run's last step (final checkpoint). The scenario (a workload's entry
+in `nebula.scenarios`, nebula.bench.scenarios) adapts the job: fixed-shape data, no evaluation.
 
 Rates: the paper's 60 Mbit/s, then a communication-bound rate computed from the 60 Mbit/s run's
 uncompressed phase so that uncompressed wire time per step ~= 5x compute time per step (the paper's
 regime: 4.42 s/step uncompressed vs 0.86 s/step at its strongest compression).
 
 Per row (all from the stages' own metrics: metrics.jsonl and link.jsonl of each stage):
-- forward_ratio / backward_ratio: wire bytes / raw bytes of the tensors sent in that direction;
-- s_per_step: mean time between the head's optimizer steps (with staleness 0 that is one step's
+- forward_ratio / backward_ratio: wire bytes / raw bytes of the tensors sent in that direction on
+  the benchmarked link;
+- s_per_step: mean time between the driving stage's optimizer steps (synchronous: one step's
   forward of all micro-batches to its update);
 - speedup: uncompressed s_per_step / this row's, same run;
-- overlap_ratio: s_per_step / max(compute, wire), compute = the larger site's compute per step,
-  wire = max over the two directions of wire bytes per step / link rate (the link is full duplex).
+- overlap_ratio: s_per_step / max(compute, wire), compute = the largest site's compute per step,
+  wire = max over links and directions of wire bytes per step / link rate (links are full duplex).
 Quality (BLEU, loss curves; --quality) is in nebula/bench/wan_quality.py.
 """
 from __future__ import annotations
@@ -33,13 +35,11 @@ import time
 import tomllib
 from pathlib import Path
 
+from nebula.errors import ConfigError
 from nebula.runtime.metrics import read_records
 
-ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = {"abnet": ROOT / "deploy" / "jobs" / "abnet-es-en.toml"}
 PAPER_MBIT = 60.0
 BOUND_FACTOR = 5.0  # uncompressed wire time / compute time in the communication-bound regime
-HIDDEN = 384  # width of the boundary tensor H_E (multilingual-e5-small)
 # Untimed steps before the first phase's: the first bulk transfers overshoot in TCP slow start, and
 # a drop in the ~2 s deep tbf queue of a ~1 Mbit/s link costs a retransmission timeout (measured:
 # 15 s lost in step 2 when the head ran a step ahead, so steps 1 and 2 were on the wire together).
@@ -56,10 +56,13 @@ QUICK_SETTINGS = [("none", "none"), ("fp16", "int8"), ("int8(lowrank(0.2))", "in
 def register(sub) -> None:
     parser = sub.add_parser("wan", help="Table 5: training speed per compression setting over the emulated WAN "
                                         "(root), or BLEU per setting with --quality")
-    parser.add_argument("--scenario", choices=sorted(SCENARIOS), default="abnet", help="which job (default abnet)")
+    parser.add_argument("--scenario", default="abnet",
+                        help="which workload's scenario (entry points `nebula.scenarios`; default abnet)")
     parser.add_argument("--job", type=Path, default=None,
                         help="use this job file instead of the scenario's (e.g. all the training data, "
                              "another objective)")
+    parser.add_argument("--link", default=None,
+                        help="the link whose codecs are varied, e.g. encoder->decoder (default: the job's only link)")
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per row")
     parser.add_argument("--quick", action="store_true", help="4 settings, fewer steps (a few minutes)")
     parser.add_argument("--quality", action="store_true",
@@ -71,9 +74,11 @@ def register(sub) -> None:
     parser.add_argument("--setting", nargs=2, action="append", metavar=("FORWARD", "BACKWARD"),
                         help="measure this codec pair instead of the built-in list (repeatable; the first is "
                              "the baseline of `speedup`), e.g. --setting none none --setting fp16 int8")
+    parser.add_argument("--schedule", choices=("synchronous", "one-step-stale", "forward-only"), default=None,
+                        help="override the job's [schedule] name")
     parser.add_argument("--staleness", type=int, choices=(0, 1), default=None,
-                        help="override the job's [train].staleness: 0 synchronous steps (the paper's), "
-                             "1 the head runs one step ahead (no per-step pipeline bubble)")
+                        help="shorthand: 0 = --schedule synchronous (the paper's), 1 = --schedule one-step-stale "
+                             "(stages that wait for gradients run one step ahead: no per-step pipeline bubble)")
     parser.add_argument("--seed", type=int, default=None,
                         help="override the job's [train].seed (initialisation, dropout and example order)")
     parser.add_argument("--bound-factor", type=float, default=BOUND_FACTOR,
@@ -97,9 +102,7 @@ def run(args: argparse.Namespace) -> int:
     settings = chosen_settings(args)
     timed = args.steps or (2 if args.quick else 3)
     with _workdir(args.workdir) as work:
-        from nebula.runtime.job import load_job
-        data = fixed_shape_corpus(Path(load_job(chosen_job(args)).data), work / "data")
-        job = bench_job(chosen_job(args), settings, timed, data, args)
+        job = bench_job(args, settings, timed, work)
         rows = measure_rate(work / "60mbit", job, PAPER_MBIT)
         rate = bound_rate(rows[0], args.bound_factor)
         progress(f"communication-bound rate: {rate} Mbit/s (uncompressed wire = {args.bound_factor:g} x compute)")
@@ -113,7 +116,29 @@ def run(args: argparse.Namespace) -> int:
 
 
 def chosen_job(args: argparse.Namespace) -> Path:
-    return args.job or SCENARIOS[args.scenario]
+    from nebula.bench.scenarios import load_scenario
+    return args.job or load_scenario(args.scenario).job
+
+
+def base_job(args: argparse.Namespace) -> tuple[dict, str]:
+    """The job's raw table, with its data path made absolute (the bench's copy lives elsewhere), and
+    the name of the link whose codecs the settings vary."""
+    from nebula.runtime.job import load_job
+    job_file = chosen_job(args)
+    job = load_job(job_file)
+    raw = tomllib.loads(Path(job_file).read_text())
+    if job.data:
+        raw["job"]["data"] = job.data
+    if args.link is None and len(job.links) != 1:
+        raise ConfigError(f"{job_file} has {len(job.links)} links: choose one with --link "
+                          f"({', '.join(link.name for link in job.links)})")
+    return raw, job.graph.link(args.link).name if args.link else job.links[0].name
+
+
+def set_compression(raw: dict, link: str, table: dict) -> None:
+    for entry in raw.get("links", []):
+        if f"{entry['from']}->{entry['to']}" == link:
+            entry["compression"] = table
 
 
 def chosen_settings(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -148,151 +173,64 @@ class _workdir:
 
 
 # --- the job: one phase per setting ----------------------------------------------------------------
-def bench_job(job_file: Path, settings: list[tuple[str, str]], timed: int, data: Path,
-              args: argparse.Namespace) -> dict:
-    """The scenario's job on `data`, one compression phase per setting (1 untimed + `timed` steps each;
-    the first phase has LEAD_IN more untimed steps)."""
-    raw = tomllib.loads(job_file.read_text())
+def bench_job(args: argparse.Namespace, settings: list[tuple[str, str]], timed: int, work: Path) -> dict:
+    """The scenario's job, one compression phase per setting on the benchmarked link (1 untimed +
+    `timed` steps each; the first phase has LEAD_IN more untimed steps)."""
+    from nebula.bench.scenarios import load_scenario
+    raw, link = base_job(args)
     per_phase = 1 + timed
     total = per_phase * len(settings) + LEAD_IN + 1  # + the final step, which also saves the last checkpoint
-    raw["job"]["data"] = str(data)  # absolute: the bench job file lives elsewhere
     raw["train"].update(steps=total, checkpoint_every=total, log_every=total)
     override_train(raw, args)
-    for stage in raw["stages"].values():  # load only the examples the run uses; no test-set decoding
-        stage.update(max_train_examples=total * raw["train"].get("batch_size", 32), eval_examples=0)
+    raw = load_scenario(args.scenario).speed_job(raw, work, total)
     phases = [{"steps": per_phase, "forward": f, "backward": b} for f, b in settings]
     phases[0]["steps"] += LEAD_IN
     phases[-1]["steps"] += 1
-    raw["compression"] = {"phases": phases}
+    set_compression(raw, link, {"phases": phases})
+    raw["bench"] = {"link": link, "scenario": args.scenario}  # for the summary; removed from the job file
     return raw
 
 
 def override_train(raw: dict, args: argparse.Namespace) -> None:
-    """--micro-batches, --staleness, --seed: the job's [train] values unless given."""
-    for key in ("micro_batches", "staleness", "seed"):
+    """--micro-batches, --seed, --schedule (--staleness): the job's values unless given."""
+    for key in ("micro_batches", "seed"):
         if getattr(args, key, None) is not None:
             raw["train"][key] = getattr(args, key)
-
-
-def fixed_shape_corpus(data: Path, out: Path, min_words: int = 30) -> Path:
-    """The job's corpus with only long training pairs (>= min_words words on both sides): truncated to
-    [train].max_len tokens, every micro-batch of every step is (B/M, max_len, H), so each phase
-    moves the same bytes and does the same compute, as the paper's fixed-length batches do.
-    Validation and test stay whole (the vocabulary cut is built from every split)."""
-    out.mkdir(parents=True, exist_ok=True)
-    lines = {ext: (data / f"train.{ext}").read_text().splitlines() for ext in ("src", "tgt", "ids")}
-    keep = [i for i, (s, t) in enumerate(zip(lines["src"], lines["tgt"]))
-            if len(s.split()) >= min_words and len(t.split()) >= min_words]
-    for ext, rows in lines.items():
-        (out / f"train.{ext}").write_text("".join(rows[i] + "\n" for i in keep))
-    for split in ("valid", "test"):
-        for ext in ("src", "tgt", "ids"):
-            target = out / f"{split}.{ext}"
-            if not target.exists():
-                target.symlink_to(data / f"{split}.{ext}")
-    return out
+    schedule = getattr(args, "schedule", None)
+    if getattr(args, "staleness", None) is not None:
+        schedule = ("synchronous", "one-step-stale")[args.staleness]
+    if schedule:
+        raw.setdefault("schedule", {})["name"] = schedule
 
 
 def write_toml(table: dict, path: Path) -> None:
-    """Minimal TOML for job tables: [section] / [section.sub] of scalars, lists of inline tables."""
-    def value(v) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, (int, float)):
-            return repr(v)
-        if isinstance(v, str):
-            return json.dumps(v)  # a JSON string is a valid TOML basic string
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
-        raise TypeError(f"cannot write {v!r} as TOML")
+    import tomli_w
+    path.write_text(tomli_w.dumps(table))
 
-    lines: list[str] = []
 
-    def section(name: str, body: dict) -> None:
-        scalars = {k: v for k, v in body.items() if not isinstance(v, dict)}
-        lines.append(f"[{name}]")
-        lines.extend(f"{k} = {value(v)}" for k, v in scalars.items())
-        for k, v in body.items():
-            if isinstance(v, dict):
-                section(f"{name}.{k}", v)
-
-    for name, body in table.items():
-        section(name, body)
-    path.write_text("\n".join(lines) + "\n")
+def phases_of(job: dict) -> list[dict]:
+    link = next(e for e in job["links"] if f"{e['from']}->{e['to']}" == job["bench"]["link"])
+    return link["compression"]["phases"]
 
 
 def phase_steps(job: dict) -> list[tuple[dict, list[int]]]:
     """(phase, timed steps) for each phase: all but its first step (the run's first 1 + LEAD_IN) and
     the run's last step."""
     out, first, last = [], 1, job["train"]["steps"]
-    for i, phase in enumerate(job["compression"]["phases"]):
+    for i, phase in enumerate(phases_of(job)):
         steps = [s for s in range(first + 1 + (LEAD_IN if i == 0 else 0), first + phase["steps"]) if s != last]
         out.append((phase, steps))
         first += phase["steps"]
     return out
 
 
-# --- one run over the shaped link ---------------------------------------------------------------------
-def measure_rate(run: Path, job: dict, rate_mbit: float) -> list[dict]:
-    from nebula.wanem import WanLink
-
-    progress(f"{rate_mbit} Mbit/s: {job['train']['steps']} steps, {len(job['compression']['phases'])} settings")
-    with WanLink(name_prefix=f"nbw{os.getpid()}", rate_mbit=rate_mbit) as link:
-        run_job(run, job, hosts={s: link.address(s) for s in "ab"}, prefixes={s: link.exec_prefix(s) for s in "ab"},
-                label=f"{rate_mbit} Mbit/s", channel={"resend_timeout": resend_timeout(job, rate_mbit)})
-        qdisc = {site: st["qdisc"] for site, st in link.status().items()}
-    progress(f"{rate_mbit} Mbit/s: link bytes a->b {qdisc['a']['bytes']}, b->a {qdisc['b']['bytes']} (all frames, "
-             f"whole run), tbf drops a {qdisc['a']['drops']}, b {qdisc['b']['drops']}")
-    (run / "qdisc.json").write_text(json.dumps(qdisc, indent=1))
-    return summarise(run, job, rate_mbit)
-
-
-def resend_timeout(job: dict, rate_mbit: float) -> float:
-    """An ACK crosses the link behind whatever the other direction has queued: up to a whole step of
-    uncompressed tensors. With the default 5 s go-back-N timer, a link below ~1 Mbit/s resent every
-    message of a step (measured: an 18 s step instead of 10.8 s); allow three steps' worth of wire."""
-    train = job["train"]
-    step_bytes = train.get("batch_size", 32) * train.get("max_len", 32) * HIDDEN * 4  # (B, S, H) float32
-    return round(max(5.0, 3 * step_bytes * 8 / (rate_mbit * 1e6)), 1)
-
-
-def run_job(run: Path, job: dict, label: str, hosts: dict | None = None, prefixes: dict | None = None,
-            channel: dict | None = None, timeout_s: float | None = None) -> None:
-    """Starts both sites' gateways and stages, waits until both stages have finished, stops all."""
-    from nebula.errors import StageError
-    from nebula.launch import start_sites
-
-    shutil.rmtree(run, ignore_errors=True)  # a kept --workdir from an earlier run: start clean
-    run.mkdir(parents=True)
-    job_file = run / "job.toml"
-    write_toml(job, job_file)
-    stages = {name: stage["address"] for name, stage in job["stages"].items()}
-    head, tail = list(stages)
-    timeout_s = timeout_s or 300 + 60 * job["train"]["steps"]
-    group = start_sites(run, job_file, stages, hosts=hosts, prefixes=prefixes, restart=False, channel=channel)
-    started, shown = time.monotonic(), 0
-    try:
-        while not all(group.services[n].proc.poll() == 0 for n in (head, tail)):
-            group.poll()  # raises StageError, with the log tail, if anything failed
-            if time.monotonic() - started > timeout_s:
-                raise StageError(f"{label}: the job did not finish in {timeout_s:.0f} s; logs in {run / 'logs'}")
-            done = len(read_records(run / tail / "metrics.jsonl"))
-            if done > shown:
-                progress(f"{label}: step {done}/{job['train']['steps']} ({time.monotonic() - started:.0f} s)")
-                shown = done
-            time.sleep(0.5)
-    finally:
-        group.stop()
-
-
-def per_step_link(path: Path, direction: str) -> dict[int, dict]:
-    """step -> summed raw bytes, wire bytes and encode seconds of the tensors sent that step, and the
-    first and last time one was packed (host clock, shared by both sites' processes)."""
+def per_step_link(path: Path, direction: str, link: str | None = None) -> dict[int, dict]:
+    """step -> summed raw bytes, wire bytes and encode seconds of the tensors sent that step in
+    `direction` (on `link`, or on any), and the first and last time one was packed (host clock,
+    shared by every site's processes)."""
     sums: dict[int, dict] = {}
     for r in read_records(path, kind=None):
-        if r.get("dir") == direction:
+        if r.get("dir") == direction and (link is None or r.get("link") == link):
             s = sums.setdefault(r["step"], {"raw": 0, "wire": 0, "encode_s": 0.0, "first": r["t"], "last": r["t"]})
             s["raw"], s["wire"], s["encode_s"] = s["raw"] + r["raw"], s["wire"] + r["wire"], s["encode_s"] + r["encode_s"]
             s["first"], s["last"] = min(s["first"], r["t"]), max(s["last"], r["t"])
@@ -300,41 +238,47 @@ def per_step_link(path: Path, direction: str) -> dict[int, dict]:
 
 
 def fill(head: dict, bwd: dict) -> float:
-    """Pipeline fill: step start at the head to the tail's first gradient (head forward of micro-batch
-    0, its encode and forward wire, tail compute of micro-batch 0). After it, a step needs at least the
-    backward wire time; what remains beyond both is the drain (head backward of the last micro-batch,
-    optimizer) and any time the backward direction sat idle waiting for forward data or compute."""
+    """Pipeline fill: step start at the driver to the first gradient sent back on the benchmarked
+    link (the driver's forward of micro-batch 0, its encode and forward wire, the receiver's compute
+    of it). After it, a step needs at least the backward wire time; what remains beyond both is the
+    drain (the driver's backward of the last micro-batch, optimizer) and any time the backward
+    direction sat idle waiting for forward data or compute."""
     return bwd["first"] - (head["t"] - head["step_s"])
 
 
 def summarise(run: Path, job: dict, rate_mbit: float) -> list[dict]:
-    head, tail = list(job["stages"])
-    hm = {r["step"]: r for r in read_records(run / head / "metrics.jsonl")}
-    tm = {r["step"]: r for r in read_records(run / tail / "metrics.jsonl")}
-    fwd = per_step_link(run / head / "link.jsonl", "forward")
-    bwd = per_step_link(run / tail / "link.jsonl", "backward")
-    rows, stale = [], int(job["train"].get("staleness", 0))
+    """One row per setting (phase), from the stages' metrics.jsonl and link.jsonl."""
+    stages = {name: stage["address"].split("/")[0] for name, stage in job["stages"].items()}
+    driver, link = next(iter(stages)), job["bench"]["link"]
+    src, dst = link.split("->")
+    metrics = {name: {r["step"]: r for r in read_records(run / name / "metrics.jsonl")} for name in stages}
+    fwd, bwd = per_step_link(run / src / "link.jsonl", "forward", link), per_step_link(run / dst / "link.jsonl", "backward", link)
+    every = [(name, d, per_step_link(run / name / "link.jsonl", d)) for name in stages for d in ("forward", "backward")]
+    rows, schedule = [], job.get("schedule", {}).get("name", "synchronous")
     for phase, steps in phase_steps(job):
         def mean(values) -> float:
             return statistics.fmean(values)
-        step_s = mean(hm[s]["step_s"] for s in steps)
-        compute_a, compute_b = mean(hm[s]["compute_s"] for s in steps), mean(tm[s]["compute_s"] for s in steps)
-        fwd_wire, bwd_wire = mean(fwd[s]["wire"] for s in steps), mean(bwd[s]["wire"] for s in steps)
-        wire_s = max(fwd_wire, bwd_wire) * 8 / (rate_mbit * 1e6)
+        step_s = mean(metrics[driver][s]["step_s"] for s in steps)
+        compute = {site: mean(sum(metrics[n][s]["compute_s"] for n in stages if stages[n] == site) for s in steps)
+                   for site in dict.fromkeys(stages.values())}
+        wire_bytes = max(mean(sums.get(s, {"wire": 0})["wire"] for s in steps) for _, _, sums in every)
+        wire_s = wire_bytes * 8 / (rate_mbit * 1e6)
+        fwd_wire, bwd_wire = mean(fwd[s]["wire"] for s in steps), mean(bwd.get(s, {"wire": 0})["wire"] for s in steps)
         row = {
-            "forward": phase["forward"], "backward": phase["backward"], "link_mbit": rate_mbit, "staleness": stale,
-            "s_per_step": round(step_s, 3), "speedup": None,
-            "overlap_ratio": round(step_s / max(compute_a, compute_b, wire_s), 3),
+            "forward": phase["forward"], "backward": phase["backward"], "link": link, "link_mbit": rate_mbit,
+            "schedule": schedule, "s_per_step": round(step_s, 3), "speedup": None,
+            "overlap_ratio": round(step_s / max(*compute.values(), wire_s), 3),
             "forward_ratio": round(sum(fwd[s]["wire"] for s in steps) / sum(fwd[s]["raw"] for s in steps), 4),
-            "backward_ratio": round(sum(bwd[s]["wire"] for s in steps) / sum(bwd[s]["raw"] for s in steps), 4),
-            "compute_a_s": round(compute_a, 3), "compute_b_s": round(compute_b, 3), "wire_s": round(wire_s, 3),
+            "backward_ratio": round(sum(bwd[s]["wire"] for s in steps) / sum(bwd[s]["raw"] for s in steps), 4)
+            if all(s in bwd for s in steps) else None,
+            **{f"compute_{site}_s": round(value, 3) for site, value in compute.items()}, "wire_s": round(wire_s, 3),
             "forward_mb": round(fwd_wire / 1e6, 4), "backward_mb": round(bwd_wire / 1e6, 4),
-            "encode_a_s": round(mean(fwd[s]["encode_s"] for s in steps), 4),
-            "encode_b_s": round(mean(bwd[s]["encode_s"] for s in steps), 4),
+            "encode_src_s": round(mean(fwd[s]["encode_s"] for s in steps), 4),
+            "encode_dst_s": round(mean(bwd[s]["encode_s"] for s in steps), 4) if all(s in bwd for s in steps) else None,
             "bwd_wire_s": round(bwd_wire * 8 / (rate_mbit * 1e6), 3), "fill_s": None, "rest_s": None,
             "timed_steps": len(steps)}
-        if not stale:  # one step's anatomy; with staleness 1 the steps overlap, so it has no meaning
-            row["fill_s"] = round(mean(fill(hm[s], bwd[s]) for s in steps), 3)
+        if schedule == "synchronous" and all(s in bwd for s in steps):  # one step's anatomy (steps overlap otherwise)
+            row["fill_s"] = round(mean(fill(metrics[driver][s], bwd[s]) for s in steps), 3)
             row["rest_s"] = round(step_s - row["fill_s"] - row["bwd_wire_s"], 3)
         rows.append(row)
     base = rows[0]["s_per_step"]
@@ -345,31 +289,86 @@ def summarise(run: Path, job: dict, rate_mbit: float) -> list[dict]:
 
 def bound_rate(uncompressed: dict, factor: float) -> float:
     """Link rate (Mbit/s) at which uncompressed wire time per step = factor x compute time per step."""
-    compute = max(uncompressed["compute_a_s"], uncompressed["compute_b_s"])
+    compute = max(v for k, v in uncompressed.items() if k.startswith("compute_"))
     megabytes = max(uncompressed["forward_mb"], uncompressed["backward_mb"])
     return float(f"{megabytes * 8 / (factor * compute):.3g}")
 
 
+# --- one run over the shaped links -------------------------------------------------------------------
+def measure_rate(run: Path, job: dict, rate_mbit: float) -> list[dict]:
+    from nebula.wanem import WanLink
+
+    sites = list(dict.fromkeys(stage["address"].split("/")[0] for stage in job["stages"].values()))
+    progress(f"{rate_mbit} Mbit/s: {job['train']['steps']} steps, {len(phases_of(job))} settings")
+    with WanLink(name_prefix=f"nbw{os.getpid()}", rate_mbit=rate_mbit, sites=tuple(sites)) as link:
+        run_job(run, job, wan=link, label=f"{rate_mbit} Mbit/s",
+                channel={"resend_timeout": resend_timeout(job, rate_mbit)})
+        qdisc = {site: st["qdisc"] for site, st in link.status().items()}
+    sent = ", ".join(f"{site} {q['bytes']}" for site, q in qdisc.items())
+    drops = ", ".join(f"{site} {q['drops']}" for site, q in qdisc.items())
+    progress(f"{rate_mbit} Mbit/s: link bytes sent by site: {sent} (all frames, whole run); tbf drops {drops}")
+    (run / "qdisc.json").write_text(json.dumps(qdisc, indent=1))
+    return summarise(run, job, rate_mbit)
+
+
+def resend_timeout(job: dict, rate_mbit: float) -> float:
+    """An ACK crosses the link behind whatever the other direction has queued: up to a whole step of
+    uncompressed tensors. With the default 5 s go-back-N timer, a link below ~1 Mbit/s resent every
+    message of a step (measured: an 18 s step instead of 10.8 s); allow three steps' worth of wire."""
+    from nebula.bench.scenarios import load_scenario
+    step_bytes = load_scenario(job["bench"]["scenario"]).step_bytes(job)
+    return round(max(5.0, 3 * step_bytes * 8 / (rate_mbit * 1e6)), 1)
+
+
+def run_job(run: Path, job: dict, label: str, wan=None, channel: dict | None = None,
+            timeout_s: float | None = None) -> None:
+    """Starts every site's gateway and stages, waits until every stage has finished, stops all."""
+    from nebula.errors import StageError
+    from nebula.launch import start_sites
+
+    shutil.rmtree(run, ignore_errors=True)  # a kept --workdir from an earlier run: start clean
+    run.mkdir(parents=True)
+    job_file = run / "job.toml"
+    write_toml({k: v for k, v in job.items() if k != "bench"}, job_file)
+    stages = list(job["stages"])
+    timeout_s = timeout_s or 300 + 60 * job["train"]["steps"]
+    group = start_sites(run, job_file, wan=wan, restart=False, channel=channel)
+    started, shown = time.monotonic(), 0
+    try:
+        while not all(group.services[n].finished() for n in stages):
+            group.poll()  # raises StageError, with the log tail, if anything failed
+            if time.monotonic() - started > timeout_s:
+                raise StageError(f"{label}: the job did not finish in {timeout_s:.0f} s; logs in {run / 'logs'}")
+            done = min(len(read_records(run / n / "metrics.jsonl")) for n in stages)
+            if done > shown:
+                progress(f"{label}: step {done}/{job['train']['steps']} ({time.monotonic() - started:.0f} s)")
+                shown = done
+            time.sleep(0.5)
+    finally:
+        group.stop()
+
+
 # --- output --------------------------------------------------------------------------------------------
-COLUMNS = [("forward", "forward", 20, "s"), ("backward", "backward", 9, "s"), ("Mbit/s", "link_mbit", 8, ".3g"),
+COLUMNS = [("forward", "forward", 20, "s"), ("backward", "backward", 20, "s"), ("Mbit/s", "link_mbit", 8, ".3g"),
            ("fwd ratio", "forward_ratio", 10, ".3f"), ("bwd ratio", "backward_ratio", 10, ".3f"),
            ("s/step", "s_per_step", 8, ".2f"), ("speedup", "speedup", 8, ".2f"),
-           ("overlap", "overlap_ratio", 8, ".2f"), ("comp a", "compute_a_s", 7, ".2f"),
-           ("comp b", "compute_b_s", 7, ".2f"), ("wire", "wire_s", 7, ".2f"),
-           ("enc a", "encode_a_s", 7, ".3f"), ("enc b", "encode_b_s", 7, ".3f"),
-           ("fill", "fill_s", 6, ".2f"), ("bwire", "bwd_wire_s", 6, ".2f"), ("rest", "rest_s", 6, ".2f")]
+           ("overlap", "overlap_ratio", 8, ".2f")]
+TAIL = [("wire", "wire_s", 7, ".2f"), ("enc src", "encode_src_s", 8, ".3f"), ("enc dst", "encode_dst_s", 8, ".3f"),
+        ("fill", "fill_s", 6, ".2f"), ("bwire", "bwd_wire_s", 6, ".2f"), ("rest", "rest_s", 6, ".2f")]
 
 
 def print_table(rows: list[dict]) -> None:
-    print("".join(f"{title:<{w}}" if fmt == "s" else f"{title:>{w}}" for title, _, w, fmt in COLUMNS))
+    sites = [k[len("compute_"):-2] for k in rows[0] if k.startswith("compute_")]
+    columns = COLUMNS + [(f"comp {site}", f"compute_{site}_s", 7, ".2f") for site in sites] + TAIL
+    print("".join(f"{title:<{w}}" if fmt == "s" else f"{title:>{w}}" for title, _, w, fmt in columns))
     for i, row in enumerate(rows):
         if i and row["link_mbit"] != rows[i - 1]["link_mbit"]:
             print()
         print("".join(f"{row[key]:<{w}}" if fmt == "s" else f"{'-':>{w}}" if row[key] is None
-                      else f"{row[key]:>{w}{fmt}}" for _, key, w, fmt in COLUMNS))
-    print(f"(staleness {rows[0]['staleness']}; seconds per step; comp a/b: each site's compute; "
-          "wire: max direction bytes / link rate;\n enc a/b: codec encode time on each site's sender thread; "
-          "fill: step start -> first gradient sent by b;\n bwire: backward bytes / link rate; "
+                      else f"{row[key]:>{w}{fmt}}" for _, key, w, fmt in columns))
+    print(f"(link {rows[0]['link']}, schedule {rows[0]['schedule']}; seconds per step; comp: each site's compute; "
+          "wire: max link direction bytes / link rate;\n enc src/dst: codec encode time on each end's sender "
+          "thread; fill: step start -> first gradient sent back;\n bwire: backward bytes / link rate; "
           "rest = s/step - fill - bwire; fill and rest only for synchronous steps)")
 
 

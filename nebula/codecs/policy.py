@@ -1,13 +1,19 @@
 """Which codec a tensor travels with, per link direction (paper §4.3, Table 5 and Figure 10).
 
-Built once from the job file's table for a link, e.g.
+Built once from the job file's table for a link: the [links.compression] table that follows its
+[[links]] entry (nebula.runtime.job), e.g.
 
-    [links."a->b".compression]
-    forward = "fp16(svd(0.6))"   # activations
-    backward = "int8"            # gradients
+    [[links]]
+    from = "encoder"
+    to = "decoder"
+    tensors = ["hidden", "mask"]
+    backward = true
+    [links.compression]
+    forward = "fp16(svd(0.6))"   # activations, from -> to
+    backward = "int8"            # gradients, back on a two-way link
     start_step = 2000            # uncompressed before this step (Figure 10)
     min_numel = 4096             # smaller tensors go uncompressed
-    [links."a->b".compression.overrides]
+    [links.compression.overrides]
     "labels" = "none"                                   # both directions
     "*.attention_mask" = { forward = "none" }           # fnmatch pattern, one direction
 

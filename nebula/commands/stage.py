@@ -1,4 +1,4 @@
-"""`nebula stage run`: one stage service of a job, connected through its site's gateway."""
+"""`nebula stage run|one-site`: one stage service of a job, or every stage of it in one process."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +7,8 @@ from pathlib import Path
 def register(sub) -> None:
     parser = sub.add_parser("stage", help="run a stage service of a job")
     stage_sub = parser.add_subparsers(dest="stage_command", required=True, metavar="ACTION")
-    run = stage_sub.add_parser("run", help="run one stage until the job is done (resumes from its workdir)")
+    run = stage_sub.add_parser("run", help="run one stage until the job is done (resumes from its workdir); "
+                               "a stage with ranks = N: start N of these with torchrun's variables")
     run.add_argument("--job", required=True, help="job file (TOML), e.g. deploy/jobs/abnet-es-en.toml")
     run.add_argument("--stage", required=True, help="stage name in the job file, e.g. encoder")
     run.add_argument("--site", required=True, help="site config (TOML) of the site this stage runs at")
@@ -23,35 +24,29 @@ def register(sub) -> None:
     one.set_defaults(func=one_site)
 
 
-def _job(args):
+def load(job_file: str, steps: int | None = None):
+    """The job file, with [train].steps replaced by `steps` if given."""
     import dataclasses
 
+    from nebula.errors import ConfigError
     from nebula.runtime.job import load_job
-    job = load_job(args.job)
-    if args.steps:
-        job = dataclasses.replace(job, train=dataclasses.replace(job.train, steps=args.steps))
+    job = load_job(job_file)
+    if steps is not None:
+        if steps < 1:
+            raise ConfigError(f"--steps {steps}: must be a positive integer")
+        job = dataclasses.replace(job, train=dataclasses.replace(job.train, steps=steps))
     return job
 
 
 def one_site(args) -> int:
     from nebula.runtime.onesite import run_one_site
-    run_one_site(_job(args), Path(args.workdir))
-    print(f"one-site run done; hot-start a cross-site run with: nebula demo --hot-start {args.workdir}")
+    run_one_site(load(args.job, args.steps), Path(args.workdir))
+    print(f"one-site run done; hot-start a cross-site run with its checkpoints: {args.workdir}/<stage>/checkpoints "
+          f"(nebula demo --hot-start {args.workdir})")
     return 0
 
 
 def run_stage(args) -> int:
-    import torch
-
-    from nebula.runtime.registry import resolve_stage
-    from nebula.transport.config import load_site_config
-    from nebula.transport.reliable import open_channel
-
-    job = _job(args)
-    site = load_site_config(args.site)
-    stage_cfg = job.stage(args.stage)
-    torch.set_num_threads(int(stage_cfg.options.get("threads", 1)))  # one core per site on a shared host
-    stage = resolve_stage(stage_cfg.impl)(job, args.stage, Path(args.workdir), quiet=args.quiet)
-    with open_channel(site, stage_cfg.address) as channel:
-        stage.run(channel)
+    from nebula.runtime.service import run_stage as run
+    run(load(args.job, args.steps), args.stage, Path(args.workdir), Path(args.site), quiet=args.quiet)
     return 0

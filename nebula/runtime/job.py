@@ -1,49 +1,104 @@
-"""A job file (TOML) parsed once into typed, validated dataclasses."""
+"""A job file (TOML) parsed once into typed, checked dataclasses: the graph, the schedule, each
+stage's options. Every mistake is a ConfigError naming the file and the key, before any model loads.
+
+    [job]        name = "abnet-es-en"   data = "../../data/es-en"
+    [train]      steps = 200   batch_size = 16   micro_batches = 4   seed = 1   checkpoint_every = 25
+    [schedule]   name = "synchronous"          # or "one-step-stale", "forward-only" (+ credit = k)
+    [stages.encoder]   address = "a/encoder/0"   impl = "abnet-encoder"   lr = 5e-4   # + its options
+    [stages.decoder]   address = "b/decoder/0"   impl = "abnet-decoder"   ranks = 2
+    [[links]]    from = "encoder"   to = "decoder"   tensors = ["hidden", "mask"]   backward = true
+    [links.compression]   forward = "fp16"   backward = "int8"     # the link just above
+
+See docs/runtime.md for every key.
+"""
 from __future__ import annotations
 
+import functools
+import re
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from nebula.config import build, check, limits
 from nebula.errors import ConfigError
+from nebula.runtime.graph import Graph, LinkConfig, check_ports
+
+SCHEDULES = ("synchronous", "one-step-stale", "forward-only")
+DEFAULT_CREDIT = {"synchronous": 1, "one-step-stale": 2, "forward-only": 2}
+_STAGE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
+
+MOVED = {
+    "staleness": 'the schedule is chosen by name now: [schedule] name = "one-step-stale" (staleness = 1) '
+                 'or "synchronous" (staleness = 0)',
+    **{key: f"{key} is an option of each stage now: set it under [stages.NAME]" for key in ("lr", "warmup_steps", "max_len")},
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig:
+    steps: int = field(default=300, metadata=limits(at_least=1))
+    batch_size: int = field(default=32, metadata=limits(at_least=1, hint="examples per step, per source stage"))
+    micro_batches: int = field(default=4, metadata=limits(at_least=1))
+    seed: int = 1  # example order, and each stage's initialisation
+    checkpoint_every: int = field(default=25, metadata=limits(at_least=1))
+    log_every: int = field(default=10, metadata=limits(at_least=1))
+
+    def __post_init__(self) -> None:
+        if self.batch_size % self.micro_batches:
+            raise ConfigError(f"batch_size {self.batch_size} must be a multiple of micro_batches {self.micro_batches}")
+
+    def saves_after(self, step: int) -> bool:
+        """A checkpoint follows this step (and the last): no stage runs ahead across it, so the saved
+        state is exactly what a resumed run starts from."""
+        return step % self.checkpoint_every == 0 or step == self.steps
+
+
+@dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    name: Literal["synchronous", "one-step-stale", "forward-only"] = "synchronous"
+    # forward-only links: how many steps a sender may run ahead of its slowest receiver
+    credit: int | None = field(default=None, metadata=limits(at_least=1))
+
+    @property
+    def stale(self) -> bool:
+        return self.name == "one-step-stale"
+
+    @property
+    def pace_credit(self) -> int:
+        return self.credit if self.credit is not None else DEFAULT_CREDIT[self.name]
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSection:
+    name: str
+    data: str | None = None  # the job's data directory, relative to the job file
 
 
 @dataclass(frozen=True, kw_only=True)
 class StageConfig:
-    address: str  # site/stage/rank, e.g. "a/encoder/0"
-    impl: str  # registered stage name or "package.module:Class"
-    options: dict[str, Any] = field(default_factory=dict)  # implementation-specific (model, adapter size...)
+    """The framework's keys of a [stages.NAME] table; every other key is an option of the implementation."""
+
+    address: str  # site/stage/0: rank 0 owns the stage's links
+    impl: str  # a registered stage name or "package.module:Class"
+    ranks: int = field(default=1, metadata=limits(at_least=1, at_most=1024))
+    device: str = "auto"  # cpu | cuda | cuda:N | auto (cuda when available)
+    threads: int | None = field(default=None, metadata=limits(at_least=1))  # torch intra-op threads
+    options: Any = None  # the implementation's Options dataclass, checked
 
     @property
     def site(self) -> str:
         return self.address.split("/")[0]
 
 
-@dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    steps: int = 300
-    batch_size: int = 32
-    micro_batches: int = 4
-    # 0: each step's forward uses the weights of the previous step (exact; every step pays the pipeline
-    # fill and drain). 1: the head starts step t+1's forward before applying step t's gradients
-    # (PipeDream-2BW): its gradients are computed at weights one update old, and there is no per-step bubble.
-    staleness: int = 0
-    max_len: int = 32
-    lr: float = 5e-4
-    warmup_steps: int = 50
-    seed: int = 1
-    checkpoint_every: int = 25
-    log_every: int = 10
-
-
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class JobConfig:
     name: str
-    data: str  # directory holding {train,valid,test}.{src,tgt,ids}
+    data: str | None
+    train: TrainConfig
+    schedule: ScheduleConfig
     stages: dict[str, StageConfig]
-    train: TrainConfig = TrainConfig()
-    compression: dict[str, Any] = field(default_factory=dict)  # CompressionPolicy.from_dict input
+    links: tuple[LinkConfig, ...]
     source: Path | None = None
 
     def stage(self, name: str) -> StageConfig:
@@ -51,67 +106,43 @@ class JobConfig:
             raise ConfigError(f"job {self.name}: no [stages.{name}] section (have: {', '.join(self.stages)})")
         return self.stages[name]
 
+    @functools.cached_property
+    def graph(self) -> Graph:
+        return Graph(list(self.stages), self.links, self.train.micro_batches, str(self.source or "job"))
 
-def _build(cls, table: dict[str, Any], where: str):
-    known = {f.name for f in fields(cls)}
-    unknown = set(table) - known
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(known))}")
-    try:
-        return cls(**table)
-    except TypeError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
-
-
-def _check_train(train: TrainConfig, where: str) -> None:
-    for name in ("steps", "batch_size", "micro_batches", "max_len", "checkpoint_every", "log_every"):
-        value = getattr(train, name)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{where}.{name}: must be a positive integer, got {value!r}")
-    if train.batch_size % train.micro_batches:
-        raise ConfigError(f"{where}: batch_size {train.batch_size} must be a multiple of "
-                          f"micro_batches {train.micro_batches}")
-    if train.staleness not in (0, 1):
-        raise ConfigError(f"{where}.staleness: must be 0 (synchronous) or 1 (one-step-stale head weights), "
-                          f"got {train.staleness!r}")
-    if not 0 < train.lr < 1:
-        raise ConfigError(f"{where}.lr: must be in (0, 1), got {train.lr!r}")
-
-
-def _check_address(address: Any, where: str) -> None:
-    parts = address.split("/") if isinstance(address, str) else []
-    if len(parts) != 3 or not all(parts) or not parts[2].isdigit():
-        raise ConfigError(f"{where}.address: {address!r} is not site/stage/rank, e.g. 'a/encoder/0'")
+    @property
+    def sites(self) -> list[str]:
+        return list(dict.fromkeys(stage.site for stage in self.stages.values()))
 
 
 def parse_job(raw: dict[str, Any], source: Path | None = None) -> JobConfig:
     where = str(source or "job")
-    job = dict(raw.get("job", {}))
-    for key in ("name", "data"):
-        if not isinstance(job.get(key), str) or not job[key]:
-            raise ConfigError(f"{where}: [job].{key} is required (a string)")
-    stages = {}
-    for name, table in raw.get("stages", {}).items():
-        table = dict(table)
-        options = {k: table.pop(k) for k in list(table) if k not in ("address", "impl")}
-        stage = _build(StageConfig, {**table, "options": options}, f"{where}: [stages.{name}]")
-        _check_address(stage.address, f"{where}: [stages.{name}]")
-        stages[name] = stage
+    if "compression" in raw:
+        raise ConfigError(f"{where}: [compression] is per link now: move it under the link it applies to, "
+                          "as [links.compression] after that [[links]] entry (docs/codecs.md)")
+    unknown = sorted(set(raw) - {"job", "train", "schedule", "stages", "links"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown section(s) {', '.join(unknown)}; allowed: job, train, schedule, "
+                          "stages, links")
+    job = build(JobSection, raw.get("job"), f"{where}: [job]")
+    train = build(TrainConfig, raw.get("train", {}), f"{where}: [train]", renamed=MOVED)
+    schedule = build(ScheduleConfig, raw.get("schedule", {}), f"{where}: [schedule]")
+    stages = check(dict[str, dict], raw.get("stages", {}), f"{where}: [stages]")
     if not stages:
         raise ConfigError(f"{where}: at least one [stages.NAME] section is required")
-    train = _build(TrainConfig, raw.get("train", {}), f"{where}: [train]")
-    _check_train(train, f"{where}: [train]")
-    unknown = set(raw) - {"job", "stages", "train", "compression"}
-    if unknown:
-        raise ConfigError(f"{where}: unknown section(s) {', '.join(sorted(unknown))}")
-    data = Path(job["data"])
-    if source and not data.is_absolute():
-        data = (source.parent / data).resolve()  # relative paths are relative to the job file
-    compression = dict(raw.get("compression", {}))
-    from nebula.runtime.link import parse_phases  # imports the codecs (and torch): only when a job loads
-    parse_phases(compression)  # an unknown codec or bad value fails here, before any stage starts
-    return JobConfig(name=job["name"], data=str(data), stages=stages, train=train, compression=compression,
-                     source=source)
+    classes, configs = {}, {}
+    for name, table in stages.items():
+        configs[name], classes[name] = _stage(name, table, f"{where}: [stages.{name}]")
+    _check_addresses(configs, where)
+    links = tuple(_link(i, table, where) for i, table in
+                  enumerate(check(list[dict], raw.get("links", []), f"{where}: [[links]]")))
+    data = job.data
+    if data is not None and source is not None and not Path(data).is_absolute():
+        data = str((source.parent / data).resolve())  # relative paths are relative to the job file
+    config = JobConfig(name=job.name, data=data, train=train, schedule=schedule, stages=configs, links=links,
+                       source=source)
+    check_ports(config.graph, classes, schedule.name)
+    return config
 
 
 def load_job(path: str | Path) -> JobConfig:
@@ -120,6 +151,60 @@ def load_job(path: str | Path) -> JobConfig:
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError as exc:
         raise ConfigError(f"job file {path} does not exist") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"job file {path} is not valid TOML: {exc}") from exc
     return parse_job(raw, source=path)
+
+
+def _stage(name: str, table: dict, where: str) -> tuple[StageConfig, type]:
+    from nebula.runtime.registry import resolve_stage
+    from nebula.runtime.stage import options_of
+    if not _STAGE_NAME.match(name):
+        raise ConfigError(f"{where}: stage names are 1-32 lowercase letters, digits or '-', starting with a letter")
+    framework = {"address", "impl", "ranks", "device", "threads"}
+    config = build(StageConfig, {k: v for k, v in table.items() if k in framework}, where)
+    _check_device(config.device, f"{where}.device")
+    cls = resolve_stage(config.impl)
+    options = build(options_of(cls), {k: v for k, v in table.items() if k not in framework}, where)
+    return StageConfig(**{**config.__dict__, "options": options}), cls
+
+
+def _check_device(device: str, where: str) -> None:
+    if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", device):
+        raise ConfigError(f"{where}: {device!r} is not a device; use \"cpu\", \"cuda\", \"cuda:N\" or \"auto\" "
+                          "(cuda when available)")
+
+
+def _check_addresses(configs: dict[str, StageConfig], where: str) -> None:
+    seen = {}
+    for name, stage in configs.items():
+        parts = stage.address.split("/")
+        if len(parts) != 3 or not all(parts) or parts[2] != "0":
+            raise ConfigError(f"{where}: [stages.{name}].address: {stage.address!r} is not site/stage/0, e.g. "
+                              f"'a/{name}/0' (rank 0 owns the stage's links; more ranks: ranks = N)")
+        if stage.address in seen:
+            raise ConfigError(f"{where}: stages {seen[stage.address]} and {name} share the address {stage.address}")
+        seen[stage.address] = name
+
+
+@dataclass(frozen=True, kw_only=True)
+class _LinkTable:
+    tensors: tuple[str, ...]
+    backward: bool
+    compression: dict[str, Any] = field(default_factory=dict)
+
+
+def _link(i: int, table: dict, where: str) -> LinkConfig:
+    from nebula.runtime.link import parse_phases  # imports the codecs (and torch): only when a job loads
+    at = f"{where}: [[links]] #{i + 1}"
+    ends = {}
+    for key in ("from", "to"):
+        if not isinstance(table.get(key), str):
+            raise ConfigError(f"{at}: `{key}` (a stage name) is required")
+        ends[key] = table[key]
+    at = f"{where}: [[links]] {ends['from']}->{ends['to']}"
+    body = build(_LinkTable, {k: v for k, v in table.items() if k not in ends}, at)
+    if len(set(body.tensors)) != len(body.tensors):
+        raise ConfigError(f"{at}.tensors: a tensor is listed twice")
+    return LinkConfig(src=ends["from"], dst=ends["to"], tensors=body.tensors, backward=body.backward,
+                      compression=parse_phases(body.compression, f"{at}.compression"))

@@ -1,16 +1,18 @@
 """Codecs of one link as the runtime uses them: the job's policy (or phases of policies), per-tensor
 state, byte meters.
 
-A job's [compression] table is either one policy (nebula.codecs.CompressionPolicy) or a list of
-phases, each a policy for a number of training steps (steps count from 1):
+Each [[links]] entry of a job has its own [links.compression] table: either one policy
+(nebula.codecs.CompressionPolicy) or a list of phases, each a policy for a number of training steps
+(steps count from 1):
 
-    [compression]
+    [links.compression]
     backward = "int8"                        # keys outside `phases`: defaults for every phase
     phases = [{steps = 4, forward = "none", backward = "none"},
               {steps = 4, forward = "fp16(svd(0.6))"}]      # steps 5-8; backward int8 from the default
 
-Both sites read the same job file, and every message names its codec, so a phase change needs no
-coordination: each sender picks the codec by the step it is sending for. After the last phase ends
+"forward" is the link's direction (activations, from -> to), "backward" the gradients coming back
+on a two-way link. Both sites read the same job file, and every message names its codec, so a phase
+change needs no coordination: each sender picks the codec by the step it is sending for. After the last phase ends
 its policy stays in force (evaluation after training uses the last step's codec).
 """
 from __future__ import annotations
@@ -92,7 +94,8 @@ class LinkMeter:
 
 
 class LinkCodecs:
-    """Packs tensors for one direction-aware link (e.g. a/encoder/0 <-> b/decoder/0)."""
+    """Packs tensors for one link (e.g. encoder->decoder), both directions; keeps the sender-side codec
+    state (error-feedback residuals, low-rank warm starts), which checkpoints save and resumes restore."""
 
     def __init__(self, policy: "codecs.CompressionPolicy | Sequence[Phase]", link: str,
                  meter: LinkMeter | None = None):
@@ -114,6 +117,7 @@ class LinkCodecs:
         return phase_at(self.phases, step).policy
 
     def pack(self, direction: str, name: str, tensor: torch.Tensor, step: int) -> TensorPayload:
+        tensor = tensor.detach().cpu()  # the wire carries CPU frames; a no-op for CPU tensors
         if tensor.is_floating_point():
             codec = self.policy_for(step).codec_for(direction, name, tensor.numel(), step)
         else:
@@ -127,12 +131,21 @@ class LinkCodecs:
             self._bytes[direction] += payload.wire_bytes
             self.raw_bytes[direction] += raw
         if self.meter:
-            self.meter.record(step=step, dir=direction, name=name, codec=str(codec), raw=raw,
+            self.meter.record(step=step, link=self.link, dir=direction, name=name, codec=str(codec), raw=raw,
                               wire=payload.wire_bytes, encode_s=round(encode_s, 6))
         return payload
 
     def unpack(self, payload: TensorPayload) -> torch.Tensor:
         return codecs.unpack(payload)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.state.state_dict()
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Replace the codec state (the sender must not be packing: see BackgroundSender.discard)."""
+        state = codecs.CodecState()
+        state.load_state_dict(saved)
+        self.state = state
 
     def take_bytes(self, direction: str) -> int:
         """Wire bytes sent in `direction` since the last call."""

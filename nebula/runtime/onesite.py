@@ -1,29 +1,35 @@
 """All stages of a job in one process, joined by in-process channels: training on one site.
 
 This is the paper's intra-cluster phase (§4.3): its checkpoints hot-start the cross-site job, since
-both use the same stage code and checkpoint format; only the channel differs.
+both use the same stage code and checkpoint format; only the channel differs. Each stage runs as
+one rank here (a stage with `ranks = N` reaches the same result up to float error).
 """
 from __future__ import annotations
 
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from nebula.errors import StageError
-from nebula.runtime.job import JobConfig
-from nebula.runtime.registry import resolve_stage
+from nebula.runtime.service import build_stage, make_runner
 from nebula.transport.inproc import InProcHub
 
 
-def run_one_site(job: JobConfig, workdir: Path, quiet: bool = False, timeout: float | None = None) -> None:
+def run_one_site(job: Any, workdir: Path, quiet: bool = False, timeout: float | None = None) -> None:
     hub = InProcHub()
     errors: dict[str, BaseException] = {}
+    channels = {name: hub.channel(job.stage(name).address) for name in job.stages}
+    # built one after the other: each seeds torch's global generator before it initialises
+    stages = {name: build_stage(job, name, Path(workdir) / name, quiet=quiet) for name in job.stages}
 
     def run(name: str) -> None:
-        cfg = job.stage(name)
         try:
-            stage = resolve_stage(cfg.impl)(job, name, Path(workdir) / name, quiet=quiet)
-            stage.run(hub.channel(cfg.address))
+            runner = make_runner(job, name, stages[name], channels[name])
+            try:
+                runner.run()
+            finally:
+                runner.close()
         except BaseException as exc:  # noqa: BLE001 - re-raised below, with the stage's name
             errors[name] = exc
 
@@ -32,7 +38,7 @@ def run_one_site(job: JobConfig, workdir: Path, quiet: bool = False, timeout: fl
         thread.start()
     deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
     while any(t.is_alive() for t in threads) and not errors and time.monotonic() < deadline:
-        threads[0].join(0.2)  # a failed stage ends the run at once: its peer would only wait for it
+        threads[0].join(0.2)  # a failed stage ends the run at once: its peers would only wait for it
     if errors:
         name, exc = next(iter(errors.items()))
         raise StageError(f"stage {name} failed on the single site: {exc}") from exc

@@ -32,23 +32,32 @@ def _load_entry_points() -> None:
     with _lock:  # two stages resolved at once (one-site runs) must both see the loaded registry
         if not _loaded_entry_points:
             for ep in entry_points(group=ENTRY_POINT_GROUP):
-                ep.load()  # importing the module runs its @register_stage
+                try:
+                    ep.load()  # importing the module runs its @register_stage
+                except Exception as exc:  # noqa: BLE001 - any import failure of a plugin, named
+                    raise ConfigError(f"stage plugin {ep.name} ({ep.value}) cannot be imported: "
+                                      f"{type(exc).__name__}: {exc}") from exc
             _loaded_entry_points = True
 
 
 def resolve_stage(impl: str) -> type:
-    """A registered name or `package.module:Class` -> the stage class."""
+    """A registered name or `package.module:Class` -> the stage class (a nebula.runtime.stage.Stage)."""
+    from nebula.runtime.stage import Stage
     if ":" in impl:
         module_name, _, attr = impl.partition(":")
         try:
-            return getattr(importlib.import_module(module_name), attr)
+            cls = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
             raise ConfigError(f"stage impl {impl!r} cannot be imported: {exc}") from exc
-    _load_entry_points()
-    if impl not in _STAGES:
-        raise ConfigError(f"unknown stage {impl!r}; registered: {', '.join(sorted(_STAGES)) or 'none'} "
-                          "(or give 'package.module:Class')")
-    return _STAGES[impl]
+    else:
+        _load_entry_points()
+        if impl not in _STAGES:
+            raise ConfigError(f"unknown stage {impl!r}; registered: {', '.join(sorted(_STAGES)) or 'none'} "
+                              "(or give 'package.module:Class')")
+        cls = _STAGES[impl]
+    if not (isinstance(cls, type) and issubclass(cls, Stage)):
+        raise ConfigError(f"stage impl {impl!r} is {cls!r}, not a subclass of nebula.runtime.stage.Stage")
+    return cls
 
 
 def registered_stages() -> list[str]:

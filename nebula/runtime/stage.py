@@ -1,30 +1,190 @@
-"""The Stage interface: what a deployable stage service implements (see services/ for implementations)."""
+"""The stage-module protocol: what a workload implements for each stage of its graph.
+
+A stage module declares its ports (what it receives and sends), its options (a dataclass, checked
+when the job file loads) and the maths of one micro-batch; the runtime (nebula.runtime.runner)
+owns the order of forward, send, receive, backward and optimiser step, the checkpoints and the
+protocol with the other stages. A minimal module (docs/runtime.md has the whole example):
+
+    @register_stage("example-source")
+    class Source(Stage):
+        Options = SourceOptions                       # a dataclass: the stage's job-file keys
+        outputs = (Port("hidden", "float", rank=2),)  # (B, H)
+
+        def __init__(self, context, options):
+            super().__init__(context, options)
+            self.module = torch.nn.Linear(8, options.width)
+            self.optimizer = torch.optim.SGD(self.module.parameters(), lr=options.lr)
+
+        def examples(self, split):                    # a source stage reads its own data
+            return [f"{split}:{i}" for i in range(64)]
+
+        def forward(self, batch, inputs):             # batch.indices: which examples
+            return Output(tensors={"hidden": torch.tanh(self.module(self.x[batch.indices]))})
+"""
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+
+import torch
 
 from nebula.errors import StageError
-from nebula.runtime.job import JobConfig
-from nebula.transport.base import Channel
+from nebula.wire import ITEMSIZE
+
+if TYPE_CHECKING:
+    from nebula.runtime.metrics import MetricsLog
+    from nebula.runtime.runner import StageRunner
+
+FLOAT = "float"  # a port dtype: any floating-point dtype (codecs may change it on the wire, not after)
+
+
+@dataclass(frozen=True)
+class Port:
+    """One named tensor a stage receives or sends. The first dimension is the batch."""
+
+    name: str
+    dtype: str  # "float", or an exact wire dtype: "int64", "bool", ...
+    rank: int  # number of dimensions, e.g. 3 for (B, S, H)
+    role: str = "activation"  # what it is (activation, tokens, mask, labels): shown in errors and meters
+    optional: bool = False  # an input a link may leave out
+
+    def __post_init__(self) -> None:
+        if self.dtype != FLOAT and self.dtype not in ITEMSIZE:
+            raise StageError(f"port {self.name!r}: dtype {self.dtype!r} is not 'float' or one of {sorted(ITEMSIZE)}")
+        if not 1 <= self.rank <= 8:
+            raise StageError(f"port {self.name!r}: rank {self.rank} must be 1..8 (the batch dimension first)")
+
+    def accepts(self, tensor: torch.Tensor) -> str | None:
+        """Why `tensor` does not fit this port, or None."""
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if (self.dtype == FLOAT and not tensor.is_floating_point()) or self.dtype not in (FLOAT, dtype):
+            return f"dtype {dtype}, expected {self.dtype}"
+        if tensor.dim() != self.rank:
+            return f"shape {tuple(tensor.shape)} of rank {tensor.dim()}, expected rank {self.rank}"
+        return None
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one call of `forward` works on."""
+
+    split: str  # "train", or the split being evaluated
+    step: int  # the training step (during inference: the step whose weights are used)
+    micro_batch: int
+    ids: torch.Tensor  # (B,) int64 hashes of the example ids: how a stage finds its own side of the data
+    training: bool = True  # False during inference (no gradients, modules in eval mode)
+    indices: list[int] | None = None  # source stages: positions of the examples in their split
+    link: str | None = None  # the in-link the inputs came on ("generator->disc"); None at a source
+
+
+@dataclass
+class Output:
+    """What `forward` returns: tensors for the out-links (with their autograd graph) and/or a loss."""
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    loss: torch.Tensor | None = None  # scalar; the runtime divides it by the micro-batches per step
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A stage without options of its own."""
+
+
+@dataclass
+class StageContext:
+    """What the runtime hands a stage module when it builds it."""
+
+    name: str  # the stage's name in the job file
+    address: str  # site/stage/rank of rank 0
+    job: Any  # nebula.runtime.job.JobConfig
+    workdir: Path  # checkpoints, metrics and the workload's outputs
+    device: torch.device
+    metrics: "MetricsLog"
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def data(self) -> Path | None:
+        """The job's [job].data directory, if it names one (resolved against the job file)."""
+        return Path(self.job.data) if self.job.data else None
 
 
 class Stage(ABC):
-    """One part of a model at one site. It is handed its channel and never opens sockets itself."""
+    """One part of a model at one site. It never opens sockets; it computes."""
 
-    stage_name: ClassVar[str]
+    stage_name: ClassVar[str] = ""  # set by @register_stage
+    Options: ClassVar[type] = NoOptions
+    inputs: ClassVar[tuple[Port, ...]] = ()
+    outputs: ClassVar[tuple[Port, ...]] = ()
 
-    def __init__(self, job: JobConfig, name: str, workdir: Path, quiet: bool = False):
-        self.job, self.name, self.workdir, self.quiet = job, name, Path(workdir), quiet
-        self.config = job.stage(name)
-        self.workdir.mkdir(parents=True, exist_ok=True)
+    module: torch.nn.Module  # its trainable parameters are what the runtime stashes, reduces and saves
+    optimizer: torch.optim.Optimizer | None = None
+    scheduler: Any = None  # a torch LR scheduler, stepped after each optimiser step
 
+    def __init__(self, context: StageContext, options: Any):
+        self.context, self.options = context, options
+        self.device = context.device
+
+    # -- the maths ---------------------------------------------------------------------------
     @abstractmethod
-    def run(self, channel: Channel) -> None:
-        """Train (and evaluate) until the job is done; resumable after a crash from `workdir`."""
+    def forward(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> Output:
+        """One micro-batch. `inputs` are the received tensors, checked against `inputs` ports and on
+        `self.device`; floating-point ones on a two-way link require grad."""
 
-    def translate(self, channel: Channel, lines: list[str]) -> list[str]:
-        """Inference driven from this stage (the first stage of a job implements it)."""
-        raise StageError(f"stage {self.name} ({self.stage_name}) cannot drive inference: run `nebula translate` "
-                         "at the site of the job's first stage")
+    def examples(self, split: str) -> Sequence[str]:
+        """Source stages (no link feeds them): the ids of the examples of `split`, in a fixed order."""
+        raise StageError(f"stage {self.context.name} is a source of the job graph: implement "
+                         f"{type(self).__name__}.examples(split)")
+
+    def trainable(self) -> dict[str, torch.nn.Parameter]:
+        return {k: p for k, p in self.module.named_parameters() if p.requires_grad}
+
+    def optimizer_step(self, step: int) -> None:
+        """Apply the accumulated (and, with ranks, all-reduced) gradients of `step`."""
+        if self.optimizer is not None:
+            self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint keeps: the trainable weights, the optimiser and the LR schedule."""
+        state = {"weights": {k: p.detach().clone() for k, p in self.trainable().items()}}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.state_dict()
+        if self.scheduler is not None:
+            state["scheduler"] = self.scheduler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        missing = self.module.load_state_dict(state["weights"], strict=False).missing_keys
+        if set(self.trainable()) & set(missing):
+            raise StageError(f"checkpoint of stage {self.context.name} lacks weights "
+                             f"{sorted(set(self.trainable()) & set(missing))[:5]}: was it written by another model?")
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+
+    # -- the workload's hooks ------------------------------------------------------------------
+    def after_training(self, runner: "StageRunner") -> None:
+        """Source stages, once training is over, e.g. `runner.evaluate("test", ...)`."""
+
+    def infer(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> list[Any]:
+        """Sink stages during inference: one result per example (e.g. a translation)."""
+        raise StageError(f"stage {self.context.name} ({self.stage_name}) cannot infer: implement "
+                         f"{type(self).__name__}.infer()")
+
+    def score(self, split: str, results: list[Any]) -> dict[str, Any]:
+        """Sink stages after an inference pass: a JSON-able summary sent back to the stage that
+        asked (e.g. BLEU). The default returns the results themselves."""
+        return {"split": split, "n": len(results), "results": results}
+
+
+def options_of(cls: type) -> type:
+    options = getattr(cls, "Options", NoOptions)
+    if not dataclasses.is_dataclass(options):
+        raise StageError(f"{cls.__qualname__}.Options must be a dataclass, got {options!r}")
+    return options

@@ -1,37 +1,64 @@
-"""ABNet-Cloud stage services: the encoder at the source site, the decoder at the target site."""
+"""ABNet-Cloud stage modules: the encoder at the source site, the decoder at the target site.
+
+The encoder reads the source side of the parallel data and sends H_E ("hidden", (B, S, H)) and its
+mask; the decoder reads the target side, looks each example's target up by its id, computes the
+loss and returns dL/dH_E (the link is two-way). After training the encoder asks for a test-set
+evaluation; the decoder decodes and scores BLEU against the references only it holds.
+"""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
-from nebula.errors import ConfigError
-from nebula.runtime.checkpoint import CheckpointDir
-from nebula.runtime.link import LinkCodecs
-from nebula.runtime.metrics import MetricsLog
+from nebula.config import limits
+from nebula.errors import StageError
 from nebula.runtime.registry import register_stage
-from nebula.runtime.schedule import Schedule
-from nebula.runtime.head import HeadRunner
-from nebula.runtime.split import INPUT_SPLIT
-from nebula.runtime.tail import TailRunner
-from nebula.runtime.stage import Stage
-from nebula.transport.base import Channel
+from nebula.runtime.stage import FLOAT, Batch, Output, Port, Stage
 from services.abnet.baseline import BaselineConfig
 from services.abnet.model import AbnetConfig
+from services.abnet.sides import TokenizedSide, adam_with_warmup
+
+INPUT_SPLIT = "input"  # sentences given to `nebula translate`: translated, not scored
+BOUNDARY = (Port("hidden", FLOAT, rank=3, role="activation"),  # H_E (B, S, H)
+            Port("mask", "bool", rank=2, role="mask"))  # source positions (B, S)
 
 
-def _abnet_config(options: dict) -> AbnetConfig:
-    known = AbnetConfig.__dataclass_fields__
-    return AbnetConfig(**{k: v for k, v in options.items() if k in known and k != "cache_dir"})
+@dataclass(frozen=True, kw_only=True)
+class _Options:
+    model: Literal["abnet", "transformer"] = "abnet"  # transformer: from scratch, paper Table 2's baseline
+    lr: float = field(default=5e-4, metadata=limits(above=0, below=1))
+    warmup_steps: int = field(default=50, metadata=limits(at_least=0))
+    max_len: int = field(default=32, metadata=limits(at_least=2, hint="tokens per sentence, after truncation"))
+    max_train_examples: int | None = field(default=None, metadata=limits(at_least=1))
+    adapter_dropout: float = field(default=0.1, metadata=limits(at_least=0, below=1))
+    plm_dropout: float = field(default=0.0, metadata=limits(at_least=0, below=1))
 
 
-def _baseline(options: dict) -> BaselineConfig | None:
-    """`model = "transformer"`: a from-scratch Transformer of similar trainable size (paper Table 2)."""
-    model = options.get("model", "abnet")
-    if model not in ("abnet", "transformer"):
-        raise ConfigError(f"model = {model!r}: use \"abnet\" (frozen PLM + adapters) or \"transformer\" "
-                          "(from scratch, the comparison baseline)")
-    return BaselineConfig(objective=options.get("objective", "cmlm")) if model == "transformer" else None
+@dataclass(frozen=True, kw_only=True)
+class EncoderOptions(_Options):
+    enc_adapter_dim: int = field(default=512, metadata=limits(at_least=1))
+    eval_examples: int = field(default=500, metadata=limits(at_least=0, hint="0: no evaluation"))
+    eval_batch_size: int = field(default=32, metadata=limits(at_least=1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecoderOptions(_Options):
+    objective: Literal["ar", "cmlm"] = "cmlm"  # docs/abnet.md, "Which objective"
+    enc_hidden: int = field(default=384, metadata=limits(at_least=1, hint="the encoder PLM's hidden size"))
+    dec_adapter_ffn: int = field(default=1024, metadata=limits(at_least=1))
+    dec_adapter_heads: int = field(default=12, metadata=limits(at_least=1))
+    max_length_delta: int = field(default=32, metadata=limits(at_least=0))
+    label_smoothing: float = field(default=0.1, metadata=limits(at_least=0, below=1))
+    length_loss_weight: float = field(default=0.1, metadata=limits(at_least=0))
+    decode_iterations: int = field(default=10, metadata=limits(at_least=1))
+    beam: int = field(default=4, metadata=limits(at_least=1))
+
+
+def _abnet_config(options: _Options, **extra) -> AbnetConfig:
+    return AbnetConfig(adapter_dropout=options.adapter_dropout, plm_dropout=options.plm_dropout, **extra)
 
 
 def spread(total: int, n: int) -> list[int]:
@@ -41,80 +68,127 @@ def spread(total: int, n: int) -> list[int]:
     return [i * total // n for i in range(n)]
 
 
-class _AbnetStage(Stage):
-    peer_name: str
-
-    def runner_args(self, channel: Channel, model) -> dict:
-        peer = self.job.stage(self.peer_name).address
-        link = "|".join(sorted([self.config.address, peer]))
-        return dict(job=self.job.name, channel=channel, peer=peer, model=model,
-                    codecs=LinkCodecs.from_table(self.job.compression, link, self.workdir / "link.jsonl"),
-                    train=self.job.train, checkpoints=CheckpointDir(self.workdir / "checkpoints"),
-                    metrics=MetricsLog(self.workdir / "metrics.jsonl", self.name, self.job.train.log_every,
-                                       quiet=self.quiet))
-
-
 @register_stage("abnet-encoder")
-class AbnetEncoder(_AbnetStage):
+class AbnetEncoder(Stage):
     """Site a: frozen multilingual-e5-small + adapters; sends H_E, receives dL/dH_E."""
 
-    peer_name = "decoder"
+    Options = EncoderOptions
+    outputs = BOUNDARY
 
-    def build(self):
-        from services.abnet.sides import EncoderSide
+    def __init__(self, context, options: EncoderOptions):
+        super().__init__(context, options)
+        from services.abnet.baseline import BaselineEncoder
+        from services.abnet.model import build_source_encoder
         from services.abnet.xlmr_e5 import load_e5_small
-        torch.manual_seed(self.job.train.seed)
-        return EncoderSide(load_e5_small(), self.job.data, self.job.train, _abnet_config(self.config.options),
-                           limit=self.config.options.get("max_train_examples"),
-                           baseline=_baseline(self.config.options))
+        self.pre = load_e5_small()
+        self.data = TokenizedSide(str(context.data), "src", self.pre, options.max_len, options.max_train_examples)
+        if options.model == "transformer":  # same tokenizer and cut vocabulary (paper Table 2's Transformer)
+            pad = self.data.vmap.specials(self.pre.specials).pad
+            self.module = BaselineEncoder(len(self.data.vmap), pad, BaselineConfig())
+        else:
+            self.module = build_source_encoder(self.pre, _abnet_config(options, enc_adapter_dim=options.enc_adapter_dim),
+                                               self.data.vmap)
+        self.module.to(self.device)
+        self.optimizer, self.scheduler = adam_with_warmup(self.module.trainable_parameters(), options.lr,
+                                                          options.warmup_steps)
 
-    def translate(self, channel: Channel, lines: list[str]) -> list[str]:
-        """Cross-site inference from the last common checkpoint: encode here, decode at site b."""
-        model = self.build()
-        model.add_input(INPUT_SPLIT, lines)
-        runner = HeadRunner(**self.runner_args(channel, model))
-        try:
-            runner.start()
-            result = runner.evaluate(INPUT_SPLIT, list(range(len(lines))),
-                                     int(self.config.options.get("eval_batch_size", 32)))
-            runner.finish()
-            return result["translations"]
-        finally:
-            runner.close()
+    def examples(self, split: str) -> list[str]:
+        return self.data.splits[split]["ids"]
 
-    def run(self, channel: Channel) -> None:
-        opts = self.config.options
-        model = self.build()
-        runner = HeadRunner(**self.runner_args(channel, model))
-        try:
-            runner.run(Schedule(model.n_train, self.job.train.batch_size, self.job.train.seed))
-            test = spread(len(model.data.splits["test"]["rows"]), int(opts.get("eval_examples", 500)))
-            scores = runner.evaluate("test", test, int(opts.get("eval_batch_size", 32)))
-            (self.workdir / "scores.json").write_text(json.dumps(scores, indent=1, ensure_ascii=False))
-            runner.finish()
-            runner.write_ledger(self.workdir / "ledger.json")
-        finally:
-            runner.close()
+    def add_input(self, lines: list[str]) -> None:
+        """Sentences to translate (not from the corpus): tokenized with the same vocabulary."""
+        ids = [f"{INPUT_SPLIT}:{i}" for i in range(len(lines))]
+        self.data.add_split(INPUT_SPLIT, lines, ids, self.pre, self.options.max_len)
+
+    def forward(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> Output:
+        ids, mask, _ = self.data.batch(batch.split, batch.indices)
+        ids, mask = ids.to(self.device), mask.to(self.device)
+        return Output(tensors={"hidden": self.module(ids, mask), "mask": mask})  # (B, S, H), (B, S)
+
+    def after_training(self, runner) -> None:
+        """Evaluate on `eval_examples` test sentences across the sites; scores.json here."""
+        if not self.options.eval_examples:
+            return
+        test = spread(len(self.data.splits["test"]["rows"]), self.options.eval_examples)
+        scores = runner.evaluate("test", test, self.options.eval_batch_size)
+        (self.context.workdir / "scores.json").write_text(
+            json.dumps(single(scores), indent=1, ensure_ascii=False))
+
+
+def single(scores: dict) -> dict:
+    """The scores of a job with one sink (the decoder)."""
+    if len(scores) != 1:
+        raise StageError(f"expected the scores of one decoder, got those of {sorted(scores)}")
+    return next(iter(scores.values()))
 
 
 @register_stage("abnet-decoder")
-class AbnetDecoder(_AbnetStage):
+class AbnetDecoder(Stage):
     """Site b: frozen all-MiniLM-L6-v2 + cross-attention adapters, length predictor, output head."""
 
-    peer_name = "encoder"
+    Options = DecoderOptions
+    inputs = BOUNDARY
 
-    def run(self, channel: Channel) -> None:
+    def __init__(self, context, options: DecoderOptions):
+        super().__init__(context, options)
+        from services.abnet.baseline import BaselineDecoder
         from services.abnet.minilm import load_minilm
-        from services.abnet.sides import DecoderSide
-        torch.manual_seed(self.job.train.seed + 1)
-        opts = self.config.options
-        model = DecoderSide(load_minilm(), self.job.data, self.job.train, _abnet_config(opts),
-                            enc_hidden=int(opts.get("enc_hidden", 384)), limit=opts.get("max_train_examples"),
-                            decode_iterations=int(opts.get("decode_iterations", 10)),
-                            beam=int(opts.get("beam", 4)), baseline=_baseline(opts))
-        runner = TailRunner(**self.runner_args(channel, model), outputs=self.workdir)
-        try:
-            runner.run()
-            runner.write_ledger(self.workdir / "ledger.json")
-        finally:
-            runner.close()
+        from services.abnet.model import build_target_decoder
+        self.pre = load_minilm()
+        self.data = TokenizedSide(str(context.data), "tgt", self.pre, options.max_len, options.max_train_examples)
+        if options.model == "transformer":
+            self.module = BaselineDecoder(len(self.data.vmap), self.data.vmap.specials(self.pre.specials),
+                                          BaselineConfig(objective=options.objective))
+        else:
+            config = _abnet_config(options, objective=options.objective, dec_adapter_ffn=options.dec_adapter_ffn,
+                                   dec_adapter_heads=options.dec_adapter_heads,
+                                   max_length_delta=options.max_length_delta,
+                                   label_smoothing=options.label_smoothing,
+                                   length_loss_weight=options.length_loss_weight)
+            self.module = build_target_decoder(self.pre, config, options.enc_hidden, self.data.vmap)
+        self.module.to(self.device)
+        self.optimizer, self.scheduler = adam_with_warmup(self.module.trainable_parameters(), options.lr,
+                                                          options.warmup_steps)
+
+    def boundary(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (hidden (B, S, H) float32, source mask (B, S)), or a DataError saying what differs."""
+        from nebula.errors import DataError
+        hidden, src_mask = inputs["hidden"], inputs["mask"]
+        if hidden.shape[:2] != src_mask.shape:
+            raise DataError(f"received hidden {tuple(hidden.shape)} and mask {tuple(src_mask.shape)} do not "
+                            "match: expected (B, S, H) and (B, S)")
+        if hidden.shape[-1] != self.options.enc_hidden:
+            raise DataError(f"the encoder sends hidden size {hidden.shape[-1]} but this decoder expects "
+                            f"{self.options.enc_hidden}: set [stages.{self.context.name}].enc_hidden = "
+                            f"{hidden.shape[-1]} in the job file (the encoder PLM's hidden size)")
+        return hidden.float(), src_mask
+
+    def forward(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> Output:
+        hidden, src_mask = self.boundary(inputs)
+        tgt_ids, tgt_mask, _ = self.data.batch("train", self.data.lookup("train", batch.ids))
+        return Output(loss=self.module.loss(hidden, src_mask, tgt_ids.to(self.device), tgt_mask.to(self.device)).loss)
+
+    def infer(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> list[list[str]]:
+        """Beam search (ar) or mask-predict with a length beam (cmlm), beam 4 as the paper's ->
+        [translation, reference] per sentence (no reference for `nebula translate`'s input)."""
+        from services.abnet.decoding import detokenize
+        hidden, src_mask = self.boundary(inputs)
+        rows = self.module.decode(hidden, src_mask, iterations=self.options.decode_iterations, beam=self.options.beam)
+        hyps = [detokenize(r, self.pre.tokenizer, self.data.vmap) for r in rows]
+        if batch.split == INPUT_SPLIT:
+            return [[h, ""] for h in hyps]
+        refs = [self.data.splits[batch.split]["text"][i] for i in self.data.lookup(batch.split, batch.ids)]
+        return [[h, r] for h, r in zip(hyps, refs)]
+
+    def score(self, split: str, results: list[list[str]]) -> dict:
+        """BLEU (sacrebleu, case-insensitive); {split}.hyp and {split}.ref stay here, beside the references,
+        for significance tests such as `sacrebleu REF -i HYP_A HYP_B --paired-bs`."""
+        hyps = [h for h, _ in results]
+        if split == INPUT_SPLIT:
+            return {"split": split, "n": len(hyps), "translations": hyps}
+        from sacrebleu import corpus_bleu
+        refs = [r for _, r in results]
+        for ext, lines in (("hyp", hyps), ("ref", refs)):
+            (self.context.workdir / f"{split}.{ext}").write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
+        bleu = corpus_bleu(hyps, [refs], lowercase=True).score if hyps else 0.0
+        return {"split": split, "bleu": bleu, "n": len(hyps), "samples": [[h, r] for h, r in zip(hyps[:5], refs[:5])]}

@@ -1,4 +1,4 @@
-"""Whole two-site jobs as real processes: two gateways and two stages started through nebula.launch,
+"""Whole jobs as real processes: a gateway per site and every stage started through nebula.launch,
 CURVE on every socket, loopback only. A test that leaves a process behind fails; the log tails of
 every service are printed when a test fails."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from nebula.launch import ProcessGroup, start_sites, tail
 from nebula.runtime.job import JobConfig, load_job
 from nebula.runtime.metrics import read_records
-from nebula.runtime.schedule import Schedule, digest, id_hash
+from nebula.runtime.order import ExampleOrder, digest, id_hash
 
 HERE = Path(__file__).resolve().parent
 TINY = HERE / "jobs" / "tiny.toml"
@@ -43,8 +43,8 @@ def expected_ledger(job: JobConfig) -> list[list]:
     """What each step must have trained on: the schedule over the train ids, as the stages digest it."""
     ids = (Path(job.data) / "train.ids").read_text(encoding="utf-8").split("\n")[:-1]
     hashes = [id_hash(i) for i in ids]
-    schedule = Schedule(len(ids), job.train.batch_size, job.train.seed)
-    return [[s, digest([hashes[i] for i in schedule.indices(s)])] for s in range(1, job.train.steps + 1)]
+    order = ExampleOrder(len(ids), job.train.batch_size, job.train.seed)
+    return [[s, digest([hashes[i] for i in order.indices(s)])] for s in range(1, job.train.steps + 1)]
 
 
 def records(path: Path, kind: str | None = None) -> list[dict]:
@@ -52,13 +52,13 @@ def records(path: Path, kind: str | None = None) -> list[dict]:
     return read_records(path, kind)
 
 
-class TwoSites:
-    """One job on two local sites; the test drives supervision (`poll`) so it can inject faults."""
+class Sites:
+    """One job on its local sites; the test drives supervision (`poll`) so it can inject faults."""
 
     def __init__(self, run: Path, job_file: Path, restart: bool = True, max_restarts: int = 3):
         self.run, self.job_file, self.job = run, job_file, load_job(job_file)
         self.stages = {name: stage.address for name, stage in self.job.stages.items()}
-        self.group: ProcessGroup = start_sites(run, job_file, self.stages, restart=restart)
+        self.group: ProcessGroup = start_sites(run, job_file, restart=restart)
         self.group.max_restarts = max_restarts
 
     def steps(self, stage: str) -> int:
@@ -66,11 +66,11 @@ class TwoSites:
         return done[-1]["step"] if done else 0
 
     def finished(self) -> bool:
-        return all(self.group.services[name].proc.poll() == 0 for name in self.stages)
+        return all(self.group.services[name].finished() for name in self.stages)
 
     def wait(self, until=None, timeout: float = JOB_TIMEOUT, what: str = "the job to finish") -> None:
         """Supervise (restarts with backoff; StageError with the log tail if a service gives up)
-        until `until()` holds, by default until both stages exited successfully."""
+        until `until()` holds, by default until every stage exited successfully."""
         until = until or self.finished
         deadline = time.monotonic() + timeout
         while not until():
@@ -101,10 +101,10 @@ class TwoSites:
 @pytest.fixture
 def two_sites(tmp_path, request):
     """Factory: two_sites(job_file, **kw) -> started TwoSites; all are stopped at teardown."""
-    started: list[TwoSites] = []
+    started: list[Sites] = []
 
-    def start(job_file: Path, **kwargs) -> TwoSites:
-        sites = TwoSites(tmp_path / f"run{len(started)}", job_file, **kwargs)
+    def start(job_file: Path, **kwargs) -> Sites:
+        sites = Sites(tmp_path / f"run{len(started)}", job_file, **kwargs)
         started.append(sites)
         return sites
 

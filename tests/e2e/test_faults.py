@@ -23,7 +23,8 @@ def test_unknown_codec_stops_the_stage_at_start_naming_the_spec(tmp_path):
                            "encoder", "--site", str(tmp_path / "no-site.toml"), "--workdir", str(tmp_path / "enc")],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 3, done.stderr[-3000:]  # a configuration error: supervisors do not restart it
-    assert "nebula: error: compression.forward: codec spec 'fp16(zstd9)'" in done.stderr
+    assert f"nebula: error: {job}: [[links]] encoder->decoder.compression.forward: codec spec 'fp16(zstd9)'" \
+        in done.stderr  # the file, the link and the key
     assert "unknown codec" in done.stderr and "fp16" in done.stderr  # the known codecs are listed
     assert not (tmp_path / "enc").exists(), "the stage started with a bad codec spec"
 
@@ -44,8 +45,11 @@ def test_hidden_size_mismatch_stops_both_stages_naming_sizes_and_option(tmp_path
     assert "remote error [stage]: b/decoder/0 failed: DataError: " + cause in sites.log("encoder")
 
 
-def test_non_float_hidden_is_refused_by_the_decoder_and_reported_to_the_encoder(tmp_path, two_sites,
-                                                                              monkeypatch):
+def test_output_that_breaks_its_port_stops_the_stage_and_is_reported_to_its_peer(tmp_path, two_sites,
+                                                                                 monkeypatch):
+    """An encoder whose forward returns an integer `hidden` where its port declares float: it stops
+    with an error naming the port before anything is sent, and the decoder stops naming the cause
+    (the decoder's own check of what arrives is tested in tests/unit/test_runtime_checks.py)."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     job = write_job(tmp_path, {'impl = "abnet-encoder"': 'impl = "tests.e2e.faulty_stage:IntHiddenEncoder"'})
     sites = two_sites(job, max_restarts=0)
@@ -53,10 +57,11 @@ def test_non_float_hidden_is_refused_by_the_decoder_and_reported_to_the_encoder(
         sites.wait(timeout=90, what="the stages to fail on the integer hidden tensor")
     for name in sites.stages:
         sites.group.services[name].proc.wait(30)
-    cause = "a/encoder/0 sent 'hidden' as torch.int64, expected a floating-point (B, S, H) boundary tensor"
-    assert f"nebula: error: {cause}" in sites.log("decoder")
-    assert "remote error [stage]: b/decoder/0 failed: DataError: " + cause in sites.log("encoder")
-    assert sites.group.services["encoder"].proc.returncode == 2
+    cause = "IntHiddenEncoder.forward returned 'hidden' with dtype int64, expected float"
+    assert f"nebula: error: {cause}" in sites.log("encoder")
+    assert sites.group.services["encoder"].proc.returncode == 3  # a bug to fix: not restarted
+    assert "remote error [stage]: a/encoder/0 failed: StageError: " + cause in sites.log("decoder")
+    assert sites.group.services["decoder"].proc.returncode == 2
 
 
 def stage_run(tmp_path, stage: str, env: dict) -> subprocess.CompletedProcess:
@@ -65,8 +70,8 @@ def stage_run(tmp_path, stage: str, env: dict) -> subprocess.CompletedProcess:
     from nebula.runtime.job import load_job
     job_file = write_job(tmp_path)
     job = load_job(job_file)
-    make_keys(tmp_path / "keys", {name: s.address for name, s in job.stages.items()})
-    sites = write_site_configs(tmp_path)
+    make_keys(tmp_path / "keys", job.sites, {name: s.address for name, s in job.stages.items()})
+    sites = write_site_configs(tmp_path, job.sites)
     site = job.stage(stage).site
     gateway = subprocess.Popen([sys.executable, "-m", "services.gateway.main", str(sites[site])], cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

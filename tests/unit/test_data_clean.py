@@ -1,7 +1,7 @@
 """Cleaning rules, on real msgid/msgstr strings from Debian 12 packages (quoted with their package)."""
 import pytest
 
-from nebula.data.clean import Filter, clean_text, units
+from services.corpus.clean import Filter, clean_text, units
 from nebula.errors import ConfigError
 
 

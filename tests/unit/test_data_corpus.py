@@ -1,9 +1,9 @@
 """The on-disk format: each site reads one side plus ids; misalignment raises DataError."""
 import pytest
 
-from nebula.data import ParallelSide, check_aligned
-from nebula.data.corpus import write_split
-from nebula.data.pair import Pair
+from services.corpus import ParallelSide, check_aligned
+from services.corpus.corpus import write_split
+from services.corpus.pair import Pair
 from nebula.errors import ConfigError, DataError
 
 PAIRS = [

@@ -7,9 +7,9 @@ import subprocess
 import polib
 import pytest
 
-from nebula.data import ParallelSide, check_aligned, lohelp, packages
-from nebula.data.clean import Filter
-from nebula.data.prepare import PrepareConfig, prepare, read_catalogs
+from services.corpus import ParallelSide, check_aligned, lohelp, packages
+from services.corpus.clean import Filter
+from services.corpus.prepare import PrepareConfig, prepare, read_catalogs
 
 # Real entries (msgctxt, msgid, msgstr) from Debian 12's es catalogs; "Remove" recurs across packages.
 GIMP = [

@@ -1,4 +1,6 @@
-"""Job files parse into typed config, and every mistake is a ConfigError that says what to fix."""
+"""Job and site files parse into typed config, and every mistake is a ConfigError naming the file
+and the key and saying what to fix, before any model loads."""
+import copy
 from pathlib import Path
 
 import pytest
@@ -6,16 +8,24 @@ import pytest
 from nebula.errors import ConfigError
 from nebula.runtime.job import load_job, parse_job
 from nebula.runtime.registry import registered_stages, resolve_stage
+from nebula.transport.config import parse_site_config
+from services.abnet.stages import DecoderOptions, EncoderOptions
 
 ROOT = Path(__file__).resolve().parents[2]
+BASE = {"job": {"name": "t", "data": "d"},
+        "train": {"steps": 4, "batch_size": 8, "micro_batches": 2},
+        "stages": {"encoder": {"address": "a/encoder/0", "impl": "abnet-encoder", "max_train_examples": 10},
+                   "decoder": {"address": "b/decoder/0", "impl": "abnet-decoder", "objective": "ar"}},
+        "links": [{"from": "encoder", "to": "decoder", "tensors": ["hidden", "mask"], "backward": True,
+                   "compression": {"forward": "fp16", "backward": "int8"}}]}
 
 
-def job(**overrides):
-    raw = {"job": {"name": "t", "data": "d"},
-           "stages": {"encoder": {"address": "a/encoder/0", "impl": "abnet-encoder", "max_train_examples": 10}},
-           "train": {"steps": 4, "batch_size": 8, "micro_batches": 2}}
-    raw.update(overrides)
-    return raw
+def job(change=None, **sections):
+    raw = copy.deepcopy(BASE)
+    raw.update(sections)
+    if change:
+        change(raw)
+    return parse_job(raw, source=Path("job.toml"))
 
 
 def test_shipped_job_files_load_and_their_stages_resolve():
@@ -23,28 +33,77 @@ def test_shipped_job_files_load_and_their_stages_resolve():
         config = load_job(path)
         assert config.stage("encoder").site == "a" and config.stage("decoder").site == "b"
         assert Path(config.data).is_absolute()  # relative to the job file
+        assert [link.name for link in config.links] == ["encoder->decoder"] and config.links[0].backward
         for stage in config.stages.values():
             assert resolve_stage(stage.impl).stage_name == stage.impl
-    assert {"abnet-encoder", "abnet-decoder"} <= set(registered_stages())
+    assert {"abnet-encoder", "abnet-decoder", "example-source"} <= set(registered_stages())
 
 
-def test_stage_options_are_kept_for_the_implementation():
-    assert parse_job(job()).stage("encoder").options == {"max_train_examples": 10}
+def test_stage_options_are_the_implementations_typed_dataclass():
+    config = job()
+    assert config.stage("encoder").options == EncoderOptions(max_train_examples=10)
+    assert config.stage("decoder").options == DecoderOptions(objective="ar")
+    assert config.graph.sources == ["encoder"] and config.graph.sinks == ["decoder"]
+    assert config.graph.per_step("decoder") == 2 and config.graph.waits_for_gradients("encoder")
+
+
+def _set(path, value):
+    def change(raw):
+        table = raw
+        for key in path[:-1]:
+            table = table[key] if not isinstance(key, int) else table[key]
+        table[path[-1]] = value
+    return change
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"train": {"steps": 0}}, "steps: must be a positive integer"),
-    ({"train": {"batch_size": 9, "micro_batches": 2}}, "multiple of micro_batches"),
-    ({"train": {"stepz": 3}}, "unknown key"),
-    ({"train": {"staleness": 2}}, "staleness: must be 0"),
-    ({"stages": {"encoder": {"address": "a/encoder", "impl": "x"}}}, "not site/stage/rank"),
-    ({"stages": {}}, "at least one"),
-    ({"compression": {"forward": "fp16(svd(2))"}}, "compression.forward"),
-    ({"extra": {}}, "unknown section"),
+    (_set(["train", "steps"], 0), r"job.toml: \[train\].steps: 0 must be >= 1"),
+    (_set(["train", "batch_size"], 9), "multiple of micro_batches"),
+    (_set(["train", "stepz"], 3), r"unknown key 'stepz' \(did you mean 'steps'\?\)"),
+    (_set(["train", "seed"], "abc"), r"\[train\].seed: expected an integer, got 'abc'"),
+    (_set(["train", "staleness"], 1), r'\[train\].staleness: the schedule is chosen by name now: \[schedule\] name = "one-step-stale"'),
+    (_set(["train", "lr"], 1e-3), r"\[train\].lr: lr is an option of each stage now"),
+    (_set(["stages", "encoder", "lr"], "fast"), r"\[stages.encoder\].lr: expected a number, got 'fast'"),
+    (_set(["stages", "encoder", "warmup_steps"], -5), r"\[stages.encoder\].warmup_steps: -5 must be >= 0"),
+    (_set(["stages", "encoder", "max_train_exampels"], 5), r"did you mean 'max_train_examples'"),
+    (_set(["stages", "decoder", "objective"], "mlm"), r"objective: 'mlm' is not one of 'ar', 'cmlm'"),
+    (_set(["stages", "decoder", "ranks"], 0), r"ranks: 0 must be >= 1"),
+    (_set(["stages", "decoder", "device"], "gpu"), r"'gpu' is not a device"),
+    (_set(["stages", "encoder", "address"], "a/encoder/1"), "is not site/stage/0"),
+    (_set(["stages", "encoder", "impl"], "no-such-stage"), "unknown stage 'no-such-stage'"),
+    (_set(["links", 0, "to"], "decodr"), "no stage 'decodr'"),
+    (_set(["links", 0, "tensors"], ["hiden", "mask"]), r"has no output 'hiden'; its outputs: hidden, mask"),
+    (_set(["links", 0, "tensors"], ["hidden"]), r"decoder needs mask from every link that feeds it"),
+    (lambda raw: raw["links"][0].pop("backward"), r"\[\[links\]\] encoder->decoder: `backward` is required"),
+    (_set(["links", 0, "compression"], {"forward": "fp16(svd(2))"}), r"encoder->decoder.compression.forward"),
+    (_set(["schedule"], {"name": "forward-only"}), r'backward = true under \[schedule\] name = "forward-only"'),
+    (_set(["schedule"], {"name": "eventually"}), r"\[schedule\].name: 'eventually' is not one of"),
+    (_set(["compression"], {"forward": "fp16"}), r"\[compression\] is per link now"),
+    (_set(["extra"], {}), "unknown section"),
+    (_set(["stages"], {}), "at least one"),
 ])
-def test_mistakes_name_the_key(change, message):
+def test_mistakes_name_the_file_and_the_key(change, message):
     with pytest.raises(ConfigError, match=message):
-        parse_job(job(**change))
+        job(change)
+
+
+def test_a_cycle_is_refused():
+    raw = copy.deepcopy(BASE)
+    raw["stages"] = {name: {"address": f"{site}/{name}/0", "impl": "example-middle"}
+                     for name, site in (("x", "a"), ("y", "b"))}
+    raw["links"] = [{"from": "x", "to": "y", "tensors": ["hidden"], "backward": True},
+                    {"from": "y", "to": "x", "tensors": ["hidden"], "backward": True}]
+    with pytest.raises(ConfigError, match="the links form a cycle through x, y"):
+        parse_job(raw)
+
+
+def test_a_source_must_read_data():
+    raw = copy.deepcopy(BASE)
+    raw["stages"] = {"x": {"address": "a/x/0", "impl": "tests.runtime_support:NoData"},
+                     "y": {"address": "b/y/0", "impl": "example-sink"}}
+    raw["links"] = [{"from": "x", "to": "y", "tensors": ["hidden"], "backward": True}]
+    with pytest.raises(ConfigError, match="stage x is fed by no link, so it reads data, but NoData has no examples"):
+        parse_job(raw)
 
 
 def test_unknown_stage_lists_the_registered_ones():
@@ -52,6 +111,8 @@ def test_unknown_stage_lists_the_registered_ones():
         resolve_stage("no-such-stage")
     with pytest.raises(ConfigError, match="cannot be imported"):
         resolve_stage("no.such.module:Stage")
+    with pytest.raises(ConfigError, match="not a subclass of nebula.runtime.stage.Stage"):
+        resolve_stage("pathlib:Path")
 
 
 def test_missing_job_file(tmp_path):
@@ -62,6 +123,26 @@ def test_missing_job_file(tmp_path):
 def test_language_pair_jobs_differ_only_in_their_data():
     """abnet-es-en and abnet-zh-en run the same schedule and decoding (they drifted apart once)."""
     es, zh = (load_job(ROOT / "deploy" / "jobs" / f"abnet-{pair}.toml") for pair in ("es-en", "zh-en"))
-    assert es.train == zh.train and es.compression == zh.compression
-    assert {n: s.options for n, s in es.stages.items()} == {n: s.options for n, s in zh.stages.items()}
+    assert es.train == zh.train and es.schedule == zh.schedule and es.links == zh.links
+    assert es.stages == zh.stages
     assert Path(es.data).name == "es-en" and Path(zh.data).name == "zh-en"
+
+
+SITE = {"site": {"name": "a", "keys": "keys/a"},
+        "gateway": {"internal": "tcp://127.0.0.1:5601", "external": "tcp://127.0.0.1:5600"},
+        "peers": {"b": {"endpoint": "tcp://127.0.0.1:5700"}}}
+
+
+@pytest.mark.parametrize("section, key, value, message", [
+    ("channel", "window_messages", "8", r"a.toml \[channel\].window_messages: expected an integer, got '8'"),
+    ("channel", "resend_timeout", -1.0, r"resend_timeout = -1.0 must be > 0"),
+    ("gateway", "hwm", 1.5, r"a.toml \[gateway\].hwm: expected an integer, got 1.5"),
+    ("site", "audit", 7, r"a.toml \[site\]: `audit` must be a non-empty string"),
+    ("site", "nmae", "a", r"unknown keys \['nmae'\]"),
+    ("peers", "b", "tcp://x:1", r"`b` must be a table"),
+])
+def test_site_file_mistakes_name_the_file_and_the_key(section, key, value, message):
+    raw = copy.deepcopy(SITE)
+    raw.setdefault(section, {})[key] = value
+    with pytest.raises(ConfigError, match=message):
+        parse_site_config(raw, source="a.toml")

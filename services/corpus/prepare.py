@@ -12,10 +12,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from nebula.data import catalogs, lohelp
-from nebula.data.clean import Filter, clean_text
-from nebula.data.corpus import write_split
-from nebula.data.packages import (
+from services.corpus import catalogs, lohelp
+from services.corpus.clean import Filter, clean_text
+from services.corpus.corpus import write_split
+from services.corpus.packages import (
     HELP_ENGLISH,
     HELP_PACKAGE,
     Language,
@@ -26,8 +26,8 @@ from nebula.data.packages import (
     language_of,
     packages_for,
 )
-from nebula.data.pair import Pair
-from nebula.data.split import Split, split_by_package
+from services.corpus.pair import Pair
+from services.corpus.split import Split, split_by_package
 
 Log = Callable[[str], None]
 

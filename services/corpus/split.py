@@ -11,7 +11,7 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-from nebula.data.pair import Pair
+from services.corpus.pair import Pair
 from nebula.errors import ConfigError, DataError
 
 

@@ -24,8 +24,8 @@ def register(sub) -> None:
 
 
 def prepare_command(args) -> int:
-    from nebula.data.clean import Filter
-    from nebula.data.prepare import PrepareConfig, prepare
+    from services.corpus.clean import Filter
+    from services.corpus.prepare import PrepareConfig, prepare
 
     cfg = PrepareConfig(
         pairs=tuple(p.strip() for p in args.pairs.split(",") if p.strip()),

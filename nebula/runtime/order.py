@@ -3,6 +3,7 @@ resumed job neither skips nor repeats an example. The ledger records what each a
 from __future__ import annotations
 
 import hashlib
+from typing import Sequence
 
 import torch
 import xxhash
@@ -13,7 +14,12 @@ def id_hash(example_id: str) -> int:
     return xxhash.xxh3_64_intdigest(example_id.encode()) - (1 << 63)
 
 
-class Schedule:
+def id_hashes(example_ids: Sequence[str]) -> torch.Tensor:
+    """(N,) int64 hashes of `example_ids`."""
+    return torch.tensor([id_hash(i) for i in example_ids], dtype=torch.int64)
+
+
+class ExampleOrder:
     """Epoch-wise shuffled order over `n` examples; step s takes the next `batch_size` of them."""
 
     def __init__(self, n: int, batch_size: int, seed: int):

@@ -1,4 +1,4 @@
-"""`nebula translate`: cross-site inference, the encoder here (site a), the decoder at site b."""
+"""`nebula translate`: cross-site inference with a trained job: encode here, decode at site b."""
 from __future__ import annotations
 
 import sys
@@ -16,33 +16,38 @@ def register(sub) -> None:
 
 
 def translate(args) -> int:
-    from nebula.demo import ROOT
     from nebula.errors import ConfigError
-    from nebula.launch import ProcessGroup, start_gateway, start_stage
+    from nebula.launch import start_sites
     from nebula.runtime.job import load_job
-    from nebula.runtime.registry import resolve_stage
+    from nebula.runtime.service import build_stage, make_runner
     from nebula.transport.config import load_site_config
     from nebula.transport.reliable import open_channel
+    from services.abnet.demo import DEFAULT_JOB
+    from services.abnet.stages import INPUT_SPLIT, single
 
-    job_file = args.job or ROOT / "deploy" / "jobs" / "abnet-es-en.toml"
+    job_file = args.job or DEFAULT_JOB
     job = load_job(job_file)
-    head, tail = list(job.stages)
-    sites = {site: args.run_dir / f"site-{site}.toml" for site in ("a", "b")}
-    if not all(path.exists() for path in sites.values()):
+    driver = job.graph.coordinator
+    if not (args.run_dir / f"site-{job.stage(driver).site}.toml").exists():
         raise ConfigError(f"{args.run_dir} has no site configs: run `nebula demo --run-dir {args.run_dir}` first")
     text = sys.stdin.read() if args.input == "-" else Path(args.input).read_text(encoding="utf-8")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         raise ConfigError("nothing to translate: give one sentence per line")
-    group = ProcessGroup()
+    group = start_sites(args.run_dir, job_file, skip=(driver,), keys=False)
     try:
-        for site, config in sites.items():
-            start_gateway(group, args.run_dir, site, config)
-        start_stage(group, args.run_dir, job_file, tail, sites[job.stage(tail).site])
-        stage = resolve_stage(job.stage(head).impl)(job, head, args.run_dir / head, quiet=True)
-        with open_channel(load_site_config(sites[job.stage(head).site]), job.stage(head).address) as channel:
-            for line in stage.translate(channel, lines):
-                print(line)
+        stage = build_stage(job, driver, args.run_dir / driver, quiet=True)
+        stage.add_input(lines)
+        site = load_site_config(args.run_dir / f"site-{job.stage(driver).site}.toml")
+        with open_channel(site, job.stage(driver).address) as channel:
+            runner = make_runner(job, driver, stage, channel)
+            try:
+                scores = runner.run(hook=lambda r: r.evaluate(INPUT_SPLIT, list(range(len(lines))),
+                                                              stage.options.eval_batch_size), train=False)
+            finally:
+                runner.close()
     finally:
         group.stop()
+    for line in single(scores)["translations"]:
+        print(line)
     return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nebula.data.pair import Pair
+from services.corpus.pair import Pair
 from nebula.errors import ConfigError, DataError
 
 SIDES = ("src", "tgt")

@@ -1,0 +1,42 @@
+"""Benchmark scenarios: what a workload tells `nebula bench wan` about its job.
+
+A workload registers an object under the entry-point group `nebula.scenarios` (e.g.
+`abnet = "services.abnet.bench:SCENARIO"`); the benchmark itself knows nothing of the workload.
+"""
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any, Protocol
+
+from nebula.errors import ConfigError
+
+ENTRY_POINT_GROUP = "nebula.scenarios"
+
+
+class Scenario(Protocol):
+    job: Path  # the job file a scenario runs by default
+    quality_key: str  # the row key of the quality metric (e.g. "bleu"); higher is better
+
+    def speed_job(self, raw: dict, work: Path, steps: int) -> dict:
+        """The raw job table adapted for a speed run of `steps` steps: fixed-shape data, no evaluation."""
+
+    def quality_job(self, raw: dict, quick: bool) -> dict:
+        """The raw job table adapted for a quality run (e.g. a smaller evaluation with `quick`)."""
+
+    def quality(self, run: Path, raw: dict) -> dict[str, Any]:
+        """Row fields that score a finished quality run in `run` (at least `quality_key`)."""
+
+    def step_bytes(self, raw: dict) -> int:
+        """Uncompressed bytes one step sends on the link the benchmark compresses."""
+
+
+def scenario_names() -> list[str]:
+    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+
+
+def load_scenario(name: str) -> Scenario:
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name == name:
+            return ep.load()
+    raise ConfigError(f"unknown benchmark scenario {name!r}; installed: {', '.join(scenario_names()) or 'none'}")

@@ -1,0 +1,156 @@
+"""The job's graph of stages: who feeds whom, which links carry gradients back, and what a step is.
+
+Stages are nodes, links are directed edges (`from` -> `to`); a link is one-way (activations only)
+or two-way (`backward = true`: gradients of its floating-point tensors come back). The graph must be
+acyclic. A stage no link feeds is a *source*: it reads its own data and follows the example order
+(nebula.runtime.order). A stage that feeds no link is a *sink*. Every stage processes, per step,
+the micro-batches its in-links bring, one `forward` per arriving micro-batch (several in-links are
+merged, as in the paper's M3 where generators of several language groups teach one
+discriminator); a source processes `[train] micro_batches` of its own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+from nebula.errors import ConfigError
+
+if TYPE_CHECKING:
+    from nebula.runtime.link import Phase
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    src: str  # stage names
+    dst: str
+    tensors: tuple[str, ...]  # the src's output ports it carries (= dst's input ports)
+    backward: bool  # two-way: gradients of its float tensors return
+    compression: tuple["Phase", ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.src}->{self.dst}"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One micro-batch a stage processes in a step, in the stage's canonical order."""
+
+    index: int  # position in the step (the micro_batch number on the stage's out-links)
+    link: LinkConfig | None  # where its inputs come from (None at a source)
+    micro_batch: int  # its number on that in-link
+
+
+class Graph:
+    def __init__(self, stages: Sequence[str], links: Sequence[LinkConfig], micro_batches: int, where: str = "job"):
+        self.stages, self.links, self.where = list(stages), tuple(links), where
+        self.in_links: dict[str, list[LinkConfig]] = {s: [] for s in self.stages}
+        self.out_links: dict[str, list[LinkConfig]] = {s: [] for s in self.stages}
+        seen = set()
+        for i, link in enumerate(self.links):
+            at = f"{where}: [[links]] #{i + 1} ({link.name})"
+            for end in (link.src, link.dst):
+                if end not in self.in_links:
+                    raise ConfigError(f"{at}: no stage {end!r}; stages: {', '.join(self.stages)}")
+            if link.src == link.dst:
+                raise ConfigError(f"{at}: a link joins two different stages")
+            if (link.src, link.dst) in seen:
+                raise ConfigError(f"{at}: a second link {link.name}; list every tensor in one link")
+            seen.add((link.src, link.dst))
+            self.out_links[link.src].append(link)
+            self.in_links[link.dst].append(link)
+        self.order = self._topological()
+        self.sources = [s for s in self.order if not self.in_links[s]]
+        self.sinks = [s for s in self.order if not self.out_links[s]]
+        self._items: dict[str, list[Item]] = {}
+        for stage in self.order:  # upstream first: a stage's count depends on its feeders'
+            self._items[stage] = self._canonical(stage, micro_batches)
+
+    @property
+    def coordinator(self) -> str:
+        """The stage that coordinates resumes and the end of the job: the first in the job file."""
+        return self.stages[0]
+
+    def link(self, name: str) -> LinkConfig:
+        for link in self.links:
+            if link.name == name:
+                return link
+        raise ConfigError(f"{self.where}: no link {name!r}; links: {', '.join(l.name for l in self.links) or 'none'}")
+
+    def items(self, stage: str) -> list[Item]:
+        return self._items[stage]
+
+    def per_step(self, stage: str) -> int:
+        return len(self._items[stage])
+
+    def waits_for_gradients(self, stage: str) -> bool:
+        return any(link.backward for link in self.out_links[stage])
+
+    def paths(self, origin: str, sink: str) -> int:
+        """How many distinct paths lead from `origin` to `sink` (one inference end marker arrives per path)."""
+        if origin == sink:
+            return 1
+        return sum(self.paths(link.dst, sink) for link in self.out_links[origin])
+
+    def reachable_sinks(self, origin: str) -> list[str]:
+        return [s for s in self.sinks if self.paths(origin, s)]
+
+    def _topological(self) -> list[str]:
+        indegree = {s: len(self.in_links[s]) for s in self.stages}
+        order, ready = [], [s for s in self.stages if not indegree[s]]
+        while ready:
+            stage = ready.pop(0)
+            order.append(stage)
+            for link in self.out_links[stage]:
+                indegree[link.dst] -= 1
+                if not indegree[link.dst]:
+                    ready.append(link.dst)
+        if len(order) != len(self.stages):
+            cycle = sorted(s for s in self.stages if s not in order)
+            raise ConfigError(f"{self.where}: the links form a cycle through {', '.join(cycle)}; a job graph "
+                              "must be acyclic (gradients flow back on two-way links, not on links of their own)")
+        return order
+
+    def _canonical(self, stage: str, micro_batches: int) -> list[Item]:
+        """Micro-batch m of each in-link, ordered by (m, in-link): processing them in this fixed order
+        makes a stage's results independent of arrival order."""
+        links = self.in_links[stage]
+        if not links:
+            return [Item(m, None, m) for m in range(micro_batches)]
+        pairs = sorted((m, i) for i, link in enumerate(links) for m in range(self.per_step(link.src)))
+        return [Item(k, links[i], m) for k, (m, i) in enumerate(pairs)]
+
+
+def check_ports(graph: Graph, classes: Mapping[str, Any], schedule: str) -> None:
+    """Every link carries tensors its ends declare, with the same dtype and rank; a source reads data."""
+    from nebula.runtime.stage import FLOAT, Stage
+    where = graph.where
+    for link in graph.links:
+        at = f"{where}: [[links]] {link.name}"
+        src, dst = classes[link.src], classes[link.dst]
+        outs, ins = {p.name: p for p in src.outputs}, {p.name: p for p in dst.inputs}
+        if not link.tensors:
+            raise ConfigError(f"{at}: `tensors` is empty; {link.src} can send {', '.join(outs) or 'nothing'}")
+        for name in link.tensors:
+            if name not in outs:
+                raise ConfigError(f"{at}: stage {link.src} ({src.stage_name or src.__name__}) has no output "
+                                  f"{name!r}; its outputs: {', '.join(outs) or 'none'}")
+            if name not in ins:
+                raise ConfigError(f"{at}: stage {link.dst} ({dst.stage_name or dst.__name__}) has no input "
+                                  f"{name!r}; its inputs: {', '.join(ins) or 'none'}")
+            if (outs[name].dtype, outs[name].rank) != (ins[name].dtype, ins[name].rank):
+                raise ConfigError(f"{at}: {name!r} is {outs[name].dtype} of rank {outs[name].rank} at "
+                                  f"{link.src} but {ins[name].dtype} of rank {ins[name].rank} at {link.dst}")
+        missing = [p.name for p in dst.inputs if not p.optional and p.name not in link.tensors]
+        if missing:
+            raise ConfigError(f"{at}: {link.dst} needs {', '.join(missing)} from every link that feeds it; "
+                              f"add them to `tensors`")
+        if link.backward and not any(outs[n].dtype == FLOAT for n in link.tensors):
+            raise ConfigError(f"{at}: backward = true, but no floating-point tensor to return gradients for")
+        if link.backward and schedule == "forward-only":
+            raise ConfigError(f"{at}: backward = true under [schedule] name = \"forward-only\"; use "
+                              "\"synchronous\" or \"one-step-stale\", or make every link forward-only")
+    for stage in graph.sources:
+        if classes[stage].examples is Stage.examples:
+            raise ConfigError(f"{where}: stage {stage} is fed by no link, so it reads data, but "
+                              f"{classes[stage].__name__} has no examples(split); link a stage to it")

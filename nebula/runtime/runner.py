@@ -1,0 +1,620 @@
+"""The runtime of one stage: messages in, micro-batches through the executor, messages out.
+
+Every stage runs the same loop. A source stage opens the steps (its examples, from the example
+order) as the schedule allows; every stage forwards the micro-batches it has, in a fixed order,
+backwards those whose gradients came back, and applies a step once all its micro-batches are
+done. The schedule (docs/runtime.md) decides how far ahead a stage may run:
+- synchronous: step t+1 starts once step t is applied everywhere upstream of a gradient;
+- one-step-stale: a stage that waits for gradients forwards step t+1 before applying step t;
+- forward-only links (any schedule): the sender opens step t only when each receiver has
+  acknowledged step t - credit with a PACE message (paper §3.3, Figure 6).
+
+Control messages (nebula.runtime.control) carry the resume protocol (nebula.runtime.coordinator),
+inference passes and the end of the job. Every message is stamped with the sender's generation;
+one of an older generation is dropped (it belongs to abandoned work), one of a newer generation
+waits until this stage has resumed into it.
+"""
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from nebula.errors import DataError, RemoteError, StageError, TransportError
+from nebula.runtime import control as ctl
+from nebula.runtime.checkpoint import CheckpointDir
+from nebula.runtime.control import DataKind, DataTopic, Topic
+from nebula.runtime.coordinator import Coordination
+from nebula.runtime.executor import Executor
+from nebula.runtime.graph import LinkConfig
+from nebula.runtime.link import LinkCodecs, LinkMeter
+from nebula.runtime.metrics import MetricsLog
+from nebula.runtime.order import ExampleOrder, digest, id_hashes
+from nebula.runtime.sender import BackgroundSender
+from nebula.runtime.stage import FLOAT, Batch, Port, Stage
+from nebula.transport.base import Channel
+from nebula.wire import Kind, Message
+
+IDS = "example_ids"  # the runtime's own tensor on every data message: (B,) int64 example-id hashes
+
+
+class Resync(Exception):
+    """Abandon the work in flight: a member restarted, or the coordinator asked (round)."""
+
+    def __init__(self, round_: int = 0):
+        super().__init__("resynchronising")
+        self.round = round_
+
+
+@dataclass
+class StepState:
+    """A step this stage has started: what arrived, what ran."""
+
+    step: int
+    started: float = field(default_factory=time.perf_counter)
+    arrived: dict[int, tuple[Batch, dict]] = field(default_factory=dict)  # item index -> its inputs
+    forwarded: int = 0  # items forwarded, in canonical order
+    grads: dict[int, dict[str, dict]] = field(default_factory=dict)  # item -> out-link -> gradients
+    backwarded: int = 0
+    ids: list[int] = field(default_factory=list)  # example-id hashes, for the ledger
+
+
+class StageRunner:
+    def __init__(self, job: Any, name: str, stage: Stage, channel: Channel, workdir: Path,
+                 metrics: MetricsLog, ranks: Any = None, timeout: float = 300.0):
+        self.job, self.name, self.stage, self.channel = job, name, stage, channel
+        self.graph, self.train, self.schedule = job.graph, job.train, job.schedule
+        self.workdir, self.metrics, self.ranks, self.timeout = Path(workdir), metrics, ranks, timeout
+        self.addresses = {n: s.address for n, s in job.stages.items()}
+        self.names = {a: n for n, a in self.addresses.items()}
+        self.in_links, self.out_links = self.graph.in_links[name], self.graph.out_links[name]
+        meter = LinkMeter(self.workdir / "link.jsonl")
+        self.codecs = {link.name: LinkCodecs(link.compression, link.name, meter)
+                       for link in (*self.in_links, *self.out_links)}
+        self.items = self.graph.items(name)
+        self.item_of = {(i.link.name if i.link else None, i.micro_batch): i for i in self.items}
+        self.waits = self.graph.waits_for_gradients(name)
+        self.executor = Executor(stage, self.graph, name, self.train, self.schedule.stale, self._emit,
+                                 reduce=ranks.reduce if ranks else None)
+        self.sender = BackgroundSender(channel, timeout)
+        self.checkpoints = CheckpointDir(self.workdir / "checkpoints")
+        self.members = [s for s in self.graph.stages if s != name]
+        self.is_coordinator = name == self.graph.coordinator
+        self.coordination = Coordination([m for m in self.members]) if self.is_coordinator else None
+        self.incarnation = random.SystemRandom().randrange(1, 1 << 62)
+        self.step, self.generation, self.ledger = 0, 0, []
+        self.open: dict[int, StepState] = {}
+        self.later: list[Message] = []  # newer-generation messages, until this stage resumes into it
+        self.acked = {link.name: 0 for link in self.out_links if not link.backward}
+        self.last_update: float | None = None
+        self.joining: int | None = None  # member: the RESYNC round answered last, while awaiting RESUME
+        self.finish_at: int | None = None
+        self.ended: set[str] = set()
+        self.done: set[str] = set()
+        self.finishing = False
+        self.inference: deque = deque()  # (message, link) of inference work, in arrival order
+        self.results: dict[tuple[str, str], list] = {}  # sink: (origin, split) -> results so far
+        self.ends: dict[tuple[str, str], int] = {}
+        self.asked: dict[str, dict[str, Any]] = {}  # origin: split -> sink -> scores
+        self._asking = (0, 1)  # origin: (examples, batch size) of the pass in progress
+        self._order: ExampleOrder | None = None
+        self._hashes: dict[str, torch.Tensor] = {}
+        self.verified: dict[tuple, bool] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def run(self, hook: Callable[["StageRunner"], Any] | None = None, train: bool = True) -> Any:
+        """Start, train to [train].steps (a source drives it), run `hook` (default: the stage's
+        after_training, at sources), and end the job together with the other stages."""
+        try:
+            self.start()
+            result, hooked_at = None, None
+            while True:
+                try:
+                    if train and self.is_source:
+                        self._train_to(self.train.steps)
+                    if hook is not None or (train and self.is_source):
+                        if hooked_at != self.step:  # once per final state (again only after a roll-back)
+                            result = hook(self) if hook is not None else self.stage.after_training(self)
+                            hooked_at = self.step
+                    self._end(self.train.steps if train else self.step)
+                    break
+                except Resync as resync:
+                    self._recover(resync)
+            self._final()
+            return result
+        except (TransportError, RemoteError):
+            raise  # the link or a peer failed: there is nothing to tell the others
+        except Exception as exc:  # not KeyboardInterrupt & co: an interrupted stage is restarted, not blamed
+            self.report(exc)
+            raise
+
+    @property
+    def is_source(self) -> bool:
+        return not self.in_links
+
+    def start(self) -> None:
+        """Agree with every other stage on the last checkpoint they all hold, and load it."""
+        if not self.checkpoints.steps():
+            self.save()
+        if self.is_coordinator:
+            self._coordinate()
+        else:
+            self._join(0)
+
+    def close(self) -> None:
+        self.sender.close()
+
+    # -- training ------------------------------------------------------------------------------------
+    def _train_to(self, last: int) -> None:
+        while self.step < last:
+            t = self.step + 1
+            if t not in self.open:
+                self._open(t)
+            if self.schedule.stale and self.waits and not self.train.saves_after(t) and t < last \
+                    and t + 1 not in self.open:
+                self._open(t + 1)  # PipeDream-2BW: the next forward before this update
+            self.pump(lambda: self.step >= t)
+
+    def _open(self, t: int) -> None:
+        """A source opens step t: its micro-batches, once every forward-only receiver allows it."""
+        credit = self.schedule.pace_credit
+        self.pump(lambda: all(acked >= t - credit for acked in self.acked.values()))
+        if self._order is None:
+            self._order = ExampleOrder(len(self._example_hashes("train")), self.train.batch_size, self.train.seed)
+        indices, state = self._order.indices(t), self.open.setdefault(t, StepState(t))
+        hashes = self._example_hashes("train")
+        for item in self.items:
+            chosen = indices[item.index::len(self.items)]
+            state.arrived[item.index] = (Batch("train", t, item.index, ids=hashes[chosen], indices=chosen), {})
+
+    def _work(self) -> None:
+        """Do everything the messages so far allow, in the canonical order."""
+        while self._work_once():
+            pass
+
+    def _work_once(self) -> bool:
+        for t in sorted(self.open):
+            state = self.open[t]
+            if not self.executor.ready_for(t):
+                break
+            if state.forwarded < len(self.items) and state.forwarded in state.arrived:
+                batch, inputs = state.arrived.pop(state.forwarded)
+                state.ids += batch.ids.tolist()
+                self._forward(batch, inputs, self.items[state.forwarded])
+                state.forwarded += 1
+                return True
+        for t in sorted(self.open):
+            state = self.open[t]
+            if self.waits and state.backwarded < state.forwarded and self._has_grads(state, state.backwarded):
+                grads = state.grads.pop(state.backwarded)
+                if self.ranks is not None:
+                    self.ranks.backward(t, state.backwarded, grads)
+                else:
+                    self.executor.backward(t, state.backwarded, grads)
+                state.backwarded += 1
+                return True
+        state = self.open.get(self.step + 1)
+        if state is not None and state.forwarded == len(self.items) and (not self.waits or state.backwarded == len(self.items)):
+            self._apply(self.open.pop(self.step + 1))
+            return True
+        if self.inference and self.inference[0][0].step <= self.step:
+            self._infer(*self.inference.popleft())
+            return True
+        return False
+
+    def _forward(self, batch: Batch, inputs: dict, item) -> None:
+        if self.ranks is not None:
+            self.ranks.forward(batch, inputs, item)
+        else:
+            self.executor.forward(batch, inputs, item)
+
+    def _has_grads(self, state: StepState, index: int) -> bool:
+        return len(state.grads.get(index, {})) == sum(link.backward for link in self.out_links)
+
+    def _apply(self, state: StepState) -> None:
+        tally = self.ranks.apply(state.step) if self.ranks is not None else self.executor.apply(state.step)
+        now, t = time.perf_counter(), state.step
+        since = state.started if self.last_update is None else self.last_update  # update to update
+        self.step, self.last_update = t, now
+        self.ledger.append([t, digest(state.ids)])
+        if self.train.saves_after(t):
+            self.save()
+        sent = {f"{name}:{d}": n for name, c in self.codecs.items() for d in ("forward", "backward")
+                if (n := c.take_bytes(d))}
+        loss = {} if tally.loss is None else {"loss": tally.loss}
+        self.metrics.step(step=t, step_s=now - since, compute_s=tally.compute_s, **loss, sent=sent)
+        for link in self.in_links:
+            if not link.backward:
+                self._tell(link.src, ctl.Pace(step=t))  # the sender may now open step t + credit
+
+    # -- messages ---------------------------------------------------------------------------------------
+    def pump(self, until: Callable[[], bool]) -> None:
+        """Handle messages until `until()` holds."""
+        self._work()
+        while not until():
+            self.handle(self.recv())
+
+    def recv(self) -> Message:
+        if self.ranks is not None:
+            self.ranks.raise_if_failed()
+        msg = self.channel.recv(timeout=self.timeout)
+        if msg.kind == Kind.ERROR:  # gateways' refusals are handled by the channel: this is a stage's
+            raise RemoteError(msg.error_code, f"{msg.src} failed: {msg.error_message}; fix the cause there, "
+                                              "then restart the job's stages")
+        return msg
+
+    def handle(self, msg: Message) -> None:
+        sender = self.names.get(msg.src)
+        if sender is None:
+            raise StageError(f"{msg.src} sent a {msg.kind.name} message but is not a stage of job {self.job.name}")
+        if msg.kind == Kind.CONTROL:
+            topic, body = ctl.parse_control(msg)
+            if topic in (Topic.HELLO, Topic.RESYNC, Topic.RESUME, Topic.READY):
+                self._protocol(sender, topic, body)
+            elif self._current(msg):
+                self._control(sender, topic, body, msg)
+        elif msg.kind == Kind.TENSORS:
+            if self._current(msg):
+                self._data(sender, msg)
+        else:
+            raise StageError(f"{msg.src} sent an unexpected {msg.kind.name} message to a stage")
+        self._work()
+
+    def _current(self, msg: Message) -> bool:
+        """Whether `msg` belongs to this generation (older: dropped; newer: kept for later)."""
+        if msg.generation > self.generation:
+            self.later.append(msg)
+        return msg.generation == self.generation
+
+    def _data(self, sender: str, msg: Message) -> None:
+        topic = ctl.parse_data_topic(msg)
+        if topic.kind is DataKind.BACKWARD:
+            link = self._link(self.name, sender, "sent gradients", backward=True)
+            state = self.open.get(msg.step)
+            if state is None or msg.micro_batch >= state.forwarded:
+                raise StageError(f"{msg.src} sent gradients for step {msg.step} micro-batch {msg.micro_batch}, "
+                                 f"which {self.name} has not sent (at step {self.step})")
+            ports = {p.name: p for p in type(self.stage).outputs}
+            grads, _ = self._decode(msg, link, [n for n in link.tensors if ports[n].dtype == FLOAT], ports, ids=False)
+            state.grads.setdefault(msg.micro_batch, {})[link.name] = grads
+            return
+        link = self._link(sender, self.name, "sent tensors")
+        inputs, ids = self._decode(msg, link, list(link.tensors), {p.name: p for p in type(self.stage).inputs}, ids=True)
+        if topic.kind is DataKind.INFER:
+            self.inference.append((msg, link, inputs, ids, topic))
+            return
+        item = self.item_of.get((link.name, msg.micro_batch))
+        if item is None or msg.step <= self.step:
+            raise StageError(f"{msg.src} sent step {msg.step} micro-batch {msg.micro_batch}, which {self.name} does "
+                             f"not expect (it applied step {self.step}; {len(self.items)} micro-batches per step)")
+        batch = Batch("train", msg.step, item.index, ids=ids, link=link.name)
+        self.open.setdefault(msg.step, StepState(msg.step)).arrived[item.index] = (batch, inputs)
+
+    def _decode(self, msg: Message, link: LinkConfig, names: list[str], ports: dict[str, Port],
+                ids: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
+        """The tensors of `msg`, checked against the ports: a mismatch is a DataError naming it."""
+        tensors = {t.name: self.codecs[link.name].unpack(t) for t in msg.tensors}
+        example_ids = tensors.pop(IDS, None)
+        where = f"{msg.src} sent step {msg.step} on link {link.name}"
+        if ids and (example_ids is None or example_ids.dtype != torch.int64 or example_ids.dim() != 1):
+            raise DataError(f"{where} without int64 (B,) {IDS!r}: both sites must run the same Nebula")
+        if set(tensors) != set(names):
+            raise DataError(f"{where} with tensors {sorted(tensors)}, expected {sorted(names)}: both sites must "
+                            "run the same job file")
+        for name, tensor in tensors.items():
+            why = ports[name].accepts(tensor)
+            if why is None and example_ids is not None and tensor.shape[0] != example_ids.shape[0]:
+                why = f"batch dimension {tensor.shape[0]} for {example_ids.shape[0]} example ids"
+            if why:
+                raise DataError(f"{where}: {name!r} with {why} (port {ports[name].name}: {ports[name].dtype}, "
+                                f"rank {ports[name].rank}); check the stage implementations at both ends")
+        return {n: t.to(self.stage.device) for n, t in tensors.items()}, example_ids
+
+    def _link(self, src: str, dst: str, what: str, backward: bool = False) -> LinkConfig:
+        for link in self.graph.links:
+            if (link.src, link.dst) == (src, dst) and (link.backward or not backward):
+                return link
+        who = self.addresses.get(src if dst == self.name else dst)
+        raise StageError(f"{who} {what}, but the job has no {'two-way ' if backward else ''}link {src}->{dst}")
+
+    def _emit(self, direction: str, link: LinkConfig, step: int, micro_batch: int, tensors: dict,
+              ids: torch.Tensor | None, topic: DataTopic | None = None) -> None:
+        topic = topic or DataTopic(DataKind.FORWARD if direction == "forward" else DataKind.BACKWARD)
+        dst = self.addresses[link.dst if direction == "forward" else link.src]
+        codecs, generation = self.codecs[link.name], self.generation
+
+        def build() -> Message:  # runs on the sender thread: codec work overlaps the next compute
+            payloads = [codecs.pack(direction, name, tensor, step) for name, tensor in tensors.items()]
+            if ids is not None:
+                payloads.append(codecs.pack(direction, IDS, ids, step))
+            return Message(kind=Kind.TENSORS, job=self.job.name, dst=dst, step=step, micro_batch=micro_batch,
+                           tensors=payloads, generation=generation, topic=str(topic))
+        self.sender.submit(build)
+
+    def _tell(self, stage: str, body: Any, step: int | None = None) -> None:
+        msg = ctl.control(body, self.job.name, self.addresses[stage], self.generation)
+        msg.step = self.step if step is None else step
+        self.sender.submit(lambda: msg)
+
+    # -- control: the resume protocol --------------------------------------------------------------
+    def _protocol(self, sender: str, topic: Topic, body: Any) -> None:
+        if self.is_coordinator and topic is Topic.HELLO:
+            if self.finishing:
+                self._late_joiner(sender, body)
+            elif self.coordination.on_hello(sender, body):
+                raise Resync()
+        elif self.is_coordinator and topic is Topic.READY:
+            self.coordination.on_ready(sender, body)
+        elif not self.is_coordinator and sender == self.graph.coordinator and topic is Topic.RESYNC:
+            if self.joining is None:
+                raise Resync(body.round)
+            self.joining = body.round  # a new round began while we waited: answer it too
+            self._tell(sender, self._hello(body.round))
+        elif not self.is_coordinator and sender == self.graph.coordinator and topic is Topic.RESUME:
+            if self.joining is not None and body.round >= self.joining:
+                self._resume(body)
+        else:
+            raise StageError(f"{self.addresses[sender]} sent {topic.value!r} to {self.name}, which "
+                             f"{'coordinates' if self.is_coordinator else 'is coordinated by ' + self.graph.coordinator}")
+
+    def _coordinate(self) -> None:
+        while True:
+            try:
+                return self._round()
+            except Resync:
+                continue  # a member restarted meanwhile: start over
+
+    def _round(self) -> None:
+        self._abandon()
+        round_ = self.coordination.start_round()
+        for member in self.members:
+            self._tell(member, ctl.Resync(round=round_))
+        self.pump(self.coordination.all_answered)
+        step, generation = self.coordination.decide(self._hello(0))
+        self.restore(step)
+        self.generation = generation
+        for member in self.members:
+            self._tell(member, ctl.Resume(round=round_, step=step, generation=generation))
+        self._replay()
+        self.pump(self.coordination.all_ready)
+        self.coordination.resumed()
+        self.metrics.event("resumed", step=step, generation=generation)
+
+    def _join(self, round_: int) -> None:
+        """A member: answer the coordinator and wait for its RESUME (round 0: unasked, on start)."""
+        self._abandon()
+        self.joining = round_
+        self._tell(self.graph.coordinator, self._hello(round_))
+        self.pump(lambda: self.joining is None)
+
+    def _resume(self, body: ctl.Resume) -> None:
+        self.restore(body.step)
+        self.generation, self.joining = body.generation, None
+        self._tell(self.graph.coordinator, ctl.Ready(round=body.round, step=body.step))
+        self.metrics.event("resumed", step=body.step, generation=body.generation)
+        self._replay()
+
+    def _recover(self, resync: Resync) -> None:
+        if self.is_coordinator:
+            self._coordinate()
+        else:
+            self._join(resync.round)
+
+    def _late_joiner(self, sender: str, hello: ctl.Hello) -> None:
+        """A member restarted after the job's end was announced: resume it at the end and finish it."""
+        if self.coordination.incarnations.get(sender) == hello.incarnation:
+            return
+        self.coordination.incarnations[sender] = hello.incarnation
+        if self.finish_at not in hello.checkpoints:
+            raise StageError(f"{sender} restarted after the job ended without its final checkpoint "
+                             f"(step {self.finish_at}; it has {list(hello.checkpoints)})")
+        self._tell(sender, ctl.Resume(round=self.coordination.round, step=self.finish_at, generation=self.generation))
+        self._tell(sender, ctl.Finish(step=self.finish_at))
+
+    def _hello(self, answer_to: int) -> ctl.Hello:
+        return ctl.Hello(incarnation=self.incarnation, checkpoints=tuple(self.good_checkpoints()),
+                         generation=self.generation, answer_to=answer_to)
+
+    def _abandon(self) -> None:
+        """Drop whatever is in flight: unsent messages, open steps, inference in progress."""
+        self.sender.discard()
+        self.open.clear()
+        self.inference.clear()
+        self.results.clear()
+        self.ends.clear()
+        self.asked.clear()
+
+    def _replay(self) -> None:
+        """Handle what arrived early for the generation just entered."""
+        while True:
+            ready = [m for m in self.later if m.generation <= self.generation]
+            if not ready:
+                return
+            self.later = [m for m in self.later if m.generation > self.generation]
+            for i, msg in enumerate(ready):
+                try:
+                    self.handle(msg)
+                except BaseException:
+                    self.later = ready[i + 1:] + self.later  # keep what is not handled yet
+                    raise
+
+    # -- control: pace, inference, the end ---------------------------------------------------------------
+    def _control(self, sender: str, topic: Topic, body: Any, msg: Message) -> None:
+        if topic is Topic.PACE and f"{self.name}->{sender}" in self.acked:
+            self.acked[f"{self.name}->{sender}"] = max(self.acked[f"{self.name}->{sender}"], body.step)
+        elif topic is Topic.INFER_END:
+            self.inference.append((msg, self._link(sender, self.name, "ended an inference pass"), None, None, body))
+        elif topic is Topic.INFER_PROGRESS and body.split in self.asked:
+            total, batch_size = self._asking
+            if body.n == total or body.n % (8 * batch_size) < batch_size:  # every 8th batch, and the last
+                self.metrics.event("decoded", split=body.split, n=body.n, of=total)
+        elif topic is Topic.SCORES and body.split in self.asked:
+            self.asked[body.split][body.sink] = body.scores
+        elif topic is Topic.ENDED and self.is_coordinator:
+            self.ended.add(sender)
+        elif topic is Topic.FINISH and sender == self.graph.coordinator:
+            self.finish_at = body.step
+        elif topic is Topic.DONE and self.is_coordinator:
+            self.done.add(sender)
+        else:
+            raise StageError(f"{self.addresses[sender]} sent {topic.value!r} to {self.name}, which does not "
+                             "expect it now (do all sites run the same job file?)")
+
+    def _end(self, target: int) -> None:
+        """Sources report that they are through; the coordinator then finishes every member."""
+        if self.is_coordinator:
+            if self.is_source:
+                self.ended.add(self.name)
+            self.pump(lambda: self.ended >= set(self.graph.sources))
+            self.finish_at, self.finishing = target, True
+            for member in self.members:
+                self._tell(member, ctl.Finish(step=target))
+            self.pump(lambda: self.step >= target and self.done >= set(self.members))
+        else:
+            if self.is_source:
+                self._tell(self.graph.coordinator, ctl.Ended(step=self.step))
+            self.pump(lambda: self.finish_at is not None and self.step >= self.finish_at)
+
+    def _final(self) -> None:
+        if self.step not in self.checkpoints.steps():
+            self.save()
+        (self.workdir / "ledger.json").write_text(json.dumps({"steps": self.ledger}))
+        if not self.is_coordinator:
+            self._tell(self.graph.coordinator, ctl.Done(step=self.step))
+        self.sender.flush()
+
+    # -- inference ----------------------------------------------------------------------------------------
+    def evaluate(self, split: str, indices: list[int], batch_size: int) -> dict[str, Any]:
+        """Inference from this source on examples `indices` of `split`: its outputs travel the links
+        (with their codecs) to the sinks, which run their `infer` and `score`; -> {sink: scores}."""
+        topic, hashes = ctl.infer_topic(self.name, split), self._example_hashes(split)
+        sinks = self.graph.reachable_sinks(self.name)
+        self.asked[split], self._asking, local = {}, (len(indices), batch_size), []
+        for b, start in enumerate(range(0, len(indices), batch_size)):
+            chosen = indices[start:start + batch_size]
+            batch = Batch(split, self.step, b, ids=hashes[chosen], training=False, indices=chosen)
+            if not self.out_links:  # a one-stage job: this stage is its own sink
+                local += self._sink_infer(batch, {})
+                continue
+            out = self.executor.infer_forward(batch, {})
+            for link in self.out_links:
+                self._emit("forward", link, self.step, b, {n: out.tensors[n] for n in link.tensors}, batch.ids, topic)
+        if not self.out_links:
+            return {self.name: self.stage.score(split, local)}
+        for link in self.out_links:
+            self._tell(link.dst, ctl.InferEnd(origin=self.name, split=split))
+        self.pump(lambda: set(self.asked[split]) >= set(sinks))
+        return self.asked.pop(split)
+
+    def _infer(self, msg: Message, link: LinkConfig, inputs: dict | None, ids: Any, what: Any) -> None:
+        """One inference batch, or the end of a pass, in arrival order, once this stage's weights are
+        at least those of the step the origin evaluates."""
+        if isinstance(what, ctl.InferEnd):
+            if self.out_links:
+                for out in self.out_links:
+                    self._tell(out.dst, what, step=msg.step)
+                return
+            key = (what.origin, what.split)
+            self.ends[key] = self.ends.get(key, 0) + 1
+            if self.ends[key] == self.graph.paths(what.origin, self.name):
+                scores = self.stage.score(what.split, self.results.pop(key, []))
+                del self.ends[key]
+                self._tell(what.origin, ctl.Scores(split=what.split, sink=self.name, scores=scores), step=msg.step)
+            return
+        batch = Batch(what.split, msg.step, msg.micro_batch, ids=ids, training=False, link=link.name)
+        if self.out_links:
+            out = self.executor.infer_forward(batch, inputs)
+            for out_link in self.out_links:
+                self._emit("forward", out_link, msg.step, msg.micro_batch,
+                           {n: out.tensors[n] for n in out_link.tensors}, ids, what)
+            return
+        results = self.results.setdefault((what.origin, what.split), [])
+        results += self._sink_infer(batch, inputs)
+        # the origin hears that decoding goes on: a long evaluation is progress, not a silent peer
+        self._tell(what.origin, ctl.InferProgress(split=what.split, n=len(results)), step=msg.step)
+
+    def _sink_infer(self, batch: Batch, inputs: dict) -> list:
+        self.stage.module.train(False)
+        with torch.no_grad():
+            results = self.stage.infer(batch, inputs)
+        if len(results) != batch.ids.shape[0]:
+            raise StageError(f"{type(self.stage).__name__}.infer returned {len(results)} results for "
+                             f"{batch.ids.shape[0]} examples")
+        return list(results)
+
+    def _example_hashes(self, split: str) -> torch.Tensor:
+        if split not in self._hashes:
+            self._hashes[split] = id_hashes(self.stage.examples(split))
+        return self._hashes[split]
+
+    def forget_examples(self, split: str) -> None:
+        """The stage's examples of `split` changed (e.g. sentences given to translate)."""
+        self._hashes.pop(split, None)
+
+    # -- checkpoints ---------------------------------------------------------------------------------
+    def save(self) -> None:
+        self.sender.settle()  # the codec state then covers exactly the messages sent so far
+        self.checkpoints.save(self.step, {
+            "stage": self.stage.state_dict(), "step": self.step, "ledger": self.ledger,
+            "codecs": {name: c.state_dict() for name, c in self.codecs.items()},
+            "rng": torch.get_rng_state(), "seed": self.train.seed})
+
+    def restore(self, step: int) -> None:
+        """Load checkpoint `step` (0: the initial state saved at the first start)."""
+        state = self.checkpoints.load(step)
+        self.stage.load_state_dict(state["stage"])
+        self.step, self.ledger = int(state["step"]), [list(e) for e in state["ledger"]]
+        for name, codecs in self.codecs.items():
+            codecs.load_state_dict(state.get("codecs", {}).get(name, {"slots": []}))
+        torch.set_rng_state(state["rng"])
+        self.open.clear()
+        self.executor.reset(self.step)
+        self.last_update = None
+        self.acked = {name: self.step for name in self.acked}
+        if self.ranks is not None:
+            self.ranks.restore(self.checkpoints.file(step))
+
+    def good_checkpoints(self) -> list[int]:
+        """Steps whose checkpoint matches its checksum; a corrupt one is skipped with a warning.
+        Each file is hashed once per (size, mtime)."""
+        import hashlib
+        good = []
+        for step in self.checkpoints.steps():
+            path = self.checkpoints.file(step)
+            try:
+                stat = path.stat()
+                key = (step, stat.st_size, stat.st_mtime_ns)
+                if key not in self.verified:
+                    expected = path.with_name(f"{path.name}.sha256").read_text().strip()
+                    self.verified[key] = hashlib.sha256(path.read_bytes()).hexdigest() == expected
+                    if not self.verified[key]:
+                        self.warn(f"checkpoint {path} is corrupt (checksum mismatch): skipping it, an earlier "
+                                  "checkpoint will be used; delete the file to silence this warning")
+            except FileNotFoundError:
+                continue  # pruned meanwhile
+            if self.verified[key]:
+                good.append(step)
+        return good
+
+    def warn(self, text: str) -> None:
+        print(f"warning: {text}", file=sys.stderr, flush=True)
+        self.metrics.event("warning", message=text)
+
+    # -- failures --------------------------------------------------------------------------------------
+    def report(self, exc: BaseException, timeout: float = 5.0) -> None:
+        """Best effort: tell every other stage why this one fails; it exits anyway."""
+        text = f"{type(exc).__name__}: {exc}"[:4000]
+        for member in self.members:
+            msg = Message(kind=Kind.ERROR, job=self.job.name, dst=self.addresses[member], error_code="stage",
+                          error_message=text, step=self.step, generation=self.generation)
+            try:
+                self.channel.send(msg, timeout=timeout)  # direct: the sender thread may be what failed
+            except Exception as send_exc:  # noqa: BLE001 - reporting must not hide the original error
+                print(f"warning: could not report the failure to {member}: {send_exc}", file=sys.stderr)

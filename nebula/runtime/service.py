@@ -1,0 +1,101 @@
+"""One stage as a service: build it from the job file, hand it its channel, run it to the end.
+
+`nebula stage run` lands here. A stage with `ranks = N` is N processes started with torchrun's
+conventions (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so `torchrun` itself can
+launch them; rank 0 opens the stage's channel, the other ranks only talk to rank 0
+(nebula.runtime.ranks).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nebula.errors import ConfigError
+from nebula.runtime.metrics import MetricsLog
+from nebula.runtime.registry import resolve_stage
+from nebula.runtime.runner import StageRunner
+from nebula.runtime.stage import Stage, StageContext
+from nebula.transport.base import Channel
+
+
+def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
+    """`auto` -> cuda when available, else cpu; a bare `cuda` on rank r -> cuda:<local rank>."""
+    if spec == "auto":
+        spec = "cuda" if torch.cuda.is_available() else "cpu"
+    if spec.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {spec!r}: this machine has no CUDA device torch can use "
+                              "(set device = \"cpu\", or install a CUDA build of torch)")
+        if spec == "cuda":
+            spec = f"cuda:{local_rank % torch.cuda.device_count()}"
+        if int(spec.split(":")[1]) >= torch.cuda.device_count():
+            raise ConfigError(f"device {spec!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return torch.device(spec)
+
+
+def torchrun_env() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's variables; (0, 1, 0) without them."""
+    try:
+        return (int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                int(os.environ.get("LOCAL_RANK", 0)))
+    except ValueError as exc:
+        raise ConfigError(f"RANK, WORLD_SIZE and LOCAL_RANK must be integers: {exc}") from exc
+
+
+def build_stage(job: Any, name: str, workdir: Path, quiet: bool = False, rank: int = 0, world: int = 1,
+                local_rank: int = 0) -> Stage:
+    """The stage module, seeded from [train].seed and its position in the job (ranks alike)."""
+    config = job.stage(name)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    device = resolve_device(config.device, local_rank)
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    label = name if world == 1 else f"{name}/{rank}"
+    metrics = MetricsLog(workdir / ("metrics.jsonl" if rank == 0 else f"metrics-rank{rank}.jsonl"), label,
+                         job.train.log_every, quiet=quiet)
+    torch.manual_seed(job.train.seed + list(job.stages).index(name))
+    context = StageContext(name=name, address=config.address, job=job, workdir=workdir, device=device,
+                           metrics=metrics, rank=rank, world_size=world)
+    return resolve_stage(config.impl)(context, config.options)
+
+
+def make_runner(job: Any, name: str, stage: Stage, channel: Channel, ranks: Any = None,
+                timeout: float = 300.0) -> StageRunner:
+    return StageRunner(job, name, stage, channel, stage.context.workdir, stage.context.metrics, ranks=ranks,
+                       timeout=timeout)
+
+
+def run_stage(job: Any, name: str, workdir: Path, site_path: Path, quiet: bool = False) -> None:
+    """`nebula stage run`: this process's rank of stage `name`, until the job is done."""
+    from nebula.transport.config import load_site_config
+    from nebula.transport.reliable import open_channel
+
+    config = job.stage(name)
+    rank, world, local_rank = torchrun_env()
+    if world != config.ranks:
+        raise ConfigError(f"stage {name} has ranks = {config.ranks} but WORLD_SIZE is {world}: start it with "
+                          f"`torchrun --nproc-per-node {config.ranks} -m nebula.cli stage run ...` (or "
+                          "nebula's launcher), or change [stages.{name}].ranks")
+    site = load_site_config(site_path) if rank == 0 else None  # fails before any model loads
+    stage = build_stage(job, name, workdir, quiet, rank, world, local_rank)
+    ranks = None
+    if world > 1:
+        from nebula.runtime.ranks import RankGroup
+        ranks = RankGroup.join(job, name, stage, rank, world)
+        if rank != 0:
+            ranks.serve()
+            return
+    try:
+        with open_channel(site, config.address) as channel:
+            runner = make_runner(job, name, stage, channel, ranks)
+            try:
+                runner.run()
+            finally:
+                runner.close()
+    finally:
+        if ranks is not None:
+            ranks.close()

@@ -1,0 +1,131 @@
+"""Helpers for the runtime's tests: jobs of the example workload (services/example) built in code,
+stages that misbehave in one way (hivemind-style fault injection), and runners on in-process
+channels in threads."""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from nebula.runtime.job import parse_job
+from nebula.runtime.service import build_stage, make_runner
+from nebula.runtime.stage import FLOAT, Output, Port, Stage
+from services.example.stages import Options, Sink, Source
+
+TIMELINE: list[tuple[float, str, int]] = []  # (time, event, step) from the instrumented stages below
+
+
+def example_job(stages: int = 2, schedule: str = "synchronous", backward: bool = True, steps: int = 12,
+                credit: int | None = None, compression: dict | None = None, local_loss: bool = False,
+                sink_impl: str = "example-sink", sink_options: dict | None = None, source_impl: str = "example-source",
+                checkpoint_every: int = 3, micro_batches: int = 4, sink_ranks: int = 1):
+    """A chain source -> [middle ->] sink on sites a, b[, c] of the example workload."""
+    names = ["src", "mid", "sink"] if stages == 3 else ["src", "sink"]
+    impls = {"src": source_impl, "mid": "example-middle", "sink": sink_impl}
+    sites = dict(zip(names, "abc"))
+    raw = {"job": {"name": "t"},
+           "train": {"steps": steps, "batch_size": 16, "micro_batches": micro_batches,
+                     "checkpoint_every": checkpoint_every, "log_every": 1},
+           "schedule": {"name": schedule, **({"credit": credit} if credit else {})},
+           "stages": {n: {"address": f"{sites[n]}/{n}/0", "impl": impls[n]} for n in names},
+           "links": [{"from": a, "to": b, "tensors": ["hidden"], "backward": backward,
+                      **({"compression": compression} if compression else {})} for a, b in zip(names, names[1:])]}
+    if local_loss:
+        raw["stages"]["src"]["local_loss"] = True
+    raw["stages"]["sink"].update(sink_options or {})
+    if sink_ranks > 1:
+        raw["stages"]["sink"]["ranks"] = sink_ranks
+    return parse_job(raw)
+
+
+@dataclass
+class Running:
+    """Runners of a job's stages in threads over one in-process hub."""
+
+    job: object
+    root: Path
+    hub: object
+    runners: dict = field(default_factory=dict)
+    threads: dict = field(default_factory=dict)
+    errors: dict = field(default_factory=dict)
+
+    def start(self, name: str, job=None, channel=None) -> None:
+        job = job or self.job
+        stage = build_stage(job, name, self.root / name, quiet=True)
+        channel = channel or self.hub.channel(job.stage(name).address)
+        runner = self.runners[name] = make_runner(job, name, stage, channel, timeout=20.0)
+
+        def run() -> None:
+            try:
+                runner.run()
+            except BaseException as exc:  # noqa: BLE001 - reported to the test
+                self.errors[name] = exc
+            finally:
+                runner.close()
+        self.threads[name] = threading.Thread(target=run, name=f"test-{name}", daemon=True)
+        self.threads[name].start()
+
+    def join(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        for name, thread in self.threads.items():
+            thread.join(max(0.1, deadline - time.monotonic()))
+            assert not thread.is_alive(), f"stage {name} did not finish; errors: {self.errors}"
+
+    def weights(self, name: str) -> dict[str, torch.Tensor]:
+        return {k: p.detach().clone() for k, p in self.runners[name].stage.trainable().items()}
+
+
+def run_job(job, root: Path, crash: str | None = None, crashed_job=None, timeout: float = 30.0) -> Running:
+    """Every stage of `job`; with `crash`, that stage runs `crashed_job` (one that crashes), is
+    restarted with `job` when it dies, and the run goes on."""
+    from nebula.transport.inproc import InProcHub
+    running = Running(job, root, InProcHub())
+    channels = {name: running.hub.channel(job.stage(name).address) for name in job.stages}  # all addresses first
+    for name in job.stages:
+        running.start(name, crashed_job if name == crash else None, channels[name])
+    if crash:
+        running.threads[crash].join(timeout)
+        assert isinstance(running.errors.pop(crash, None), KeyboardInterrupt), running.errors
+        running.start(crash, channel=running.hub.restart(job.stage(crash).address))
+    running.join(timeout)
+    return running
+
+
+@dataclass(frozen=True, kw_only=True)
+class CrashOptions(Options):
+    crash_at: int = 0  # die (as a killed process would) in the middle of this step
+    slow_infer: float = 0.0  # seconds per inference batch
+
+
+class CrashingSink(Sink):
+    Options = CrashOptions
+
+    def optimizer_step(self, step: int) -> None:
+        if step == self.options.crash_at:
+            raise KeyboardInterrupt("injected crash")  # a process dying, not an error it handles
+        TIMELINE.append((time.monotonic(), "sink-applied", step))
+        time.sleep(0.01)  # a receiver slower than its sender: the pace credit must hold the sender back
+        super().optimizer_step(step)
+
+    def infer(self, batch, inputs):
+        time.sleep(self.options.slow_infer)
+        return super().infer(batch, inputs)
+
+
+class TimedSource(Source):
+    def forward(self, batch, inputs):
+        if batch.training and batch.micro_batch == 0:
+            TIMELINE.append((time.monotonic(), "source-opened", batch.step))
+        return super().forward(batch, inputs)
+
+
+class NoData(Stage):
+    """A stage that computes but reads no data of its own: it cannot be a source."""
+
+    outputs = (Port("hidden", FLOAT, rank=2),)
+
+    def forward(self, batch, inputs):
+        return Output(tensors={"hidden": torch.zeros(len(batch.ids), 16)})
