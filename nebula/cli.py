@@ -1,7 +1,7 @@
 """`nebula ...`: the command line of Nebula and of the workloads installed with it.
 
 Each framework command lives in nebula/commands/<name>.py, and a
-workload adds its own commands (e.g. `nebula demo`, `nebula translate`) through the entry-point
+workload adds its own commands through the entry-point
 group `nebula.commands` (name = "package.module:register").
 
 A command module exposes `register(subparsers)`; it must import only argparse-level code at
@@ -18,7 +18,6 @@ from nebula.errors import EXIT_ERROR, EXIT_FIX_FIRST, FIX_FIRST, NebulaError
 
 COMMANDS = [
     "bench",
-    "gateway",
     "keys",
     "audit",
     "stage",

@@ -12,7 +12,7 @@ loads, naming the file and the key, instead of deep inside a run:
         objective: Literal["ar", "cmlm"] = "ar"
         max_train_examples: int | None = None
 
-    options = build(Options, {"lr": 1e-3}, where="job.toml: [stages.encoder]")
+    options = build(Options, {"lr": 1e-3}, where="job.toml: [stages.src]")
 
 Supported annotations: bool, int, float (an int is accepted), str, Path (str in the file), None,
 `X | None`, Literal[...], tuple[X, ...], list[X], dict[str, X] and nested dataclasses (a table).

@@ -22,17 +22,19 @@ def example_job(stages: int = 2, schedule: str = "synchronous", backward: bool =
                 credit: int | None = None, compression: dict | None = None, local_loss: bool = False,
                 sink_impl: str = "example-sink", sink_options: dict | None = None, source_impl: str = "example-source",
                 checkpoint_every: int = 3, micro_batches: int = 4, sink_ranks: int = 1):
-    """A chain source -> [middle ->] sink on sites a, b[, c] of the example workload."""
-    names = ["src", "mid", "sink"] if stages == 3 else ["src", "sink"]
-    impls = {"src": source_impl, "mid": "example-middle", "sink": sink_impl}
+    """A chain source -> [middle ->] sink on sites a, b[, c] of the example workload; stages="fan-out":
+    one source feeding two sinks (src -> sink at b, src -> side at c)."""
+    names = {2: ["src", "sink"], 3: ["src", "mid", "sink"], "fan-out": ["src", "sink", "side"]}[stages]
+    impls = {"src": source_impl, "mid": "example-middle", "sink": sink_impl, "side": "example-sink"}
     sites = dict(zip(names, "abc"))
+    pairs = [("src", "sink"), ("src", "side")] if stages == "fan-out" else list(zip(names, names[1:]))
     raw = {"job": {"name": "t"},
            "train": {"steps": steps, "batch_size": 16, "micro_batches": micro_batches,
                      "checkpoint_every": checkpoint_every, "log_every": 1},
            "schedule": {"name": schedule, **({"credit": credit} if credit else {})},
            "stages": {n: {"address": f"{sites[n]}/{n}/0", "impl": impls[n]} for n in names},
            "links": [{"from": a, "to": b, "tensors": ["hidden"], "backward": backward,
-                      **({"compression": compression} if compression else {})} for a, b in zip(names, names[1:])]}
+                      **({"compression": compression} if compression else {})} for a, b in pairs]}
     if local_loss:
         raw["stages"]["src"]["local_loss"] = True
     raw["stages"]["sink"].update(sink_options or {})

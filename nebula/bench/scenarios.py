@@ -1,7 +1,7 @@
 """Benchmark scenarios: what a workload tells `nebula bench wan` about its job.
 
-A workload registers an object under the entry-point group `nebula.scenarios` (e.g.
-`abnet = "services.abnet.bench:SCENARIO"`); the benchmark itself knows nothing of the workload.
+A workload registers an object under the entry-point group `nebula.scenarios`
+(`NAME = "package.module:OBJECT"`); the benchmark itself knows nothing of the workload.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ ENTRY_POINT_GROUP = "nebula.scenarios"
 
 class Scenario(Protocol):
     job: Path  # the job file a scenario runs by default
-    quality_key: str  # the row key of the quality metric (e.g. "bleu"); higher is better
+    quality_key: str  # the row key of the quality metric ; higher is better
 
     def speed_job(self, raw: dict, work: Path, steps: int) -> dict:
         """The raw job table adapted for a speed run of `steps` steps: fixed-shape data, no evaluation."""
@@ -35,7 +35,13 @@ def scenario_names() -> list[str]:
     return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
 
 
-def load_scenario(name: str) -> Scenario:
+def load_scenario(name: str | None) -> Scenario:
+    """The scenario called `name`, or the only one installed."""
+    if name is None:
+        names = scenario_names()
+        if len(names) != 1:
+            raise ConfigError(f"choose a benchmark scenario with --scenario: installed {', '.join(names) or 'none'}")
+        name = names[0]
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == name:
             return ep.load()

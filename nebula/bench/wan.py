@@ -1,4 +1,4 @@
-"""`nebula bench wan --scenario abnet`: the paper's Table 5 (compression vs speed) on the emulated WAN.
+"""`nebula bench wan --scenario NAME`: the paper's Table 5 (compression vs speed) on the emulated WAN.
 
 Every site of the scenario's job runs as real services inside its own network namespace
 (nebula.wanem): its gateway and its stages, the gateways joined by tbf-shaped links. One training
@@ -20,7 +20,7 @@ Per row (all from the stages' own metrics: metrics.jsonl and link.jsonl of each 
 - speedup: uncompressed s_per_step / this row's, same run;
 - overlap_ratio: s_per_step / max(compute, wire), compute = the largest site's compute per step,
   wire = max over links and directions of wire bytes per step / link rate (links are full duplex).
-Quality (BLEU, loss curves; --quality) is in nebula/bench/wan_quality.py.
+Quality (the scenario's metric, loss curves; --quality) is in nebula/bench/wan_quality.py.
 """
 from __future__ import annotations
 
@@ -55,18 +55,19 @@ QUICK_SETTINGS = [("none", "none"), ("fp16", "int8"), ("int8(lowrank(0.2))", "in
 
 def register(sub) -> None:
     parser = sub.add_parser("wan", help="Table 5: training speed per compression setting over the emulated WAN "
-                                        "(root), or BLEU per setting with --quality")
-    parser.add_argument("--scenario", default="abnet",
-                        help="which workload's scenario (entry points `nebula.scenarios`; default abnet)")
+                                        "(root), or quality per setting with --quality")
+    parser.add_argument("--scenario", default=None,
+                        help="which workload's scenario (entry points `nebula.scenarios`; default: the only one "
+                             "installed)")
     parser.add_argument("--job", type=Path, default=None,
                         help="use this job file instead of the scenario's (e.g. all the training data, "
                              "another objective)")
     parser.add_argument("--link", default=None,
-                        help="the link whose codecs are varied, e.g. encoder->decoder (default: the job's only link)")
+                        help="the link whose codecs are varied, e.g. src->sink (default: the job's only link)")
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per row")
     parser.add_argument("--quick", action="store_true", help="4 settings, fewer steps (a few minutes)")
     parser.add_argument("--quality", action="store_true",
-                        help="train each setting from the same start, report BLEU, plot loss curves (no WAN needed)")
+                        help="train each setting from the same start, score it, plot loss curves (no WAN needed)")
     parser.add_argument("--steps", type=int, default=None,
                         help="timed steps per setting (speed; default 3, quick 2) or training steps per setting "
                              "(quality; default 300, quick 20)")

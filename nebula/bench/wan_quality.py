@@ -2,8 +2,8 @@
 
 Each setting trains the scenario's job for the same number of steps from the same initialisation
 (stages seed torch from [train].seed, and the example order from the same seed), with that setting's
-codecs on the benchmarked link from the first step, then the scenario scores it (ABNet: BLEU on the
-held-out test set by cross-site inference, through the same codecs). Quality does not depend on
+codecs on the benchmarked link from the first step, then the scenario scores it (e.g. on a held-out
+test set by cross-site inference, through the same codecs). Quality does not depend on
 the link rate, so the sites run as local processes over loopback (real gateways, CURVE, wire
 encode/decode and codecs), one run per setting: settings cannot share a run, since each must start
 from the same weights.

@@ -4,8 +4,8 @@ Built once from the job file's table for a link: the [links.compression] table t
 [[links]] entry (nebula.runtime.job), e.g.
 
     [[links]]
-    from = "encoder"
-    to = "decoder"
+    from = "src"
+    to = "sink"
     tensors = ["hidden", "mask"]
     backward = true
     [links.compression]

@@ -6,7 +6,7 @@ import io
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -21,12 +21,34 @@ class CheckpointDir:
     def __init__(self, path: str | Path, keep: int = 3):
         self.path, self.keep = Path(path), keep
         self.path.mkdir(parents=True, exist_ok=True)
+        self._verified: dict[tuple, bool] = {}  # (step, size, mtime) -> checksum matched
 
     def steps(self) -> list[int]:
         """Steps with a complete checkpoint (data and checksum both written), ascending."""
         found = (_NAME.match(p.name) for p in self.path.iterdir())
         return sorted(int(m.group(1)) for m in found
                       if m and (self.path / f"{m.group(0)}.sha256").exists())
+
+    def verified_steps(self, warn: Callable[[str], None]) -> list[int]:
+        """Steps whose checkpoint matches its checksum; a corrupt one is skipped and `warn`ed about.
+        Each file is hashed once per (size, mtime)."""
+        good = []
+        for step in self.steps():
+            path = self.file(step)
+            try:
+                stat = path.stat()
+                key = (step, stat.st_size, stat.st_mtime_ns)
+                if key not in self._verified:
+                    expected = Path(f"{path}.sha256").read_text().strip()
+                    self._verified[key] = hashlib.sha256(path.read_bytes()).hexdigest() == expected
+                    if not self._verified[key]:
+                        warn(f"checkpoint {path} is corrupt (checksum mismatch): skipping it, an earlier "
+                             "checkpoint will be used; delete the file to silence this warning")
+            except FileNotFoundError:
+                continue  # pruned meanwhile
+            if self._verified[key]:
+                good.append(step)
+        return good
 
     def file(self, step: int) -> Path:
         return self.path / f"step-{step:08d}.pt"

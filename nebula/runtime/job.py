@@ -1,12 +1,12 @@
 """A job file (TOML) parsed once into typed, checked dataclasses: the graph, the schedule, each
 stage's options. Every mistake is a ConfigError naming the file and the key, before any model loads.
 
-    [job]        name = "abnet-es-en"   data = "../../data/es-en"
+    [job]        name = "chain"   data = "../../data/chain"
     [train]      steps = 200   batch_size = 16   micro_batches = 4   seed = 1   checkpoint_every = 25
     [schedule]   name = "synchronous"          # or "one-step-stale", "forward-only" (+ credit = k)
-    [stages.encoder]   address = "a/encoder/0"   impl = "abnet-encoder"   lr = 5e-4   # + its options
-    [stages.decoder]   address = "b/decoder/0"   impl = "abnet-decoder"   ranks = 2
-    [[links]]    from = "encoder"   to = "decoder"   tensors = ["hidden", "mask"]   backward = true
+    [stages.src]   address = "a/src/0"   impl = "example-source"   lr = 1e-2   # + its options
+    [stages.sink]  address = "b/sink/0"  impl = "example-sink"     ranks = 2
+    [[links]]    from = "src"   to = "sink"   tensors = ["hidden"]   backward = true
     [links.compression]   forward = "fp16"   backward = "int8"     # the link just above
 
 See docs/runtime.md for every key.

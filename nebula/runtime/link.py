@@ -94,7 +94,7 @@ class LinkMeter:
 
 
 class LinkCodecs:
-    """Packs tensors for one link (e.g. encoder->decoder), both directions; keeps the sender-side codec
+    """Packs tensors for one link (e.g. src->sink), both directions; keeps the sender-side codec
     state (error-feedback residuals, low-rank warm starts), which checkpoints save and resumes restore."""
 
     def __init__(self, policy: "codecs.CompressionPolicy | Sequence[Phase]", link: str,

@@ -1,6 +1,6 @@
 """Stage implementations chosen by name: a registry that rejects duplicates, fed by entry points.
 
-A job file names a stage either by a registered name (`impl = "abnet-encoder"`) or by an import path
+A job file names a stage either by a registered name (`impl = "example-source"`) or by an import path
 (`impl = "mypkg.mod:MyStage"`), so a user swaps a stage without touching Nebula.
 """
 from __future__ import annotations

@@ -17,10 +17,8 @@ waits until this stage has resumed into it.
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -31,26 +29,19 @@ from nebula.errors import DataError, RemoteError, StageError, TransportError
 from nebula.runtime import control as ctl
 from nebula.runtime.checkpoint import CheckpointDir
 from nebula.runtime.control import DataKind, DataTopic, Topic
-from nebula.runtime.coordinator import Coordination
 from nebula.runtime.executor import Executor
 from nebula.runtime.graph import LinkConfig
+from nebula.runtime.inference import InferencePasses
 from nebula.runtime.link import LinkCodecs, LinkMeter
 from nebula.runtime.metrics import MetricsLog
-from nebula.runtime.order import ExampleOrder, digest, id_hashes
+from nebula.runtime.order import ExampleOrder, digest
+from nebula.runtime.resume import ResumeProtocol, Resync
 from nebula.runtime.sender import BackgroundSender
 from nebula.runtime.stage import FLOAT, Batch, Port, Stage
 from nebula.transport.base import Channel
 from nebula.wire import Kind, Message
 
 IDS = "example_ids"  # the runtime's own tensor on every data message: (B,) int64 example-id hashes
-
-
-class Resync(Exception):
-    """Abandon the work in flight: a member restarted, or the coordinator asked (round)."""
-
-    def __init__(self, round_: int = 0):
-        super().__init__("resynchronising")
-        self.round = round_
 
 
 @dataclass
@@ -66,7 +57,7 @@ class StepState:
     ids: list[int] = field(default_factory=list)  # example-id hashes, for the ledger
 
 
-class StageRunner:
+class StageRunner(ResumeProtocol, InferencePasses):
     def __init__(self, job: Any, name: str, stage: Stage, channel: Channel, workdir: Path,
                  metrics: MetricsLog, ranks: Any = None, timeout: float = 300.0):
         self.job, self.name, self.stage, self.channel = job, name, stage, channel
@@ -84,29 +75,20 @@ class StageRunner:
         self.executor = Executor(stage, self.graph, name, self.train, self.schedule.stale, self._emit,
                                  reduce=ranks.reduce if ranks else None)
         self.sender = BackgroundSender(channel, timeout)
+        if ranks is not None:
+            ranks.attach(self._emit, self.executor)
         self.checkpoints = CheckpointDir(self.workdir / "checkpoints")
-        self.members = [s for s in self.graph.stages if s != name]
-        self.is_coordinator = name == self.graph.coordinator
-        self.coordination = Coordination([m for m in self.members]) if self.is_coordinator else None
-        self.incarnation = random.SystemRandom().randrange(1, 1 << 62)
         self.step, self.generation, self.ledger = 0, 0, []
-        self.open: dict[int, StepState] = {}
-        self.later: list[Message] = []  # newer-generation messages, until this stage resumes into it
-        self.acked = {link.name: 0 for link in self.out_links if not link.backward}
+        self.open: dict[int, StepState] = {}  # steps started and not applied yet
+        self.acked = {link.name: 0 for link in self.out_links if not link.backward}  # PACE per forward-only link
         self.last_update: float | None = None
-        self.joining: int | None = None  # member: the RESYNC round answered last, while awaiting RESUME
-        self.finish_at: int | None = None
-        self.ended: set[str] = set()
-        self.done: set[str] = set()
+        self.finish_at: int | None = None  # the step FINISH asked this stage to reach
+        self.ended: set[str] = set()  # coordinator: sources through training
+        self.done: set[str] = set()  # coordinator: members that saved and exit
         self.finishing = False
-        self.inference: deque = deque()  # (message, link) of inference work, in arrival order
-        self.results: dict[tuple[str, str], list] = {}  # sink: (origin, split) -> results so far
-        self.ends: dict[tuple[str, str], int] = {}
-        self.asked: dict[str, dict[str, Any]] = {}  # origin: split -> sink -> scores
-        self._asking = (0, 1)  # origin: (examples, batch size) of the pass in progress
         self._order: ExampleOrder | None = None
-        self._hashes: dict[str, torch.Tensor] = {}
-        self.verified: dict[tuple, bool] = {}
+        self.init_resume()
+        self.init_inference()
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def run(self, hook: Callable[["StageRunner"], Any] | None = None, train: bool = True) -> Any:
@@ -195,13 +177,14 @@ class StageRunner:
             if self.waits and state.backwarded < state.forwarded and self._has_grads(state, state.backwarded):
                 grads = state.grads.pop(state.backwarded)
                 if self.ranks is not None:
-                    self.ranks.backward(t, state.backwarded, grads)
+                    self.ranks.backward(t, state.backwarded, grads, self.generation)
                 else:
                     self.executor.backward(t, state.backwarded, grads)
                 state.backwarded += 1
                 return True
         state = self.open.get(self.step + 1)
-        if state is not None and state.forwarded == len(self.items) and (not self.waits or state.backwarded == len(self.items)):
+        if state is not None and state.forwarded == len(self.items) \
+                and (not self.waits or state.backwarded == len(self.items)):
             self._apply(self.open.pop(self.step + 1))
             return True
         if self.inference and self.inference[0][0].step <= self.step:
@@ -211,7 +194,7 @@ class StageRunner:
 
     def _forward(self, batch: Batch, inputs: dict, item) -> None:
         if self.ranks is not None:
-            self.ranks.forward(batch, inputs, item)
+            self.ranks.forward(batch, inputs, item, self.generation)
         else:
             self.executor.forward(batch, inputs, item)
 
@@ -226,6 +209,7 @@ class StageRunner:
         self.ledger.append([t, digest(state.ids)])
         if self.train.saves_after(t):
             self.save()
+        # wire bytes the sender thread has encoded since the last record (link.jsonl has them by step)
         sent = {f"{name}:{d}": n for name, c in self.codecs.items() for d in ("forward", "backward")
                 if (n := c.take_bytes(d))}
         loss = {} if tally.loss is None else {"loss": tally.loss}
@@ -325,12 +309,15 @@ class StageRunner:
         raise StageError(f"{who} {what}, but the job has no {'two-way ' if backward else ''}link {src}->{dst}")
 
     def _emit(self, direction: str, link: LinkConfig, step: int, micro_batch: int, tensors: dict,
-              ids: torch.Tensor | None, topic: DataTopic | None = None) -> None:
+              ids: torch.Tensor | None, topic: DataTopic | None = None, generation: int | None = None) -> None:
+        """Queue tensors for `link` (on the sender thread: codec work overlaps the next compute).
+        Another rank's output comes with the generation of the work item that made it."""
         topic = topic or DataTopic(DataKind.FORWARD if direction == "forward" else DataKind.BACKWARD)
         dst = self.addresses[link.dst if direction == "forward" else link.src]
-        codecs, generation = self.codecs[link.name], self.generation
+        codecs = self.codecs[link.name]
+        generation = self.generation if generation is None else generation
 
-        def build() -> Message:  # runs on the sender thread: codec work overlaps the next compute
+        def build() -> Message:
             payloads = [codecs.pack(direction, name, tensor, step) for name, tensor in tensors.items()]
             if ids is not None:
                 payloads.append(codecs.pack(direction, IDS, ids, step))
@@ -342,108 +329,6 @@ class StageRunner:
         msg = ctl.control(body, self.job.name, self.addresses[stage], self.generation)
         msg.step = self.step if step is None else step
         self.sender.submit(lambda: msg)
-
-    # -- control: the resume protocol --------------------------------------------------------------
-    def _protocol(self, sender: str, topic: Topic, body: Any) -> None:
-        if self.is_coordinator and topic is Topic.HELLO:
-            if self.finishing:
-                self._late_joiner(sender, body)
-            elif self.coordination.on_hello(sender, body):
-                raise Resync()
-        elif self.is_coordinator and topic is Topic.READY:
-            self.coordination.on_ready(sender, body)
-        elif not self.is_coordinator and sender == self.graph.coordinator and topic is Topic.RESYNC:
-            if self.joining is None:
-                raise Resync(body.round)
-            self.joining = body.round  # a new round began while we waited: answer it too
-            self._tell(sender, self._hello(body.round))
-        elif not self.is_coordinator and sender == self.graph.coordinator and topic is Topic.RESUME:
-            if self.joining is not None and body.round >= self.joining:
-                self._resume(body)
-        else:
-            raise StageError(f"{self.addresses[sender]} sent {topic.value!r} to {self.name}, which "
-                             f"{'coordinates' if self.is_coordinator else 'is coordinated by ' + self.graph.coordinator}")
-
-    def _coordinate(self) -> None:
-        while True:
-            try:
-                return self._round()
-            except Resync:
-                continue  # a member restarted meanwhile: start over
-
-    def _round(self) -> None:
-        self._abandon()
-        round_ = self.coordination.start_round()
-        for member in self.members:
-            self._tell(member, ctl.Resync(round=round_))
-        self.pump(self.coordination.all_answered)
-        step, generation = self.coordination.decide(self._hello(0))
-        self.restore(step)
-        self.generation = generation
-        for member in self.members:
-            self._tell(member, ctl.Resume(round=round_, step=step, generation=generation))
-        self._replay()
-        self.pump(self.coordination.all_ready)
-        self.coordination.resumed()
-        self.metrics.event("resumed", step=step, generation=generation)
-
-    def _join(self, round_: int) -> None:
-        """A member: answer the coordinator and wait for its RESUME (round 0: unasked, on start)."""
-        self._abandon()
-        self.joining = round_
-        self._tell(self.graph.coordinator, self._hello(round_))
-        self.pump(lambda: self.joining is None)
-
-    def _resume(self, body: ctl.Resume) -> None:
-        self.restore(body.step)
-        self.generation, self.joining = body.generation, None
-        self._tell(self.graph.coordinator, ctl.Ready(round=body.round, step=body.step))
-        self.metrics.event("resumed", step=body.step, generation=body.generation)
-        self._replay()
-
-    def _recover(self, resync: Resync) -> None:
-        if self.is_coordinator:
-            self._coordinate()
-        else:
-            self._join(resync.round)
-
-    def _late_joiner(self, sender: str, hello: ctl.Hello) -> None:
-        """A member restarted after the job's end was announced: resume it at the end and finish it."""
-        if self.coordination.incarnations.get(sender) == hello.incarnation:
-            return
-        self.coordination.incarnations[sender] = hello.incarnation
-        if self.finish_at not in hello.checkpoints:
-            raise StageError(f"{sender} restarted after the job ended without its final checkpoint "
-                             f"(step {self.finish_at}; it has {list(hello.checkpoints)})")
-        self._tell(sender, ctl.Resume(round=self.coordination.round, step=self.finish_at, generation=self.generation))
-        self._tell(sender, ctl.Finish(step=self.finish_at))
-
-    def _hello(self, answer_to: int) -> ctl.Hello:
-        return ctl.Hello(incarnation=self.incarnation, checkpoints=tuple(self.good_checkpoints()),
-                         generation=self.generation, answer_to=answer_to)
-
-    def _abandon(self) -> None:
-        """Drop whatever is in flight: unsent messages, open steps, inference in progress."""
-        self.sender.discard()
-        self.open.clear()
-        self.inference.clear()
-        self.results.clear()
-        self.ends.clear()
-        self.asked.clear()
-
-    def _replay(self) -> None:
-        """Handle what arrived early for the generation just entered."""
-        while True:
-            ready = [m for m in self.later if m.generation <= self.generation]
-            if not ready:
-                return
-            self.later = [m for m in self.later if m.generation > self.generation]
-            for i, msg in enumerate(ready):
-                try:
-                    self.handle(msg)
-                except BaseException:
-                    self.later = ready[i + 1:] + self.later  # keep what is not handled yet
-                    raise
 
     # -- control: pace, inference, the end ---------------------------------------------------------------
     def _control(self, sender: str, topic: Topic, body: Any, msg: Message) -> None:
@@ -490,74 +375,6 @@ class StageRunner:
             self._tell(self.graph.coordinator, ctl.Done(step=self.step))
         self.sender.flush()
 
-    # -- inference ----------------------------------------------------------------------------------------
-    def evaluate(self, split: str, indices: list[int], batch_size: int) -> dict[str, Any]:
-        """Inference from this source on examples `indices` of `split`: its outputs travel the links
-        (with their codecs) to the sinks, which run their `infer` and `score`; -> {sink: scores}."""
-        topic, hashes = ctl.infer_topic(self.name, split), self._example_hashes(split)
-        sinks = self.graph.reachable_sinks(self.name)
-        self.asked[split], self._asking, local = {}, (len(indices), batch_size), []
-        for b, start in enumerate(range(0, len(indices), batch_size)):
-            chosen = indices[start:start + batch_size]
-            batch = Batch(split, self.step, b, ids=hashes[chosen], training=False, indices=chosen)
-            if not self.out_links:  # a one-stage job: this stage is its own sink
-                local += self._sink_infer(batch, {})
-                continue
-            out = self.executor.infer_forward(batch, {})
-            for link in self.out_links:
-                self._emit("forward", link, self.step, b, {n: out.tensors[n] for n in link.tensors}, batch.ids, topic)
-        if not self.out_links:
-            return {self.name: self.stage.score(split, local)}
-        for link in self.out_links:
-            self._tell(link.dst, ctl.InferEnd(origin=self.name, split=split))
-        self.pump(lambda: set(self.asked[split]) >= set(sinks))
-        return self.asked.pop(split)
-
-    def _infer(self, msg: Message, link: LinkConfig, inputs: dict | None, ids: Any, what: Any) -> None:
-        """One inference batch, or the end of a pass, in arrival order, once this stage's weights are
-        at least those of the step the origin evaluates."""
-        if isinstance(what, ctl.InferEnd):
-            if self.out_links:
-                for out in self.out_links:
-                    self._tell(out.dst, what, step=msg.step)
-                return
-            key = (what.origin, what.split)
-            self.ends[key] = self.ends.get(key, 0) + 1
-            if self.ends[key] == self.graph.paths(what.origin, self.name):
-                scores = self.stage.score(what.split, self.results.pop(key, []))
-                del self.ends[key]
-                self._tell(what.origin, ctl.Scores(split=what.split, sink=self.name, scores=scores), step=msg.step)
-            return
-        batch = Batch(what.split, msg.step, msg.micro_batch, ids=ids, training=False, link=link.name)
-        if self.out_links:
-            out = self.executor.infer_forward(batch, inputs)
-            for out_link in self.out_links:
-                self._emit("forward", out_link, msg.step, msg.micro_batch,
-                           {n: out.tensors[n] for n in out_link.tensors}, ids, what)
-            return
-        results = self.results.setdefault((what.origin, what.split), [])
-        results += self._sink_infer(batch, inputs)
-        # the origin hears that decoding goes on: a long evaluation is progress, not a silent peer
-        self._tell(what.origin, ctl.InferProgress(split=what.split, n=len(results)), step=msg.step)
-
-    def _sink_infer(self, batch: Batch, inputs: dict) -> list:
-        self.stage.module.train(False)
-        with torch.no_grad():
-            results = self.stage.infer(batch, inputs)
-        if len(results) != batch.ids.shape[0]:
-            raise StageError(f"{type(self.stage).__name__}.infer returned {len(results)} results for "
-                             f"{batch.ids.shape[0]} examples")
-        return list(results)
-
-    def _example_hashes(self, split: str) -> torch.Tensor:
-        if split not in self._hashes:
-            self._hashes[split] = id_hashes(self.stage.examples(split))
-        return self._hashes[split]
-
-    def forget_examples(self, split: str) -> None:
-        """The stage's examples of `split` changed (e.g. sentences given to translate)."""
-        self._hashes.pop(split, None)
-
     # -- checkpoints ---------------------------------------------------------------------------------
     def save(self) -> None:
         self.sender.settle()  # the codec state then covers exactly the messages sent so far
@@ -582,26 +399,8 @@ class StageRunner:
             self.ranks.restore(self.checkpoints.file(step))
 
     def good_checkpoints(self) -> list[int]:
-        """Steps whose checkpoint matches its checksum; a corrupt one is skipped with a warning.
-        Each file is hashed once per (size, mtime)."""
-        import hashlib
-        good = []
-        for step in self.checkpoints.steps():
-            path = self.checkpoints.file(step)
-            try:
-                stat = path.stat()
-                key = (step, stat.st_size, stat.st_mtime_ns)
-                if key not in self.verified:
-                    expected = path.with_name(f"{path.name}.sha256").read_text().strip()
-                    self.verified[key] = hashlib.sha256(path.read_bytes()).hexdigest() == expected
-                    if not self.verified[key]:
-                        self.warn(f"checkpoint {path} is corrupt (checksum mismatch): skipping it, an earlier "
-                                  "checkpoint will be used; delete the file to silence this warning")
-            except FileNotFoundError:
-                continue  # pruned meanwhile
-            if self.verified[key]:
-                good.append(step)
-        return good
+        """Steps of the checkpoints that match their checksum (a corrupt one is skipped, with a warning)."""
+        return self.checkpoints.verified_steps(self.warn)
 
     def warn(self, text: str) -> None:
         print(f"warning: {text}", file=sys.stderr, flush=True)

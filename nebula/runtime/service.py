@@ -55,8 +55,7 @@ def build_stage(job: Any, name: str, workdir: Path, quiet: bool = False, rank: i
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     label = name if world == 1 else f"{name}/{rank}"
-    metrics = MetricsLog(workdir / ("metrics.jsonl" if rank == 0 else f"metrics-rank{rank}.jsonl"), label,
-                         job.train.log_every, quiet=quiet)
+    metrics = MetricsLog(workdir / "metrics.jsonl" if rank == 0 else None, label, job.train.log_every, quiet=quiet)
     torch.manual_seed(job.train.seed + list(job.stages).index(name))
     context = StageContext(name=name, address=config.address, job=job, workdir=workdir, device=device,
                            metrics=metrics, rank=rank, world_size=world)

@@ -173,13 +173,13 @@ class Stage(ABC):
         """Source stages, once training is over, e.g. `runner.evaluate("test", ...)`."""
 
     def infer(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> list[Any]:
-        """Sink stages during inference: one result per example (e.g. a translation)."""
+        """Sink stages during inference: one result per example."""
         raise StageError(f"stage {self.context.name} ({self.stage_name}) cannot infer: implement "
                          f"{type(self).__name__}.infer()")
 
     def score(self, split: str, results: list[Any]) -> dict[str, Any]:
         """Sink stages after an inference pass: a JSON-able summary sent back to the stage that
-        asked (e.g. BLEU). The default returns the results themselves."""
+        asked (e.g. a quality score). The default returns the results themselves."""
         return {"split": split, "n": len(results), "results": results}
 
 

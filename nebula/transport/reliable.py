@@ -6,8 +6,8 @@ bounded window, go-back-N resend, duplicate drop (also across a sender restart, 
 heartbeats that name a dead gateway or peer. See docs/transport.md for the protocol.
 
     site = load_site_config("deploy/sites/a.toml")
-    with open_channel(site, "a/encoder/0") as channel:
-        channel.send(Message(kind=Kind.TENSORS, dst="b/decoder/0", tensors=[...]))
+    with open_channel(site, "a/src/0") as channel:
+        channel.send(Message(kind=Kind.TENSORS, dst="b/sink/0", tensors=[...]))
         reply = channel.recv(timeout=30)
 """
 from __future__ import annotations

@@ -24,6 +24,7 @@ class Options:
     lr: float = field(default=1e-2, metadata=limits(above=0, below=1))
     data_seed: int = 0
     local_loss: bool = False  # the source also fits y itself (as Scenario I's generator has its own loss)
+    eval_examples: int = field(default=0, metadata=limits(at_least=0))  # the source evaluates after training
 
 
 def dataset(options: Options, split: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,6 +71,14 @@ class Source(_Example):
         self.module = torch.nn.ModuleDict({"layer": torch.nn.Linear(options.features, options.width),
                                            "head": torch.nn.Linear(options.width, 1)})
         self._optimise()
+
+    def after_training(self, runner) -> None:
+        """Score the test split through the whole chain; scores.json here."""
+        if self.options.eval_examples:
+            import json
+            test = list(range(min(self.options.eval_examples, len(self.examples("test")))))
+            scores = runner.evaluate("test", test, batch_size=8)
+            (self.context.workdir / "scores.json").write_text(json.dumps(scores))
 
     def forward(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> Output:
         hidden = torch.tanh(self.module["layer"](self.data[batch.split][0][batch.indices].to(self.device)))

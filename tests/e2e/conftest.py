@@ -99,8 +99,8 @@ class Sites:
 
 
 @pytest.fixture
-def two_sites(tmp_path, request):
-    """Factory: two_sites(job_file, **kw) -> started TwoSites; all are stopped at teardown."""
+def start_job(tmp_path, request):
+    """Factory: start_job(job_file, **kw) -> started Sites; all are stopped at teardown."""
     started: list[Sites] = []
 
     def start(job_file: Path, **kwargs) -> Sites:

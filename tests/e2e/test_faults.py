@@ -29,9 +29,9 @@ def test_unknown_codec_stops_the_stage_at_start_naming_the_spec(tmp_path):
     assert not (tmp_path / "enc").exists(), "the stage started with a bad codec spec"
 
 
-def test_hidden_size_mismatch_stops_both_stages_naming_sizes_and_option(tmp_path, two_sites):
+def test_hidden_size_mismatch_stops_both_stages_naming_sizes_and_option(tmp_path, start_job):
     job = write_job(tmp_path, {'impl = "abnet-decoder"': 'impl = "abnet-decoder"\nenc_hidden = 512'})
-    sites = two_sites(job, max_restarts=0)
+    sites = start_job(job, max_restarts=0)
     with pytest.raises(StageError) as failed:
         sites.wait(timeout=90, what="the stages to fail on the hidden-size mismatch")
     assert "hidden size 384 but this decoder expects 512" in str(failed.value)  # log tail, either stage
@@ -45,14 +45,14 @@ def test_hidden_size_mismatch_stops_both_stages_naming_sizes_and_option(tmp_path
     assert "remote error [stage]: b/decoder/0 failed: DataError: " + cause in sites.log("encoder")
 
 
-def test_output_that_breaks_its_port_stops_the_stage_and_is_reported_to_its_peer(tmp_path, two_sites,
+def test_output_that_breaks_its_port_stops_the_stage_and_is_reported_to_its_peer(tmp_path, start_job,
                                                                                  monkeypatch):
     """An encoder whose forward returns an integer `hidden` where its port declares float: it stops
     with an error naming the port before anything is sent, and the decoder stops naming the cause
     (the decoder's own check of what arrives is tested in tests/unit/test_runtime_checks.py)."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     job = write_job(tmp_path, {'impl = "abnet-encoder"': 'impl = "tests.e2e.faulty_stage:IntHiddenEncoder"'})
-    sites = two_sites(job, max_restarts=0)
+    sites = start_job(job, max_restarts=0)
     with pytest.raises(StageError):
         sites.wait(timeout=90, what="the stages to fail on the integer hidden tensor")
     for name in sites.stages:

@@ -11,7 +11,7 @@ from nebula.runtime.onesite import run_one_site
 from tests.e2e.conftest import HERE, JOB_TIMEOUT, expected_ledger, records, write_job
 
 
-def test_one_site_checkpoints_hot_start_the_two_site_job(tmp_path, two_sites):
+def test_one_site_checkpoints_hot_start_the_two_site_job(tmp_path, start_job):
     job_file = write_job(tmp_path)
     job = load_job(job_file)
     first_half = dataclasses.replace(job, train=dataclasses.replace(job.train, steps=job.train.steps // 2))
@@ -19,7 +19,7 @@ def test_one_site_checkpoints_hot_start_the_two_site_job(tmp_path, two_sites):
     for name in job.stages:  # what `nebula demo --hot-start` does
         shutil.copytree(tmp_path / "one-site" / name / "checkpoints", tmp_path / "run0" / name / "checkpoints")
 
-    sites = two_sites(job_file)
+    sites = start_job(job_file)
     sites.wait()
 
     resumed = [r["step"] for r in records(sites.run / "encoder" / "metrics.jsonl") if r.get("event") == "resumed"]
@@ -30,9 +30,9 @@ def test_one_site_checkpoints_hot_start_the_two_site_job(tmp_path, two_sites):
         assert json.loads((sites.run / name / "ledger.json").read_text())["steps"] == expected_ledger(job)
 
 
-def test_translate_runs_the_encoder_here_and_the_decoder_at_the_other_site(tmp_path, two_sites):
+def test_translate_runs_the_encoder_here_and_the_decoder_at_the_other_site(tmp_path, start_job):
     job_file = write_job(tmp_path)
-    sites = two_sites(job_file)
+    sites = start_job(job_file)
     sites.wait()
     sites.stop()
     def arrived_at_b() -> int:

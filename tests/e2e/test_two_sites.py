@@ -33,8 +33,8 @@ def resumed_steps(sites) -> list[int]:
     return [r["step"] for r in events[1:]]
 
 
-def test_job_completes_with_scores_ledgers_and_audited_transfers(tmp_path, two_sites):
-    sites = two_sites(write_job(tmp_path))
+def test_job_completes_with_scores_ledgers_and_audited_transfers(tmp_path, start_job):
+    sites = start_job(write_job(tmp_path))
     sites.wait()
     sites.stop()  # the gateways write their final byte counts to the audit log on SIGTERM
 
@@ -73,10 +73,10 @@ def test_job_completes_with_scores_ledgers_and_audited_transfers(tmp_path, two_s
 
 @pytest.mark.parametrize("victim,schedule", [("encoder", "synchronous"), ("decoder", "synchronous"),
                                              ("encoder", "one-step-stale")], ids=["encoder", "decoder", "encoder-stale"])
-def test_killed_stage_is_restarted_and_resumes_without_loss_or_repeat(tmp_path, two_sites, victim, schedule):
+def test_killed_stage_is_restarted_and_resumes_without_loss_or_repeat(tmp_path, start_job, victim, schedule):
     """one-step-stale: the encoder runs the next step's forward before each update (weight stashing on
     the real adapters) and is killed with a step in flight."""
-    sites = two_sites(write_job(tmp_path, {'name = "synchronous"': f'name = "{schedule}"'}))
+    sites = start_job(write_job(tmp_path, {'name = "synchronous"': f'name = "{schedule}"'}))
     sites.wait(until=lambda: sites.steps(victim) >= KILL_AFTER, what=f"{victim} to reach step {KILL_AFTER}")
     assert sites.steps(victim) < sites.job.train.steps, "the job ended before the kill: make it longer"
     sites.kill(victim)
@@ -91,9 +91,9 @@ def test_killed_stage_is_restarted_and_resumes_without_loss_or_repeat(tmp_path, 
     assert json.loads((sites.run / "encoder" / "scores.json").read_text())["n"] == 16
 
 
-def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, two_sites):
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, start_job):
     # ABNet's own objective here (CMLM, mask-predict scoring), so both decoders run end to end.
-    sites = two_sites(write_job(tmp_path, {'objective = "ar"': 'objective = "cmlm"'}))
+    sites = start_job(write_job(tmp_path, {'objective = "ar"': 'objective = "cmlm"'}))
     sites.wait(until=lambda: sites.steps("decoder") >= KILL_AFTER, what=f"decoder to reach step {KILL_AFTER}")
     sites.kill("decoder")  # supervision is paused while the test holds it: nothing restarts yet
     ckpt = sites.run / "decoder" / "checkpoints"

@@ -55,7 +55,7 @@ def reference(job, root):
             for name in reversed(graph.order):  # gradients back along the two-way links
                 for link in graph.out_links[name]:
                     if link.backward:
-                        sent[name].backward(received[link.dst].grad)
+                        sent[name].backward(received[link.dst].grad, retain_graph=True)
         for name, stage in stages.items():
             for k, p in stage.trainable().items():
                 p.grad = used[name][k].grad
@@ -78,6 +78,7 @@ def ledgers(running) -> dict:
 
 CASES = {"sync": dict(stages=2), "stale": dict(stages=2, schedule="one-step-stale"),
          "chain-sync": dict(stages=3), "chain-stale": dict(stages=3, schedule="one-step-stale"),
+         "fan-out": dict(stages="fan-out"), "fan-out-stale": dict(stages="fan-out", schedule="one-step-stale"),
          "forward-only": dict(stages=2, schedule="forward-only", backward=False, local_loss=True, credit=2)}
 
 
@@ -124,8 +125,9 @@ def test_killed_stage_resumes_without_loss_or_repeat(tmp_path, case):
 
 def test_resumed_run_equals_uninterrupted_with_stateful_codecs(tmp_path):
     """ef(topk(0.01)) keeps a residual per tensor at each sender: a resumed run restores it from the
-    checkpoint, so it ends exactly where the uninterrupted run does."""
-    kw = dict(stages=3, sink_impl=CRASHING, compression={"forward": "ef(topk(0.05))", "backward": "ef(topk(0.05))"})
+    checkpoint, so it ends exactly where the uninterrupted run does (without the restore it does not:
+    checked by hand when this test was written)."""
+    kw = dict(stages=3, sink_impl=CRASHING, compression={"forward": "ef(topk(0.01))", "backward": "ef(topk(0.01))"})
     job, crashed = example_job(**kw), example_job(**kw, sink_options={"crash_at": 8})
     whole = run_job(job, tmp_path / "whole")
     resumed = run_job(job, tmp_path / "resumed", crash="sink", crashed_job=crashed)

@@ -186,3 +186,27 @@ def test_remote_error_names_the_failed_stage(tmp_path):
     running.threads["sink"].join(20)
     assert isinstance(running.errors["sink"], RemoteError)
     assert "a/src/0 failed: ValueError: boom" in str(running.errors["sink"])
+
+
+def test_a_control_message_a_stage_does_not_expect_is_an_error(tmp_path):
+    """ENDED goes to the coordinator only: sent to the sink it stops the sink, naming it."""
+    job = example_job(steps=2)
+    running = Running(job, tmp_path, InProcHub())
+    src = running.hub.channel("a/src/0")
+    running.start("sink")
+    src.send(Message(kind=Kind.CONTROL, dst="b/sink/0", **_as(ctl.Resync(round=1))))
+    src.recv(timeout=20)
+    src.send(Message(kind=Kind.CONTROL, dst="b/sink/0", **_as(ctl.Resume(round=1, step=0, generation=1))))
+    src.send(Message(kind=Kind.CONTROL, dst="b/sink/0", generation=1, **_as(ctl.Ended(step=2))))
+    running.threads["sink"].join(20)
+    assert "a/src/0 sent 'ended' to sink, which does not expect it now" in str(running.errors["sink"])
+
+
+def test_device_auto_is_the_cpu_here_and_cuda_without_one_is_a_config_error():
+    from nebula.errors import ConfigError
+    from nebula.runtime.service import resolve_device
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert resolve_device("auto") == torch.device("cpu") == resolve_device("cpu")
+    with pytest.raises(ConfigError, match="no CUDA device"):
+        resolve_device("cuda:0")

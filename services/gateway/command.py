@@ -1,4 +1,5 @@
-"""`nebula gateway run --site-config SITE.toml`: run this site's gateway until SIGTERM."""
+"""`nebula gateway run --site-config SITE.toml`: run this site's gateway until SIGTERM (a command the
+gateway service adds to `nebula` through the `nebula.commands` entry points)."""
 from __future__ import annotations
 
 

@@ -1,0 +1,240 @@
+"""Data parallelism inside a stage, on torch.distributed: rank 0 owns the links, the others work for it.
+
+A stage with `ranks = N` is N processes in one process group (torchrun's variables; gloo on CPU,
+NCCL on GPUs). Rank 0 runs the StageRunner: it receives every message, and hands micro-batch k of
+a step to rank k mod N ("scatter"); what a rank produces for a link (activations forward,
+gradients of its inputs back) goes to rank 0, which sends it ("gather"). At a step's end every
+rank applies the step together: gradients are summed with `all_reduce` (each micro-batch's loss is
+already divided by the micro-batches of the whole step, so the sum equals one rank's gradient over
+the same global batch), then each rank takes the same optimiser step. Rank 0 writes the
+checkpoints; on a resume it sends the checkpoint to the others.
+
+Work items and what ranks send back are Nebula wire messages (nebula.wire, uncompressed), carried
+as uint8 tensors over two gloo groups of their own: one from rank 0 (scatter), one to it (gather,
+read by a relay thread, so a rank never waits on rank 0's compute).
+"""
+from __future__ import annotations
+
+import io
+import json
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from nebula.codecs import pack, unpack
+from nebula.errors import StageError
+from nebula.runtime.executor import Executor, Tally
+from nebula.runtime.graph import Item
+from nebula.runtime.stage import Batch, Stage
+from nebula.wire import Kind, Message, decode_message, encode_message
+
+COUNT, BODY = 1, 2  # p2p tags: a message's frame count (any source), then its lengths and frames
+
+
+def send_message(msg: Message, dst: int, group: Any) -> None:
+    buffers = [torch.frombuffer(bytearray(f), dtype=torch.uint8) if len(memoryview(f).cast("B")) else
+               torch.empty(0, dtype=torch.uint8) for f in encode_message(msg)]
+    dist.send(torch.tensor([len(buffers)]), dst, group=group, tag=COUNT)
+    dist.send(torch.tensor([b.numel() for b in buffers]), dst, group=group, tag=BODY)
+    for buffer in buffers:
+        if buffer.numel():
+            dist.send(buffer, dst, group=group, tag=BODY)
+
+
+def recv_message(src: int | None, group: Any) -> tuple[int, Message]:
+    count = torch.zeros(1, dtype=torch.int64)
+    sender = dist.recv(count, src, group=group, tag=COUNT)
+    lengths = torch.zeros(int(count), dtype=torch.int64)
+    dist.recv(lengths, sender, group=group, tag=BODY)
+    frames = []
+    for n in lengths.tolist():
+        buffer = torch.empty(n, dtype=torch.uint8)
+        if n:
+            dist.recv(buffer, sender, group=group, tag=BODY)
+        frames.append(buffer.numpy().tobytes())
+    return sender, decode_message(frames)
+
+
+class RankGroup:
+    def __init__(self, job: Any, name: str, stage: Stage, rank: int, world: int, scatter: Any, gather: Any):
+        self.job, self.name, self.stage, self.rank, self.world = job, name, stage, rank, world
+        self.scatter, self.gather = scatter, gather
+        self.items = job.graph.items(name)
+        self.error: str | None = None
+        self.generation = 0  # ranks > 0: of the work item in progress, stamped on what it sends
+        self.emit: Callable[..., None] | None = None  # rank 0: the runner's emit
+        self.executor = Executor(stage, job.graph, name, job.train, job.schedule.stale, self._emit, reduce=self.reduce)
+        self._relay: threading.Thread | None = None
+
+    @classmethod
+    def join(cls, job: Any, name: str, stage: Stage, rank: int, world: int, timeout: float = 600.0) -> "RankGroup":
+        """This process's place in the stage's group (MASTER_ADDR and MASTER_PORT say where to meet)."""
+        backend = "nccl" if stage.device.type == "cuda" else "gloo"
+        try:
+            dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
+        except (RuntimeError, ValueError) as exc:
+            raise StageError(f"stage {name} rank {rank}/{world}: cannot join its process group ({exc}); "
+                             "are MASTER_ADDR and MASTER_PORT the same for every rank?") from exc
+        scatter, gather = dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
+        return cls(job, name, stage, rank, world, scatter, gather)
+
+    # -- rank 0 --------------------------------------------------------------------------------------
+    def attach(self, emit: Callable[..., None], executor: Executor) -> None:
+        """Rank 0: `emit(direction, link, step, micro_batch, tensors, ids, generation=)` sends on a link."""
+        self.emit, self.executor = emit, executor
+        self._relay = threading.Thread(target=self._relay_loop, name=f"nebula-ranks-{self.name}", daemon=True)
+        self._relay.start()
+
+    def owner(self, index: int) -> int:
+        return index % self.world
+
+    def forward(self, batch: Batch, inputs: dict, item: Item, generation: int) -> None:
+        if self.owner(item.index) == 0:
+            return self.executor.forward(batch, inputs, item)
+        body = {"index": item.index, "split": batch.split, "training": batch.training, "indices": batch.indices,
+                "generation": generation}
+        tensors = [pack(n, "input", t.detach().cpu(), "none") for n, t in inputs.items()]
+        tensors.append(pack("example_ids", "ids", batch.ids, "none"))
+        self._send("forward", self.owner(item.index), batch.step, body, tensors)
+
+    def backward(self, step: int, index: int, grads: dict[str, dict], generation: int) -> None:
+        if self.owner(index) == 0:
+            return self.executor.backward(step, index, grads)
+        names = [[link, name] for link, tensors in grads.items() for name in tensors]
+        tensors = [pack(name, "gradient", grads[link][name].detach().cpu(), "none") for link, name in names]
+        self._send("backward", self.owner(index), step, {"index": index, "names": names, "generation": generation},
+                   tensors)
+
+    def apply(self, step: int) -> Tally:
+        for rank in range(1, self.world):
+            self._send("apply", rank, step, {})
+        return self._apply(step)
+
+    def restore(self, checkpoint: Path) -> None:
+        data = torch.frombuffer(bytearray(Path(checkpoint).read_bytes()), dtype=torch.uint8)
+        for rank in range(1, self.world):
+            self._send("restore", rank, 0, {}, [pack("checkpoint", "state", data, "none")])
+
+    def raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise StageError(f"stage {self.name}: {self.error}")
+
+    def close(self) -> None:
+        """Rank 0: stop the other ranks (each says bye, which ends the relay), leave the group."""
+        if self.rank == 0 and dist.is_initialized() and self.error is None:
+            try:
+                for rank in range(1, self.world):
+                    self._send("stop", rank, 0, {})
+                if self._relay is not None:
+                    self._relay.join(30)
+            except RuntimeError:
+                pass  # a rank is gone already: the group goes anyway
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def _send(self, what: str, rank: int, step: int, body: dict, tensors: list | None = None) -> None:
+        msg = Message(kind=Kind.TENSORS, topic=what, step=step, body=json.dumps(body).encode(), tensors=tensors or [])
+        send_message(msg, rank, self.scatter)
+
+    def _relay_loop(self) -> None:
+        """Rank 0: what the other ranks send on links goes out through the runner's sender."""
+        byes = set()
+        try:
+            while len(byes) < self.world - 1:
+                rank, msg = recv_message(None, self.gather)
+                if msg.kind == Kind.ERROR:
+                    self.error = f"rank {rank} failed: {msg.error_message}"
+                    return
+                if msg.kind == Kind.CONTROL:  # "bye": that rank has stopped
+                    byes.add(rank)
+                    continue
+                body = json.loads(msg.body)
+                tensors = {t.name: unpack(t) for t in msg.tensors}
+                ids = tensors.pop("example_ids", None)
+                link = self.job.graph.link(body["link"])
+                self.emit(msg.topic, link, msg.step, msg.micro_batch, tensors, ids, generation=body["generation"])
+        except Exception as exc:  # noqa: BLE001 - kept and raised on the stage's thread
+            if dist.is_initialized() and self.error is None:
+                self.error = f"the relay from the other ranks failed: {type(exc).__name__}: {exc}"
+
+    # -- every rank ----------------------------------------------------------------------------------------
+    def reduce(self, params: list[torch.nn.Parameter]) -> None:
+        """Sum the gradients of every rank (one flat all_reduce)."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
+        dist.all_reduce(flat)
+        offset = 0
+        for param, grad in zip(params, grads):
+            param.grad = flat[offset:offset + grad.numel()].view_as(param)
+            offset += grad.numel()
+
+    def _apply(self, step: int) -> Tally:
+        tally = self.executor.apply(step)
+        stats = torch.tensor([sum(tally.losses), len(tally.losses)], dtype=torch.float64)
+        compute = torch.tensor([tally.compute_s], dtype=torch.float64)
+        if self.stage.device.type == "cuda":
+            stats, compute = stats.to(self.stage.device), compute.to(self.stage.device)
+        dist.all_reduce(stats)
+        dist.all_reduce(compute, op=dist.ReduceOp.MAX)
+        total, n = stats.tolist()
+        return Tally(losses=[total / n] if n else [], compute_s=float(compute))
+
+    # -- ranks > 0 ---------------------------------------------------------------------------------------
+    def serve(self) -> None:
+        """Work for rank 0 until it says stop (or fails: then rank 0 hears why)."""
+        try:
+            while self._serve_one():
+                pass
+            send_message(Message(kind=Kind.CONTROL, topic="bye"), 0, self.gather)
+        except Exception as exc:
+            text = f"{type(exc).__name__}: {exc}"[:4000]
+            try:
+                send_message(Message(kind=Kind.ERROR, error_code="stage", error_message=text), 0, self.gather)
+            except RuntimeError:
+                pass  # rank 0 is gone: nothing to tell
+            raise
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    def _serve_one(self) -> bool:
+        _, msg = recv_message(0, self.scatter)
+        body = json.loads(msg.body)
+        tensors = {t.name: unpack(t) for t in msg.tensors}
+        self.generation = body.get("generation", 0)
+        if msg.topic == "forward":
+            ids = tensors.pop("example_ids")
+            item = self.items[body["index"]]
+            batch = Batch(body["split"], msg.step, item.index, ids=ids, training=body["training"],
+                          indices=body["indices"], link=item.link.name if item.link else None)
+            self.executor.forward(batch, {n: t.to(self.stage.device) for n, t in tensors.items()}, item)
+        elif msg.topic == "backward":
+            grads: dict[str, dict] = {}
+            for (link, name), tensor in zip(body["names"], tensors.values()):
+                grads.setdefault(link, {})[name] = tensor.to(self.stage.device)
+            self.executor.backward(msg.step, body["index"], grads)
+        elif msg.topic == "apply":
+            self._apply(msg.step)
+        elif msg.topic == "restore":
+            state = torch.load(io.BytesIO(tensors["checkpoint"].numpy().tobytes()), weights_only=True)
+            self.stage.load_state_dict(state["stage"])
+            torch.set_rng_state(state["rng"])
+            self.executor.reset(int(state["step"]))
+        elif msg.topic == "stop":
+            return False
+        else:
+            raise StageError(f"rank {self.rank} of stage {self.name}: unknown work item {msg.topic!r}")
+        return True
+
+    def _emit(self, direction: str, link: Any, step: int, micro_batch: int, tensors: dict, ids: Any) -> None:
+        """Ranks > 0: what the executor sends on a link goes to rank 0 first."""
+        payloads = [pack(n, direction, t.detach().cpu(), "none") for n, t in tensors.items()]
+        if ids is not None:
+            payloads.append(pack("example_ids", "ids", ids, "none"))
+        body = {"link": link.name, "generation": self.generation}
+        send_message(Message(kind=Kind.TENSORS, topic=direction, step=step, micro_batch=micro_batch,
+                             body=json.dumps(body).encode(), tensors=payloads), 0, self.gather)

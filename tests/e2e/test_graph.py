@@ -1,0 +1,93 @@
+"""Jobs of more than two stages as real processes (a gateway per site, CURVE, loopback), with the
+small stages of services/example: a chain across three sites trains, evaluates through every hop
+and survives its middle stage being killed; two forward-only sources at two sites teach one sink
+at a third; a stage of two data-parallel ranks (torch.distributed, gloo) ends where one rank does."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from nebula.runtime.order import ExampleOrder, digest, id_hash
+from nebula.security.audit import verify
+from tests.e2e.conftest import HERE, records
+
+
+def job_file(tmp_path: Path, name: str, replace: dict[str, str] | None = None) -> Path:
+    text = (HERE / "jobs" / f"{name}.toml").read_text()
+    for old, new in (replace or {}).items():
+        assert old in text, f"{old!r} is not in {name}.toml"
+        text = text.replace(old, new)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def expected(job, repeat: int = 1) -> list[list]:
+    """The ledger of a stage fed by `repeat` sources of the example workload (same example order)."""
+    n = job.stage(job.graph.sources[0]).options.examples
+    hashes = [id_hash(f"train:{i}") for i in range(n)]
+    order = ExampleOrder(n, job.train.batch_size, job.train.seed)
+    return [[s, digest([hashes[i] for i in order.indices(s)] * repeat)] for s in range(1, job.train.steps + 1)]
+
+
+def ledger(sites, stage: str) -> list:
+    return json.loads((sites.run / stage / "ledger.json").read_text())["steps"]
+
+
+def weights(run: Path, stage: str, step: int) -> dict:
+    return torch.load(run / stage / "checkpoints" / f"step-{step:08d}.pt", weights_only=True)["stage"]["weights"]
+
+
+def test_three_site_chain_trains_evaluates_and_survives_its_middle_being_killed(tmp_path, start_job):
+    sites = start_job(job_file(tmp_path, "chain"))
+    sites.wait(until=lambda: sites.steps("mid") >= 5, what="the middle stage to reach step 5")
+    sites.kill("mid")
+    sites.wait()
+    sites.stop()
+
+    assert sites.restarts("mid") == 1
+    for stage in sites.stages:  # every step applied once at every stage, in order
+        assert ledger(sites, stage) == expected(sites.job), stage
+    resumed = [r["step"] for r in records(sites.run / "src" / "metrics.jsonl") if r.get("event") == "resumed"]
+    assert resumed[0] == 0 and resumed[-1] in (3, 6), resumed  # the checkpoint before the kill
+    losses = [r["loss"] for r in records(sites.run / "sink" / "metrics.jsonl", "step")]
+    assert sum(losses[-3:]) < sum(losses[:3])  # it learns
+    scores = json.loads((sites.run / "src" / "scores.json").read_text())
+    assert scores["sink"]["n"] == 16 and scores["sink"]["mse"] > 0  # inference across both hops
+    audit = {site: records(sites.run / "audit" / f"{site}.jsonl") for site in "abc"}
+    for site in "abc":
+        assert verify(sites.run / "audit" / f"{site}.jsonl").ok
+    hops = {(r["src"], r["dst"]) for r in audit["b"] if r["event"] == "transfer.in" and r["kind"] == "TENSORS"}
+    assert {("a/src/0", "b/mid/0"), ("c/sink/0", "b/mid/0")} <= hops  # activations in from a, gradients from c
+    codecs = {c for r in audit["a"] if r["event"] == "transfer.out" and r["kind"] == "TENSORS" for c in r["codecs"]}
+    assert "fp16" in codecs  # the first link's own compression
+
+
+def test_two_forward_only_sources_at_two_sites_teach_one_sink(tmp_path, start_job):
+    sites = start_job(job_file(tmp_path, "merge"))
+    sites.wait()
+    assert ledger(sites, "disc") == expected(sites.job, repeat=2)  # each step: both sources' examples
+    assert ledger(sites, "es") == ledger(sites, "zh") == expected(sites.job)
+    for source in ("es", "zh"):  # their own loss trains them; nothing comes back but the pace
+        assert all("loss" in r for r in records(sites.run / source / "metrics.jsonl", "step"))
+        sent = [r["sent"] for r in records(sites.run / source / "metrics.jsonl", "step")]
+        assert set().union(*sent) == {f"{source}->disc:forward"}  # per record: what was encoded since the last
+
+
+def test_a_stage_of_two_ranks_ends_where_one_rank_does(tmp_path, start_job):
+    """Same job and global batch; the sink runs as 2 gloo ranks (torchrun's variables) or as 1."""
+    one = start_job(job_file(tmp_path / "one", "chain"))
+    one.wait()
+    two = start_job(job_file(tmp_path / "two", "chain", {'impl = "example-sink"': 'impl = "example-sink"\nranks = 2'}))
+    two.wait()
+    assert len(two.group.services["sink"].procs) == 2
+    assert (two.run / "logs" / "sink.rank1.log").exists()
+    last = one.job.train.steps
+    for stage in ("src", "mid", "sink"):
+        for key, value in weights(one.run, stage, last).items():
+            torch.testing.assert_close(weights(two.run, stage, last)[key], value, rtol=1e-5, atol=1e-6)
+        assert ledger(two, stage) == ledger(one, stage) == expected(one.job)
+    loss = {run: [r["loss"] for r in records(run / "sink" / "metrics.jsonl", "step")] for run in (one.run, two.run)}
+    assert loss[one.run] == pytest.approx(loss[two.run], rel=1e-5)  # reduced over both ranks
