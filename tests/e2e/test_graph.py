@@ -91,3 +91,23 @@ def test_a_stage_of_two_ranks_ends_where_one_rank_does(tmp_path, start_job):
         assert ledger(two, stage) == ledger(one, stage) == expected(one.job)
     loss = {run: [r["loss"] for r in records(run / "sink" / "metrics.jsonl", "step")] for run in (one.run, two.run)}
     assert loss[one.run] == pytest.approx(loss[two.run], rel=1e-5)  # reduced over both ranks
+
+
+def test_torchrun_itself_launches_a_stages_ranks(tmp_path, start_job):
+    """`torchrun --nproc-per-node 2 -m nebula.cli stage run ...`: the variables it sets are all a rank needs."""
+    import os
+    import subprocess
+    import sys
+
+    from nebula.launch import free_port
+    job = job_file(tmp_path, "chain", {'impl = "example-sink"': 'impl = "example-sink"\nranks = 2'})
+    sites = start_job(job, skip=("sink",))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    done = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "nebula.cli",
+                           "stage", "run", "--job", str(job), "--stage", "sink", "--site", str(sites.run / "site-c.toml"),
+                           "--workdir", str(sites.run / "sink"), "--quiet"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    sites.wait(until=lambda: all(sites.group.services[n].finished() for n in ("src", "mid")))
+    for stage in sites.stages:
+        assert ledger(sites, stage) == expected(sites.job)
