@@ -149,6 +149,8 @@ class StageRunner(ResumeProtocol, InferencePasses):
         credit = self.schedule.pace_credit
         self.pump(lambda: all(acked >= t - credit for acked in self.acked.values()))
         if self._order is None:
+            if not len(self._example_hashes("train")):
+                raise DataError(f"stage {self.name} has no training examples: check its data ({self.job.data})")
             self._order = ExampleOrder(len(self._example_hashes("train")), self.train.batch_size, self.train.seed)
         indices, state = self._order.indices(t), self.open.setdefault(t, StepState(t))
         hashes = self._example_hashes("train")
