@@ -207,9 +207,7 @@ class Executor:
                 if tensor is None:
                     raise StageError(f"{type(self.stage).__name__}.forward returned no {name!r}, which link "
                                      f"{link.name} sends (returned: {', '.join(out.tensors) or 'none'})")
-                why = self.ports[name].accepts(tensor)
-                if why is None and tensor.shape[0] != batch.ids.shape[0]:
-                    why = f"batch dimension {tensor.shape[0]} for {batch.ids.shape[0]} examples"
+                why = self.ports[name].accepts(tensor, batch.ids.shape[0])
                 if why:
                     raise StageError(f"{type(self.stage).__name__}.forward returned {name!r} with {why} "
                                      f"(its output port: {self.ports[name]})")

@@ -59,6 +59,7 @@ class Graph:
             seen.add((link.src, link.dst))
             self.out_links[link.src].append(link)
             self.in_links[link.dst].append(link)
+        self.links_by_name = {link.name: link for link in self.links}
         self.order = self._topological()
         self.sources = [s for s in self.order if not self.in_links[s]]
         self.sinks = [s for s in self.order if not self.out_links[s]]
@@ -72,9 +73,8 @@ class Graph:
         return self.stages[0]
 
     def link(self, name: str) -> LinkConfig:
-        for link in self.links:
-            if link.name == name:
-                return link
+        if name in self.links_by_name:
+            return self.links_by_name[name]
         raise ConfigError(f"{self.where}: no link {name!r}; links: {', '.join(l.name for l in self.links) or 'none'}")
 
     def items(self, stage: str) -> list[Item]:

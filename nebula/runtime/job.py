@@ -13,6 +13,7 @@ See docs/runtime.md for every key.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 import tomllib
@@ -166,7 +167,7 @@ def _stage(name: str, table: dict, where: str) -> tuple[StageConfig, type]:
     _check_device(config.device, f"{where}.device")
     cls = resolve_stage(config.impl)
     options = build(options_of(cls), {k: v for k, v in table.items() if k not in framework}, where)
-    return StageConfig(**{**config.__dict__, "options": options}), cls
+    return dataclasses.replace(config, options=options), cls
 
 
 def _check_device(device: str, where: str) -> None:

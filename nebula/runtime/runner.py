@@ -72,6 +72,9 @@ class StageRunner(ResumeProtocol, InferencePasses):
         self.items = self.graph.items(name)
         self.item_of = {(i.link.name if i.link else None, i.micro_batch): i for i in self.items}
         self.waits = self.graph.waits_for_gradients(name)
+        self.two_way_out = sum(link.backward for link in self.out_links)  # gradients awaited per micro-batch
+        self.in_ports = {p.name: p for p in type(stage).inputs}
+        self.out_ports = {p.name: p for p in type(stage).outputs}
         self.executor = Executor(stage, self.graph, name, self.train, self.schedule.stale, self._emit,
                                  reduce=ranks.reduce if ranks else None)
         self.sender = BackgroundSender(channel, timeout)
@@ -139,8 +142,8 @@ class StageRunner(ResumeProtocol, InferencePasses):
             t = self.step + 1
             if t not in self.open:
                 self._open(t)
-            if self.schedule.stale and self.waits and not self.train.saves_after(t) and t < last \
-                    and t + 1 not in self.open:
+            # saves_after(t) is also true at the last step: nothing runs past the end
+            if self.schedule.stale and self.waits and not self.train.saves_after(t) and t + 1 not in self.open:
                 self._open(t + 1)  # PipeDream-2BW: the next forward before this update
             self.pump(lambda: self.step >= t)
 
@@ -148,12 +151,12 @@ class StageRunner(ResumeProtocol, InferencePasses):
         """A source opens step t: its micro-batches, once every forward-only receiver allows it."""
         credit = self.schedule.pace_credit
         self.pump(lambda: all(acked >= t - credit for acked in self.acked.values()))
-        if self._order is None:
-            if not len(self._example_hashes("train")):
-                raise DataError(f"stage {self.name} has no training examples: check its data ({self.job.data})")
-            self._order = ExampleOrder(len(self._example_hashes("train")), self.train.batch_size, self.train.seed)
-        indices, state = self._order.indices(t), self.open.setdefault(t, StepState(t))
         hashes = self._example_hashes("train")
+        if self._order is None:
+            if not len(hashes):
+                raise DataError(f"stage {self.name} has no training examples: check its data ({self.job.data})")
+            self._order = ExampleOrder(len(hashes), self.train.batch_size, self.train.seed)
+        indices, state = self._order.indices(t), self.open.setdefault(t, StepState(t))
         for item in self.items:
             chosen = indices[item.index::len(self.items)]
             state.arrived[item.index] = (Batch("train", t, item.index, ids=hashes[chosen], indices=chosen), {})
@@ -201,7 +204,7 @@ class StageRunner(ResumeProtocol, InferencePasses):
             self.executor.forward(batch, inputs, item)
 
     def _has_grads(self, state: StepState, index: int) -> bool:
-        return len(state.grads.get(index, {})) == sum(link.backward for link in self.out_links)
+        return len(state.grads.get(index, {})) == self.two_way_out
 
     def _apply(self, state: StepState) -> None:
         tally = self.ranks.apply(state.step) if self.ranks is not None else self.executor.apply(state.step)
@@ -267,12 +270,12 @@ class StageRunner(ResumeProtocol, InferencePasses):
             if state is None or msg.micro_batch >= state.forwarded:
                 raise StageError(f"{msg.src} sent gradients for step {msg.step} micro-batch {msg.micro_batch}, "
                                  f"which {self.name} has not sent (at step {self.step})")
-            ports = {p.name: p for p in type(self.stage).outputs}
-            grads, _ = self._decode(msg, link, [n for n in link.tensors if ports[n].dtype == FLOAT], ports, ids=False)
+            grads, _ = self._decode(msg, link, [n for n in link.tensors if self.out_ports[n].dtype == FLOAT],
+                                    self.out_ports, ids=False)
             state.grads.setdefault(msg.micro_batch, {})[link.name] = grads
             return
         link = self._link(sender, self.name, "sent tensors")
-        inputs, ids = self._decode(msg, link, list(link.tensors), {p.name: p for p in type(self.stage).inputs}, ids=True)
+        inputs, ids = self._decode(msg, link, list(link.tensors), self.in_ports, ids=True)
         if topic.kind is DataKind.INFER:
             self.inference.append((msg, link, inputs, ids, topic))
             return
@@ -295,18 +298,16 @@ class StageRunner(ResumeProtocol, InferencePasses):
             raise DataError(f"{where} with tensors {sorted(tensors)}, expected {sorted(names)}: both sites must "
                             "run the same job file")
         for name, tensor in tensors.items():
-            why = ports[name].accepts(tensor)
-            if why is None and example_ids is not None and tensor.shape[0] != example_ids.shape[0]:
-                why = f"batch dimension {tensor.shape[0]} for {example_ids.shape[0]} example ids"
+            why = ports[name].accepts(tensor, None if example_ids is None else example_ids.shape[0])
             if why:
                 raise DataError(f"{where}: {name!r} with {why} (port {ports[name].name}: {ports[name].dtype}, "
                                 f"rank {ports[name].rank}); check the stage implementations at both ends")
         return {n: t.to(self.stage.device) for n, t in tensors.items()}, example_ids
 
     def _link(self, src: str, dst: str, what: str, backward: bool = False) -> LinkConfig:
-        for link in self.graph.links:
-            if (link.src, link.dst) == (src, dst) and (link.backward or not backward):
-                return link
+        link = self.graph.links_by_name.get(f"{src}->{dst}")
+        if link is not None and (link.backward or not backward):
+            return link
         who = self.addresses.get(src if dst == self.name else dst)
         raise StageError(f"{who} {what}, but the job has no {'two-way ' if backward else ''}link {src}->{dst}")
 
@@ -334,8 +335,8 @@ class StageRunner(ResumeProtocol, InferencePasses):
 
     # -- control: pace, inference, the end ---------------------------------------------------------------
     def _control(self, sender: str, topic: Topic, body: Any, msg: Message) -> None:
-        if topic is Topic.PACE and f"{self.name}->{sender}" in self.acked:
-            self.acked[f"{self.name}->{sender}"] = max(self.acked[f"{self.name}->{sender}"], body.step)
+        if topic is Topic.PACE and (link := f"{self.name}->{sender}") in self.acked:
+            self.acked[link] = max(self.acked[link], body.step)
         elif topic is Topic.INFER_END:
             self.inference.append((msg, self._link(sender, self.name, "ended an inference pass"), None, None, body))
         elif topic is Topic.INFER_PROGRESS and body.split in self.asked:

@@ -57,13 +57,15 @@ class Port:
         if not 1 <= self.rank <= 8:
             raise StageError(f"port {self.name!r}: rank {self.rank} must be 1..8 (the batch dimension first)")
 
-    def accepts(self, tensor: torch.Tensor) -> str | None:
-        """Why `tensor` does not fit this port, or None."""
+    def accepts(self, tensor: torch.Tensor, batch: int | None = None) -> str | None:
+        """Why `tensor` does not fit this port (for a batch of `batch` examples), or None."""
         dtype = str(tensor.dtype).removeprefix("torch.")
         if (self.dtype == FLOAT and not tensor.is_floating_point()) or self.dtype not in (FLOAT, dtype):
             return f"dtype {dtype}, expected {self.dtype}"
         if tensor.dim() != self.rank:
             return f"shape {tuple(tensor.shape)} of rank {tensor.dim()}, expected rank {self.rank}"
+        if batch is not None and tensor.shape[0] != batch:
+            return f"batch dimension {tensor.shape[0]} for {batch} examples"
         return None
 
 

@@ -61,6 +61,13 @@ def _abnet_config(options: _Options, **extra) -> AbnetConfig:
     return AbnetConfig(adapter_dropout=options.adapter_dropout, plm_dropout=options.plm_dropout, **extra)
 
 
+def _place(stage: Stage) -> None:
+    """The stage's module on its device, with the optimiser both halves train with."""
+    stage.module.to(stage.device)
+    stage.optimizer, stage.scheduler = adam_with_warmup(stage.module.trainable_parameters(), stage.options.lr,
+                                                        stage.options.warmup_steps)
+
+
 def spread(total: int, n: int) -> list[int]:
     """`n` indices evenly spaced over `total` examples: the test file is grouped by source package,
     so its first n sentences would all come from one or two packages."""
@@ -88,9 +95,7 @@ class AbnetEncoder(Stage):
         else:
             self.module = build_source_encoder(self.pre, _abnet_config(options, enc_adapter_dim=options.enc_adapter_dim),
                                                self.data.vmap)
-        self.module.to(self.device)
-        self.optimizer, self.scheduler = adam_with_warmup(self.module.trainable_parameters(), options.lr,
-                                                          options.warmup_steps)
+        _place(self)
 
     def examples(self, split: str) -> list[str]:
         return self.data.splits[split]["ids"]
@@ -146,9 +151,7 @@ class AbnetDecoder(Stage):
                                    label_smoothing=options.label_smoothing,
                                    length_loss_weight=options.length_loss_weight)
             self.module = build_target_decoder(self.pre, config, options.enc_hidden, self.data.vmap)
-        self.module.to(self.device)
-        self.optimizer, self.scheduler = adam_with_warmup(self.module.trainable_parameters(), options.lr,
-                                                          options.warmup_steps)
+        _place(self)
 
     def boundary(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (hidden (B, S, H) float32, source mask (B, S)), or a DataError saying what differs."""

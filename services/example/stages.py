@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nebula.config import limits
+from nebula.runtime.order import id_hash
 from nebula.runtime.registry import register_stage
 from nebula.runtime.stage import FLOAT, Batch, Output, Port, Stage
 
@@ -41,19 +42,15 @@ class _Example(Stage):
     def __init__(self, context, options: Options):
         super().__init__(context, options)
         self.data = {split: dataset(options, split) for split in SPLITS}
-        self.row = {split: {f"{split}:{i}": i for i in range(len(self.data[split][0]))} for split in SPLITS}
+        self.ids = {split: [f"{split}:{i}" for i in range(len(self.data[split][0]))] for split in SPLITS}
+        self.row = {split: {id_hash(i): r for r, i in enumerate(ids)} for split, ids in self.ids.items()}
 
     def examples(self, split: str) -> list[str]:
-        return list(self.row[split])
+        return self.ids[split]
 
     def targets(self, batch: Batch) -> torch.Tensor:
         """y of the batch's examples, found by their id hashes."""
-        from nebula.runtime.order import id_hash
-        rows = getattr(self, "_rows", None) or {}
-        if batch.split not in rows:
-            rows[batch.split] = {id_hash(i): r for i, r in self.row[batch.split].items()}
-            self._rows = rows
-        return self.data[batch.split][1][[rows[batch.split][int(h)] for h in batch.ids]].to(self.device)
+        return self.data[batch.split][1][[self.row[batch.split][int(h)] for h in batch.ids]].to(self.device)
 
     def _optimise(self) -> None:
         self.module.to(self.device)

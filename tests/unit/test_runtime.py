@@ -91,11 +91,9 @@ def test_every_schedule_equals_its_unpipelined_reference(tmp_path, case):
     assert all(ledger == expected for ledger in ledgers(running).values())
 
 
-def test_stale_reference_is_another_path():
+def test_stale_reference_is_another_path(tmp_path):
     """So the stale cases above check something: one-step-stale differs from synchronous."""
-    import tempfile
-    from pathlib import Path
-    root = Path(tempfile.mkdtemp())
+    root = tmp_path
     sync = reference(example_job(stages=3), root / "a")[0]["src"].trainable()["layer.weight"]
     stale = reference(example_job(stages=3, schedule="one-step-stale"), root / "b")[0]["src"].trainable()["layer.weight"]
     assert not torch.allclose(sync, stale, atol=1e-4)
