@@ -75,6 +75,7 @@ class Running:
         for name, thread in self.threads.items():
             thread.join(max(0.1, deadline - time.monotonic()))
             assert not thread.is_alive(), f"stage {name} did not finish; errors: {self.errors}"
+        assert not self.errors, f"stages failed: {self.errors}"
 
     def weights(self, name: str) -> dict[str, torch.Tensor]:
         return {k: p.detach().clone() for k, p in self.runners[name].stage.trainable().items()}

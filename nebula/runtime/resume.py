@@ -36,6 +36,7 @@ class ResumeProtocol:
         self.incarnation = random.SystemRandom().randrange(1, 1 << 62)  # a new one per process start
         self.joining: int | None = None  # member: the RESYNC round answered last, while awaiting RESUME
         self.later: list[Message] = []  # newer-generation messages, until this stage resumes into it
+        self.floor = 0  # messages of generations below it belong to abandoned work
 
     def _protocol(self, sender: str, topic: Topic, body: Any) -> None:
         if self.is_coordinator and topic is Topic.HELLO:
@@ -116,7 +117,9 @@ class ResumeProtocol:
                          generation=self.generation, answer_to=answer_to)
 
     def _abandon(self) -> None:
-        """Drop whatever is in flight: unsent messages, open steps, inference in progress."""
+        """Drop whatever is in flight: unsent messages, open steps, inference in progress, and from
+        now on what other stages still send of this generation (they may not have heard yet)."""
+        self.floor = self.generation + 1
         self.sender.discard()
         self.open.clear()
         self.inference.clear()

@@ -257,10 +257,11 @@ class StageRunner(ResumeProtocol, InferencePasses):
         self._work()
 
     def _current(self, msg: Message) -> bool:
-        """Whether `msg` belongs to this generation (older: dropped; newer: kept for later)."""
+        """Whether `msg` belongs to this generation (older, or this one once it is abandoned:
+        dropped; newer: kept for later)."""
         if msg.generation > self.generation:
             self.later.append(msg)
-        return msg.generation == self.generation
+        return msg.generation == self.generation >= self.floor
 
     def _data(self, sender: str, msg: Message) -> None:
         topic = ctl.parse_data_topic(msg)
