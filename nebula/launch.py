@@ -195,8 +195,14 @@ def start_sites(run: Path, job_file: Path, wan: Any = None, restart: bool = True
     benchmark passes restart=False, so that a failing service stops the run instead of being retried.
     keys=False reuses the keys and site configs an earlier call left in `run`.
     """
+    from nebula.runtime.autoranks import resolve
     from nebula.runtime.job import load_job
 
+    resolved = run / "job.resolved.toml"
+    if keys or not resolved.exists():  # a restart keeps the n it measured: the checkpoints depend on it
+        job_file, _ = resolve(job_file, resolved)  # ranks = "auto": measured here, once
+    else:
+        job_file = resolved
     job = load_job(job_file)
     if keys:
         make_keys(run / "keys", job.sites, {name: stage.address for name, stage in job.stages.items()})

@@ -22,6 +22,11 @@ def register(sub) -> None:
     one.add_argument("--workdir", required=True, help="one sub-directory per stage is written here")
     one.add_argument("--steps", type=int, help="override [train].steps")
     one.set_defaults(func=one_site)
+    res = stage_sub.add_parser("resolve", help="measure the stages and fix ranks = \"auto\" (paper §3.3's n): "
+                               "every site then runs the resolved job file")
+    res.add_argument("--job", required=True, help="job file (TOML) with a stage of ranks = \"auto\"")
+    res.add_argument("--out", required=True, help="where the resolved job file is written")
+    res.set_defaults(func=resolve)
 
 
 def load(job_file: str, steps: int | None = None):
@@ -49,4 +54,11 @@ def one_site(args) -> int:
 def run_stage(args) -> int:
     from nebula.runtime.service import run_stage as run
     run(load(args.job, args.steps), args.stage, Path(args.workdir), Path(args.site), quiet=args.quiet)
+    return 0
+
+
+def resolve(args) -> int:
+    from nebula.runtime.autoranks import resolve as resolve_ranks
+    path, evidence = resolve_ranks(Path(args.job), Path(args.out))
+    print(f"{path}" if evidence else f"{args.job} has no stage with ranks = \"auto\": nothing to resolve")
     return 0

@@ -44,6 +44,7 @@ class Tally:
 
     losses: list[float] = field(default_factory=list)
     compute_s: float = 0.0
+    stats: dict[str, float] = field(default_factory=dict)
 
     @property
     def loss(self) -> float | None:
@@ -100,6 +101,9 @@ class Executor:
             named = {f"inner.{k}": v for k, v in weights.items()}
             out = torch.func.functional_call(self._bound, named, (batch, inputs), strict=False)
         self._check(out, batch)
+        if batch.training:
+            for key, value in out.stats.items():
+                tally.stats[key] = tally.stats.get(key, 0.0) + float(value)
         for link in self.out_links:
             self.emit("forward", link, batch.step, item.index, {n: out.tensors[n].detach() for n in link.tensors},
                       batch.ids)
@@ -213,4 +217,8 @@ class Executor:
                                      f"(its output port: {self.ports[name]})")
         if out.loss is not None and (not isinstance(out.loss, torch.Tensor) or out.loss.numel() != 1):
             raise StageError(f"{type(self.stage).__name__}.forward returned a loss that is not a scalar tensor")
+        unknown = set(out.stats) - set(type(self.stage).stats)
+        if unknown:
+            raise StageError(f"{type(self.stage).__name__}.forward returned stats {sorted(unknown)} that its "
+                             f"class does not declare (stats = {type(self.stage).stats})")
 

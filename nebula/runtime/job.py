@@ -82,7 +82,9 @@ class StageConfig:
 
     address: str  # site/stage/0: rank 0 owns the stage's links
     impl: str  # a registered stage name or "package.module:Class"
-    ranks: int = field(default=1, metadata=limits(at_least=1, at_most=1024))
+    ranks: int = field(default=1, metadata=limits(at_least=1, at_most=1024))  # or "auto": nebula.runtime.autoranks
+    max_ranks: int = field(default=4, metadata=limits(at_least=1, at_most=1024))  # what "auto" may choose
+    auto_ranks: bool = False  # set by ranks = "auto": the launcher measures and fixes ranks before the start
     device: str = "auto"  # cpu | cuda | cuda:N | auto (cuda when available)
     threads: int | None = field(default=None, metadata=limits(at_least=1))  # torch intra-op threads
     options: Any = None  # the implementation's Options dataclass, checked
@@ -162,8 +164,13 @@ def _stage(name: str, table: dict, where: str) -> tuple[StageConfig, type]:
     from nebula.runtime.stage import options_of
     if not _STAGE_NAME.match(name):
         raise ConfigError(f"{where}: stage names are 1-32 lowercase letters, digits or '-', starting with a letter")
-    framework = {"address", "impl", "ranks", "device", "threads"}
-    config = build(StageConfig, {k: v for k, v in table.items() if k in framework}, where)
+    framework = {"address", "impl", "ranks", "max_ranks", "device", "threads"}
+    keys = {k: v for k, v in table.items() if k in framework}
+    auto = keys.get("ranks") == "auto"
+    if auto:
+        keys["ranks"] = 1  # until the launcher resolves it (nebula.runtime.autoranks)
+    config = build(StageConfig, keys, where)
+    config = dataclasses.replace(config, auto_ranks=auto)
     _check_device(config.device, f"{where}.device")
     cls = resolve_stage(config.impl)
     options = build(options_of(cls), {k: v for k, v in table.items() if k not in framework}, where)

@@ -174,14 +174,16 @@ class RankGroup:
 
     def _apply(self, step: int) -> Tally:
         tally = self.executor.apply(step)
-        stats = torch.tensor([sum(tally.losses), len(tally.losses)], dtype=torch.float64)
+        keys = type(self.stage).stats  # declared by the class: every rank sums the same list
+        stats = torch.tensor([sum(tally.losses), len(tally.losses), *(tally.stats.get(k, 0.0) for k in keys)],
+                             dtype=torch.float64)
         compute = torch.tensor([tally.compute_s], dtype=torch.float64)
         if self.stage.device.type == "cuda":
             stats, compute = stats.to(self.stage.device), compute.to(self.stage.device)
         dist.all_reduce(stats)
         dist.all_reduce(compute, op=dist.ReduceOp.MAX)
-        total, n = stats.tolist()
-        return Tally(losses=[total / n] if n else [], compute_s=float(compute))
+        total, n, *sums = stats.tolist()
+        return Tally(losses=[total / n] if n else [], compute_s=float(compute), stats=dict(zip(keys, sums)))
 
     # -- ranks > 0 ---------------------------------------------------------------------------------------
     def serve(self) -> None:

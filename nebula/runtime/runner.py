@@ -217,8 +217,12 @@ class StageRunner(ResumeProtocol, InferencePasses):
         # wire bytes the sender thread has encoded since the last record (link.jsonl has them by step)
         sent = {f"{name}:{d}": n for name, c in self.codecs.items() for d in ("forward", "backward")
                 if (n := c.take_bytes(d))}
-        loss = {} if tally.loss is None else {"loss": tally.loss}
-        self.metrics.step(step=t, step_s=now - since, compute_s=tally.compute_s, **loss, sent=sent)
+        extra = {} if tally.loss is None else {"loss": tally.loss}
+        if tally.stats:
+            extra["stats"] = tally.stats
+            if tally.stats.get("tokens"):  # what one token of this stage's data costs on each link
+                extra["bytes_per_token"] = {k: round(n / tally.stats["tokens"], 4) for k, n in sent.items()}
+        self.metrics.step(step=t, step_s=now - since, compute_s=tally.compute_s, **extra, sent=sent)
         for link in self.in_links:
             if not link.backward:
                 self._tell(link.src, ctl.Pace(step=t))  # the sender may now open step t + credit

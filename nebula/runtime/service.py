@@ -74,6 +74,10 @@ def run_stage(job: Any, name: str, workdir: Path, site_path: Path, quiet: bool =
     from nebula.transport.reliable import open_channel
 
     config = job.stage(name)
+    if config.auto_ranks:
+        raise ConfigError(f"stage {name} has ranks = \"auto\": resolve it first with `nebula stage resolve --job "
+                          f"{job.source} --out RESOLVED.toml` (it measures the stages) and start every site's "
+                          "stages from the resolved file")
     rank, world, local_rank = torchrun_env()
     if world != config.ranks:
         raise ConfigError(f"stage {name} has ranks = {config.ranks} but WORLD_SIZE is {world}: start it with "

@@ -88,6 +88,7 @@ class Output:
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     loss: torch.Tensor | None = None  # scalar; the runtime divides it by the micro-batches per step
+    stats: dict[str, float] = field(default_factory=dict)  # counts summed over the step (keys: Stage.stats)
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,9 @@ class Stage(ABC):
     Options: ClassVar[type] = NoOptions
     inputs: ClassVar[tuple[Port, ...]] = ()
     outputs: ClassVar[tuple[Port, ...]] = ()
+    # counts a forward may return in Output.stats, summed over a step's micro-batches and ranks into the
+    # step's metrics record; "tokens" also gives bytes_per_token for each link the stage sends on
+    stats: ClassVar[tuple[str, ...]] = ()
 
     module: torch.nn.Module  # its trainable parameters are what the runtime stashes, reduces and saves
     optimizer: torch.optim.Optimizer | None = None

@@ -1,0 +1,60 @@
+"""`ranks = "auto"`: a stage's data-parallel width chosen from measured step times (paper §3.3).
+
+The paper assigns each generator n sub-discriminators, "n estimated based on the practical
+performance test on each cluster" (it set n = 8 by hand). Here the stage module measures: its class
+implements `choose_ranks(job, name, most) -> (n, evidence)`, timing a few warm-up micro-batches of
+the stages that feed it and of one rank of itself on this machine. The launcher resolves the job
+before any service starts and every site runs the resolved file, so all agree on n without talking.
+
+n also scales the step, as in the paper ("G first performs n forward computations and produces n
+results"): a job's [train] batch_size and micro_batches are those of one rank, multiplied by n.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from nebula.errors import ConfigError
+
+
+def auto_stages(job: Any) -> list[str]:
+    return [name for name, stage in job.stages.items() if stage.auto_ranks]
+
+
+def resolve(job_file: Path, out: Path, quiet: bool = False) -> tuple[Path, dict[str, Any]]:
+    """Write `out`: `job_file` with every ranks = "auto" replaced by the measured n (the original
+    is returned unchanged if it has none). -> (the file to run, {stage: evidence})."""
+    import tomli_w
+
+    from nebula.runtime.job import load_job
+    from nebula.runtime.registry import resolve_stage
+    job = load_job(job_file)
+    names = auto_stages(job)
+    if not names:
+        return Path(job_file), {}
+    if len(names) > 1:
+        raise ConfigError(f"{job_file}: stages {', '.join(names)} all have ranks = \"auto\"; at most one may "
+                          "(n scales the whole step); fix the others' ranks")
+    name = names[0]
+    cls = resolve_stage(job.stage(name).impl)
+    if not hasattr(cls, "choose_ranks"):
+        raise ConfigError(f"{job_file}: [stages.{name}] ranks = \"auto\", but {cls.__name__} cannot measure "
+                          "its ranks (no choose_ranks): set ranks = N")
+    n, evidence = cls.choose_ranks(job, name, job.stage(name).max_ranks)
+    raw = tomllib.loads(Path(job_file).read_text())
+    raw["stages"][name]["ranks"] = n
+    train = raw.setdefault("train", {})
+    train["batch_size"] = n * train.get("batch_size", 32)
+    train["micro_batches"] = n * train.get("micro_batches", 1)
+    if job.data:
+        raw["job"]["data"] = job.data  # absolute: the resolved file lives elsewhere
+    evidence = {"stage": name, "ranks": n, **evidence}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(f"# {job_file} with [stages.{name}] ranks = \"auto\" resolved: "
+                   f"{json.dumps(evidence)}\n" + tomli_w.dumps(raw))
+    if not quiet:
+        print(f"ranks = \"auto\" for stage {name}: n = {n} ({json.dumps(evidence)})", file=sys.stderr, flush=True)
+    return out, {name: evidence}

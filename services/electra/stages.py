@@ -1,0 +1,229 @@
+"""ELECTRA-Cloud stage modules (paper §3.1, §3.3): generators teach one discriminator; only ids cross.
+
+- `electra-generator` (a source, one per language group and site): masked LM on its own text (L_G,
+  Eq. 6); samples a replacement at every masked position (Eq. 7) and sends the corrupted ids and, at
+  the masked positions, the original ids: `tokens` and `originals` (B, S) int32, 0 = not masked.
+- `electra-discriminator` (the sink, `ranks = n`): rank 0 is the paper's root discriminator D_r, which
+  receives every generator's micro-batches and scatters them to the n ranks (the sub-discriminators
+  D_sub, rank 0 among them); the ranks all-reduce and step together, then the root sends each
+  generator its pace (the runtime's forward-only schedule with a credit, Figure 6). Its loss is
+  lambda * L_D (replaced-token detection, Eq. 8) + gamma * L_CLM (corrective LM, Eq. 10), Eq. 11.
+
+The link from a generator to the discriminator is one-way: no gradient crosses the WAN.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from nebula.config import limits
+from nebula.errors import DataError
+from nebula.runtime.registry import register_stage
+from nebula.runtime.stage import Batch, Output, Port, Stage
+from services.electra import data
+from services.electra.model import Discriminator, Generator, Size
+
+NOT_MASKED = 0  # the value of `originals` where nothing was masked: the id of <pad>, never masked
+TOKENS = (Port("tokens", "int32", rank=2, role="tokens"),  # corrupted ids x_corrupt (B, S), <pad>-padded
+          Port("originals", "int32", rank=2, role="labels"))  # x_i at the masked positions M, else 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Options:
+    max_len: int = field(default=128, metadata=limits(at_least=8, at_most=512, hint="tokens per sequence"))
+    vocab_corpora: tuple[str, ...] = ("es-en", "zh-en")  # the vocabulary: every stage must name the same
+    vocab_file: str | None = None  # a shipped vocabulary (`VocabMap` JSON) instead of building it here
+    lr: float = field(default=5e-4, metadata=limits(above=0, below=1))
+    warmup_steps: int = field(default=20, metadata=limits(at_least=0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class GeneratorOptions(_Options):
+    corpus: str = "es-en"  # its language group: the directory under [job].data
+    tasks: tuple[Literal["mrtd", "trtd"], ...] = ("mrtd", "trtd")
+    mask_prob: float = field(default=0.15, metadata=limits(above=0, below=1))
+    temperature: float = field(default=1.0, metadata=limits(above=0))
+    size: Size = Size(hidden=128, layers=2, heads=2, ffn=512)
+    max_train_examples: int | None = field(default=None, metadata=limits(at_least=1))
+
+
+@dataclass(frozen=True, kw_only=True)
+class DiscriminatorOptions(_Options):
+    size: Size = Size()
+    init: Literal["random", "e5-small"] = "random"  # e5-small: 12 x 384, size is then ignored
+    rtd_weight: float = field(default=50.0, metadata=limits(at_least=0, hint="lambda of Eq. 11"))
+    clm_weight: float = field(default=1.0, metadata=limits(at_least=0, hint="gamma of Eq. 11"))
+    # a labelled compute throttle: each micro-batch takes `slowdown` times its compute (the rest asleep),
+    # as on a k-times-slower device; how paper Table 4's slower cluster is emulated on two CPU cores
+    slowdown: float = field(default=1.0, metadata=limits(at_least=1))
+
+
+def linear_warmup_decay(optimizer: torch.optim.Optimizer, warmup: int, total: int):
+    """The paper's schedule (§4.1): linear warm-up, then linear decay to zero at the last step."""
+    warm, total = max(1, warmup), max(total, warmup + 1)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: min((s + 1) / warm, max(0.0, (total - s) / max(1, total - warm))))
+
+
+class _Electra(Stage):
+    def _vocabulary(self) -> None:
+        if self.context.data is None:
+            raise DataError(f"stage {self.context.name}: the job names no [job].data directory with the corpora")
+        self.tok = data.tokenizer()
+        self.vmap = data.load_vocab(self.context.data, self.options.vocab_corpora, self.options.vocab_file, self.tok)
+        self.specials = self.vmap.specials(data.specials_of(self.tok))
+
+    def _optimise(self) -> None:
+        self.module.to(self.device)
+        self.optimizer = torch.optim.Adam(self.trainable().values(), lr=self.options.lr, betas=(0.9, 0.999),
+                                          eps=1e-6)
+        self.scheduler = linear_warmup_decay(self.optimizer, self.options.warmup_steps, self.context.job.train.steps)
+
+
+@register_stage("electra-generator")
+class ElectraGenerator(_Electra):
+    Options = GeneratorOptions
+    outputs = TOKENS
+    stats = ("tokens", "masked", "sequences")
+
+    def __init__(self, context, options: GeneratorOptions):
+        super().__init__(context, options)
+        self._vocabulary()
+        self.corpus = data.GeneratorCorpus(context.data, options.corpus, options.tasks, options.max_len, self.vmap,
+                                           self.tok, options.max_train_examples)
+        self.module = Generator(options.size.bert(len(self.vmap), options.max_len))
+        self._optimise()
+
+    def examples(self, split: str) -> list[str]:
+        return self.corpus.splits[split].ids
+
+    def forward(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> Output:
+        ids = self.corpus.splits[batch.split].batch(batch.indices, self.specials.pad).to(self.device)
+        real = ids != self.specials.pad
+        at = self._choose_masked(ids, batch)
+        logits = self.module(ids.masked_fill(at, self.specials.mask), real, at)  # (M, V)
+        originals = ids[at]
+        loss = F.cross_entropy(logits, originals)  # L_G, Eq. 6 (mean over the masked positions)
+        with torch.no_grad():  # Eq. 7: sample x_i ~ p_G(x_i | x_mask) at each masked position
+            gen = torch.Generator(device=self.device).manual_seed(self._seed(batch) + 1)
+            sampled = torch.multinomial(F.softmax(logits.float() / self.options.temperature, -1), 1,
+                                        generator=gen).squeeze(1)
+        corrupted = ids.masked_scatter(at, sampled)
+        labels = torch.zeros_like(ids).masked_scatter(at, originals)
+        stats = {"tokens": float(real.sum()), "masked": float(at.sum()), "sequences": float(len(ids))}
+        return Output(tensors={"tokens": corrupted.int(), "originals": labels.int()}, loss=loss, stats=stats)
+
+    def _seed(self, batch: Batch) -> int:
+        """The same masks and samples for the same step after a resume, whatever ran before."""
+        return (self.context.job.train.seed * 1_000_003 + batch.step * 4099 + batch.micro_batch) % (1 << 62)
+
+    def _choose_masked(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """mask_prob of the real tokens (not specials) of each row, at least one: (B, S) bool."""
+        gen = torch.Generator(device=self.device).manual_seed(self._seed(batch))
+        maskable = ids > max(self.specials.as_list())  # the specials are the first ids of the cut vocabulary
+        draw = torch.rand(ids.shape, generator=gen, device=self.device)
+        at = maskable & (draw < self.options.mask_prob)
+        # rows where the draw chose nothing: mask their maskable token with the smallest draw
+        empty = ~at.any(1) & maskable.any(1)
+        if empty.any():
+            first = draw.masked_fill(~maskable, 2.0).argmin(1)
+            at[empty, first[empty]] = True
+        return at
+
+
+class _Throttle(torch.autograd.Function):
+    """Identity whose backward (the last op of a micro-batch's backward pass) sleeps (k - 1) x the time
+    the micro-batch took so far: the stage then runs as on a k-times-slower device, without using
+    the CPU the other processes need."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, slowdown: float, started: float) -> torch.Tensor:
+        ctx.slowdown, ctx.started = slowdown, started
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        time.sleep((ctx.slowdown - 1) * (time.perf_counter() - ctx.started))
+        return grad, None, None
+
+
+@register_stage("electra-discriminator")
+class ElectraDiscriminator(_Electra):
+    Options = DiscriminatorOptions
+    inputs = TOKENS
+
+    def __init__(self, context, options: DiscriminatorOptions):
+        super().__init__(context, options)
+        self._vocabulary()
+        if options.init == "e5-small":
+            from services.electra.model import e5_discriminator
+            bert = e5_discriminator(self.vmap, options.max_len)
+        else:
+            from services.abnet.plm import BertModel
+            bert = BertModel(options.size.bert(len(self.vmap), options.max_len))
+        self.module = Discriminator(bert, pretrained=options.init != "random")
+        self._started = 0.0
+        if options.slowdown > 1:
+            bert.embeddings.register_forward_hook(
+                lambda _m, _i, out: _Throttle.apply(out, options.slowdown, self._started) if out.requires_grad
+                else out)
+        self._optimise()
+
+    @classmethod
+    def choose_ranks(cls, job, name: str, most: int) -> tuple[int, dict]:
+        """ranks = "auto" (nebula.runtime.autoranks): n from a warm-up of the generators and one sub."""
+        from services.electra.calibrate import measure
+        return measure(job, name, most)
+
+    def check(self, tokens: torch.Tensor, originals: torch.Tensor, where: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The received ids, or a DataError saying what is wrong (sent back to the generator)."""
+        vocab, positions = len(self.vmap), self.module.bert.cfg.max_positions
+        if tokens.shape != originals.shape:
+            raise DataError(f"{where}: tokens {tuple(tokens.shape)} and originals {tuple(originals.shape)} differ")
+        if tokens.shape[1] > positions:
+            raise DataError(f"{where}: sequences of {tokens.shape[1]} tokens, the discriminator has {positions} "
+                            "positions: set the same max_len on every stage")
+        for name, x in (("tokens", tokens), ("originals", originals)):
+            bad = (x < 0) | (x >= vocab)
+            if bad.any():
+                raise DataError(f"{where}: {int(bad.sum())} {name} outside the vocabulary of {vocab} ids (e.g. "
+                                f"{int(x[bad][0])}): every stage must use the same vocabulary (vocab_corpora)")
+        tokens, originals = tokens.long(), originals.long()
+        past = (originals != NOT_MASKED) & (tokens == self.specials.pad)
+        if past.any():
+            row, col = (int(i) for i in past.nonzero()[0])
+            raise DataError(f"{where}: masked position {col} of sequence {row} is past its end (padding)")
+        return tokens, originals
+
+    def forward(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> Output:
+        self._started = time.perf_counter()
+        tokens, originals = self.check(inputs["tokens"], inputs["originals"],
+                                       f"step {batch.step} micro-batch {batch.micro_batch} on {batch.link}")
+        real, at = tokens != self.specials.pad, originals != NOT_MASKED
+        rtd, clm = self.module(tokens, real, at)
+        replaced = (at & (tokens != originals)).float()
+        l_d = F.binary_cross_entropy_with_logits(rtd[real], replaced[real])  # Eq. 8, mean over the tokens
+        l_clm = F.cross_entropy(clm, originals[at]) if at.any() else rtd.sum() * 0  # Eq. 10
+        return Output(loss=self.options.rtd_weight * l_d + self.options.clm_weight * l_clm)
+
+    def pooled(self, texts: list[str], batch_size: int = 64) -> torch.Tensor:
+        """Mean-pooled last-layer states of `texts` (N, H): what the evaluations compare."""
+        out = []
+        self.module.eval()
+        for i in range(0, len(texts), batch_size):
+            rows = data.to_model_ids(self.vmap, data.encode(self.tok, texts[i:i + batch_size]))
+            rows = [[self.specials.bos, *r[:self.options.max_len - 2], self.specials.eos] for r in rows]
+            ids = data.Sequences(rows, []).batch(list(range(len(rows))), self.specials.pad).to(self.device)
+            out.append(self.module.pooled(ids, ids != self.specials.pad).float().cpu())
+        return torch.cat(out)
+
+
+def auto_subs(t_generator: float, t_sub: float, most: int, margin: float = 1.1) -> int:
+    """n of paper §3.3: sub-discriminators enough that they consume G's micro-batches as fast as G makes
+    them (n >= t_sub / t_generator, with a margin for the all-reduce), at most `most`."""
+    return max(1, min(most, math.ceil(margin * t_sub / max(t_generator, 1e-9))))
