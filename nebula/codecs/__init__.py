@@ -7,7 +7,7 @@ Spec grammar, wire layouts and measurements: docs/codecs.md.
 """
 from nebula.codecs.base import CODECS, Codec, register_codec
 # importing a codec module registers it
-from nebula.codecs import none, fp16, bf16, int8, svd, lowrank, topk, ef  # noqa: F401,E401
+from nebula.codecs import none, fp16, bf16, int8, svd, lowrank, topk, ef, deflate  # noqa: F401,E401
 from nebula.codecs.chain import Chain
 from nebula.codecs.packing import pack, unpack
 from nebula.codecs.policy import CompressionPolicy, Override

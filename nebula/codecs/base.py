@@ -34,6 +34,7 @@ class Codec(ABC):
     """Encode a tensor into wire parts + meta, and decode them back (float32 for lossy float codecs)."""
 
     name: ClassVar[str] = ""
+    exact: ClassVar[bool] = False  # bit-exact for every wire dtype: may carry token ids, masks, labels
 
     @property
     def spec(self) -> str:

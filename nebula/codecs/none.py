@@ -15,6 +15,8 @@ from nebula.wire import ITEMSIZE, dtype_names
 class NoCodec(Codec):
     """Wire bytes = numel x itemsize. Decoding returns the received (read-only, zero-copy) view."""
 
+    exact = True
+
     def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
         if x.dtype not in dtype_names():
             raise CodecError(f"codec 'none': dtype {x.dtype} cannot go on the wire "

@@ -77,11 +77,12 @@ class CompressionPolicy:
             return NONE
         override = self._override(name)
         chosen = getattr(override, direction) if override is not None else None
-        if chosen is not None:
-            return chosen
-        if numel < self.min_numel or (dtype is not None and dtype not in FLOAT_DTYPES):
+        codec = chosen if chosen is not None else getattr(self, direction)
+        if dtype is not None and dtype not in FLOAT_DTYPES:
+            return codec if codec.exact else NONE  # ids and masks: only an exact codec, else as they are
+        if chosen is None and numel < self.min_numel:
             return NONE
-        return getattr(self, direction)
+        return codec
 
     def to_dict(self) -> dict[str, Any]:
         overrides = {o.pattern: {d: getattr(o, d).spec for d in DIRECTIONS if getattr(o, d) is not None}

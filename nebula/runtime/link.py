@@ -118,10 +118,8 @@ class LinkCodecs:
 
     def pack(self, direction: str, name: str, tensor: torch.Tensor, step: int) -> TensorPayload:
         tensor = tensor.detach().cpu()  # the wire carries CPU frames; a no-op for CPU tensors
-        if tensor.is_floating_point():
-            codec = self.policy_for(step).codec_for(direction, name, tensor.numel(), step)
-        else:
-            codec = "none"  # token ids, masks: exact, never compressed
+        # token ids and masks get the link's codec only if it is exact (deflate), else go as they are
+        codec = self.policy_for(step).codec_for(direction, name, tensor.numel(), step, dtype=tensor.dtype)
         started = time.perf_counter()
         payload = codecs.pack(name, ROLES.get(direction, direction), tensor.contiguous(), codec,
                               state=self.state.slot(f"{self.link}:{direction}", name))

@@ -1,8 +1,10 @@
 """ELECTRA-Cloud stage modules (paper §3.1, §3.3): generators teach one discriminator; only ids cross.
 
 - `electra-generator` (a source, one per language group and site): masked LM on its own text (L_G,
-  Eq. 6); samples a replacement at every masked position (Eq. 7) and sends the corrupted ids and, at
-  the masked positions, the original ids: `tokens` and `originals` (B, S) int32, 0 = not masked.
+  Eq. 6); samples a replacement at every masked position (Eq. 7) and sends the corrupted ids
+  `tokens` (B, S), the masked positions `positions` (B, K) and the original ids there `originals`
+  (B, K), all int32; a row with fewer than K masked positions is padded with position -1, and an
+  original the generator sampled right is sent as 0 (<pad>, never masked): it is the token itself.
 - `electra-discriminator` (the sink, `ranks = n`): rank 0 is the paper's root discriminator D_r, which
   receives every generator's micro-batches and scatters them to the n ranks (the sub-discriminators
   D_sub, rank 0 among them); the ranks all-reduce and step together, then the root sends each
@@ -28,9 +30,13 @@ from nebula.runtime.stage import Batch, Output, Port, Stage
 from services.electra import data
 from services.electra.model import Discriminator, Generator, Size
 
-NOT_MASKED = 0  # the value of `originals` where nothing was masked: the id of <pad>, never masked
+NO_POSITION = -1  # pads a row of `positions` (and its `originals`) to K
+# Index-only: varint-friendly small ints (positions < max_len fit one byte), which `deflate` packs tightly;
+# sending the originals as a (B, S) tensor, zero where not masked, cost 0.45 bytes per token more.
 TOKENS = (Port("tokens", "int32", rank=2, role="tokens"),  # corrupted ids x_corrupt (B, S), <pad>-padded
-          Port("originals", "int32", rank=2, role="labels"))  # x_i at the masked positions M, else 0
+          Port("positions", "int32", rank=2, role="positions"),  # M, the masked positions (B, K), ascending
+          Port("originals", "int32", rank=2, role="labels"))  # x_i at those positions (B, K); 0: = tokens there
+SAME = 0  # an original equal to the sampled token (the id of <pad>, which is never masked)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -114,9 +120,10 @@ class ElectraGenerator(_Electra):
             sampled = torch.multinomial(F.softmax(logits.float() / self.options.temperature, -1), 1,
                                         generator=gen).squeeze(1)
         corrupted = ids.masked_scatter(at, sampled)
-        labels = torch.zeros_like(ids).masked_scatter(at, originals)
+        positions, labels = ragged(at, originals.masked_fill(sampled == originals, SAME))
         stats = {"tokens": float(real.sum()), "masked": float(at.sum()), "sequences": float(len(ids))}
-        return Output(tensors={"tokens": corrupted.int(), "originals": labels.int()}, loss=loss, stats=stats)
+        return Output(tensors={"tokens": corrupted.int(), "positions": positions.int(), "originals": labels.int()},
+                      loss=loss, stats=stats)
 
     def _seed(self, batch: Batch) -> int:
         """The same masks and samples for the same step after a resume, whatever ran before."""
@@ -134,6 +141,19 @@ class ElectraGenerator(_Electra):
             first = draw.masked_fill(~maskable, 2.0).argmin(1)
             at[empty, first[empty]] = True
         return at
+
+
+def ragged(at: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, S) bool and the values at its True entries (row-major) -> positions (B, K) and values (B, K),
+    K = the most True entries of a row, padded with NO_POSITION and 0."""
+    counts = at.sum(1)
+    k = int(counts.max()) if len(counts) else 0
+    slot = torch.arange(k, device=at.device)[None, :] < counts[:, None]  # (B, K): which slots are used
+    positions = torch.full(slot.shape, NO_POSITION, dtype=torch.long, device=at.device)
+    padded = torch.zeros(slot.shape, dtype=values.dtype, device=at.device)
+    positions[slot] = at.nonzero()[:, 1]
+    padded[slot] = values
+    return positions, padded
 
 
 class _Throttle(torch.autograd.Function):
@@ -180,31 +200,44 @@ class ElectraDiscriminator(_Electra):
         from services.electra.calibrate import measure
         return measure(job, name, most)
 
-    def check(self, tokens: torch.Tensor, originals: torch.Tensor, where: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """The received ids, or a DataError saying what is wrong (sent back to the generator)."""
-        vocab, positions = len(self.vmap), self.module.bert.cfg.max_positions
-        if tokens.shape != originals.shape:
-            raise DataError(f"{where}: tokens {tuple(tokens.shape)} and originals {tuple(originals.shape)} differ")
-        if tokens.shape[1] > positions:
-            raise DataError(f"{where}: sequences of {tokens.shape[1]} tokens, the discriminator has {positions} "
-                            "positions: set the same max_len on every stage")
-        for name, x in (("tokens", tokens), ("originals", originals)):
+    def check(self, inputs: dict[str, torch.Tensor], where: str) -> tuple[torch.Tensor, ...]:
+        """The received ids as (tokens (B, S), masked (B, S) bool, originals (B, S)), or a DataError saying
+        what is wrong (the runtime sends it to the generator): never an index error."""
+        tokens, positions, originals = inputs["tokens"].long(), inputs["positions"].long(), inputs["originals"].long()
+        vocab, (rows, width) = len(self.vmap), tokens.shape
+        if positions.shape != originals.shape:
+            raise DataError(f"{where}: positions {tuple(positions.shape)} and originals {tuple(originals.shape)} "
+                            "differ")
+        if width > self.module.bert.cfg.max_positions:
+            raise DataError(f"{where}: sequences of {width} tokens, the discriminator has "
+                            f"{self.module.bert.cfg.max_positions} positions: set the same max_len on every stage")
+        used = positions != NO_POSITION
+        for name, x in (("tokens", tokens), ("originals", originals[used])):
             bad = (x < 0) | (x >= vocab)
             if bad.any():
                 raise DataError(f"{where}: {int(bad.sum())} {name} outside the vocabulary of {vocab} ids (e.g. "
                                 f"{int(x[bad][0])}): every stage must use the same vocabulary (vocab_corpora)")
-        tokens, originals = tokens.long(), originals.long()
-        past = (originals != NOT_MASKED) & (tokens == self.specials.pad)
-        if past.any():
-            row, col = (int(i) for i in past.nonzero()[0])
-            raise DataError(f"{where}: masked position {col} of sequence {row} is past its end (padding)")
-        return tokens, originals
+        bad = used & ((positions < 0) | (positions >= width))
+        if bad.any():
+            raise DataError(f"{where}: masked position {int(positions[bad][0])} outside sequences of {width} tokens")
+        row = torch.arange(rows, device=tokens.device)[:, None].expand_as(positions)
+        at = torch.zeros_like(tokens, dtype=torch.long).index_put_((row[used], positions[used]),
+                                                                   torch.ones_like(positions[used]), accumulate=True)
+        if (at > 1).any():
+            raise DataError(f"{where}: a masked position is listed twice in one sequence")
+        at = at.bool()
+        if (at & (tokens == self.specials.pad)).any():
+            raise DataError(f"{where}: a masked position lies in a sequence's padding, past its end")
+        full = tokens.clone()  # an original of SAME: the generator sampled the token that was there
+        full[row[used], positions[used]] = torch.where(originals[used] == SAME, tokens[row[used], positions[used]],
+                                                       originals[used])
+        return tokens, at, full
 
     def forward(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> Output:
         self._started = time.perf_counter()
-        tokens, originals = self.check(inputs["tokens"], inputs["originals"],
-                                       f"step {batch.step} micro-batch {batch.micro_batch} on {batch.link}")
-        real, at = tokens != self.specials.pad, originals != NOT_MASKED
+        tokens, at, originals = self.check(inputs, f"step {batch.step} micro-batch {batch.micro_batch} on "
+                                                   f"{batch.link}")
+        real = tokens != self.specials.pad
         rtd, clm = self.module(tokens, real, at)
         replaced = (at & (tokens != originals)).float()
         l_d = F.binary_cross_entropy_with_logits(rtd[real], replaced[real])  # Eq. 8, mean over the tokens

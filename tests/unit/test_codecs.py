@@ -45,6 +45,7 @@ CASES = {
     "int8(lowrank(0.25))": (low_rank(96, 64), 0.025, 0.12),
     "fp16(topk(0.25))": (gaussian(16, 64), 0.75, 0.38),
     "ef(int8(topk(0.5), block=16))": (gaussian(16, 64), 0.75, 0.69),
+    "deflate": (gaussian(4, 8, 32), 0.0, 0.95),  # lossless, any dtype: token ids in test_codecs_deflate.py
 }
 
 
