@@ -25,6 +25,10 @@ class TransportError(NebulaError):
     """A channel failed: timeout, dead peer, closed socket."""
 
 
+class RecvTimeout(TransportError):
+    """No message arrived within a recv's timeout (the channel itself is fine)."""
+
+
 class RemoteError(NebulaError):
     """A remote service answered with an ERROR message."""
 

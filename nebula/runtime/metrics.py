@@ -29,9 +29,10 @@ class MetricsLog:
             shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
             print(f"[{self.label}] {shown}", file=sys.stderr, flush=True)
 
-    def event(self, name: str, **fields: Any) -> None:
+    def event(self, name: str, echo: bool = True, **fields: Any) -> None:
+        """A record; also a line on stderr unless quiet (or echo=False: the caller prints its own)."""
         self._write({"kind": "event", "event": name, **fields})
-        if not self.quiet:
+        if echo and not self.quiet:
             print(f"[{self.label}] {name} {fields}", file=sys.stderr, flush=True)
 
     def close(self) -> None:

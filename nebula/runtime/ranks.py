@@ -2,7 +2,7 @@
 
 A stage with `ranks = N` is N processes in one process group (torchrun's variables; gloo on CPU,
 NCCL on GPUs). Rank 0 runs the StageRunner: it receives every message, and hands micro-batch k of
-a step to rank k mod N ("scatter"); what a rank produces for a link (activations forward,
+a step to rank (k + 1) mod N ("scatter"; rank 0's share last, see owner); what a rank produces for a link (activations forward,
 gradients of its inputs back) goes to rank 0, which sends it ("gather"). At a step's end every
 rank applies the step together: gradients are summed with `all_reduce` (each micro-batch's loss is
 already divided by the micro-batches of the whole step, so the sum equals one rank's gradient over
@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from nebula.codecs import pack, unpack
-from nebula.errors import StageError
+from nebula.errors import StageError, TransportError
 from nebula.runtime.executor import Executor, Tally
 from nebula.runtime.graph import Item
 from nebula.runtime.stage import Batch, Stage
@@ -65,6 +65,7 @@ class RankGroup:
         self.scatter, self.gather = scatter, gather
         self.items = job.graph.items(name)
         self.error: str | None = None
+        self.gone = False  # the error is a rank that went away (killed, its host lost), not one that failed itself
         self.generation = 0  # ranks > 0: of the work item in progress, stamped on what it sends
         self.emit: Callable[..., None] | None = None  # rank 0: the runner's emit
         self.executor = Executor(stage, job.graph, name, job.train, job.schedule.stale, self._emit, reduce=self.reduce)
@@ -90,7 +91,10 @@ class RankGroup:
         self._relay.start()
 
     def owner(self, index: int) -> int:
-        return index % self.world
+        """Rank 0 computes on the runner's thread, which hands out the step's micro-batches in order:
+        its share comes last of every N, so the others' are already out (with k mod N, a sink's
+        rank 0 held micro-batches 1..N-1 back for its whole forward and backward of micro-batch 0)."""
+        return (index + 1) % self.world
 
     def forward(self, batch: Batch, inputs: dict, item: Item, generation: int) -> None:
         if self.owner(item.index) == 0:
@@ -120,8 +124,15 @@ class RankGroup:
             self._send("restore", rank, 0, {}, [pack("checkpoint", "state", data, "none")])
 
     def raise_if_failed(self) -> None:
+        if self.error is not None and self.gone:  # restarted with the others, as a killed stage is: nobody to blame
+            raise TransportError(self.error)
         if self.error is not None:
             raise StageError(f"stage {self.name}: {self.error}")
+
+    def _lost(self, exc: RuntimeError) -> TransportError:
+        """A send or all_reduce of the group failed: another rank is gone (the launcher restarts them together)."""
+        return TransportError(f"stage {self.name} rank {self.rank}/{self.world}: another rank of the stage is gone "
+                              f"({type(exc).__name__}: {str(exc)[:300]})")
 
     def close(self) -> None:
         """Rank 0: stop the other ranks (each says bye, which ends the relay), leave the group."""
@@ -131,21 +142,30 @@ class RankGroup:
                     self._send("stop", rank, 0, {})
                 if self._relay is not None:
                     self._relay.join(30)
-            except RuntimeError:
+            except TransportError:
                 pass  # a rank is gone already: the group goes anyway
         if dist.is_initialized():
             dist.destroy_process_group()
 
     def _send(self, what: str, rank: int, step: int, body: dict, tensors: list | None = None) -> None:
         msg = Message(kind=Kind.TENSORS, topic=what, step=step, body=json.dumps(body).encode(), tensors=tensors or [])
-        send_message(msg, rank, self.scatter)
+        try:
+            send_message(msg, rank, self.scatter)
+        except RuntimeError as exc:
+            raise self._lost(exc) from exc
 
     def _relay_loop(self) -> None:
         """Rank 0: what the other ranks send on links goes out through the runner's sender."""
         byes = set()
         try:
             while len(byes) < self.world - 1:
-                rank, msg = recv_message(None, self.gather)
+                try:
+                    rank, msg = recv_message(None, self.gather)
+                except RuntimeError as exc:  # a rank that fails itself sends an ERROR (below) instead
+                    if dist.is_initialized() and self.error is None:
+                        self.gone = True
+                        self.error = str(self._lost(exc))
+                    return
                 if msg.kind == Kind.ERROR:
                     self.error = f"rank {rank} failed: {msg.error_message}"
                     return
@@ -166,7 +186,10 @@ class RankGroup:
         """Sum the gradients of every rank (one flat all_reduce)."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
-        dist.all_reduce(flat)
+        try:
+            dist.all_reduce(flat)
+        except RuntimeError as exc:
+            raise self._lost(exc) from exc
         offset = 0
         for param, grad in zip(params, grads):
             param.grad = flat[offset:offset + grad.numel()].view_as(param)
@@ -180,8 +203,11 @@ class RankGroup:
         compute = torch.tensor([tally.compute_s], dtype=torch.float64)
         if self.stage.device.type == "cuda":
             stats, compute = stats.to(self.stage.device), compute.to(self.stage.device)
-        dist.all_reduce(stats)
-        dist.all_reduce(compute, op=dist.ReduceOp.MAX)
+        try:
+            dist.all_reduce(stats)
+            dist.all_reduce(compute, op=dist.ReduceOp.MAX)
+        except RuntimeError as exc:
+            raise self._lost(exc) from exc
         total, n, *sums = stats.tolist()
         return Tally(losses=[total / n] if n else [], compute_s=float(compute), stats=dict(zip(keys, sums)))
 

@@ -25,10 +25,11 @@ from typing import Any, Callable
 
 import torch
 
-from nebula.errors import DataError, RemoteError, StageError, TransportError
+from nebula.errors import DataError, RecvTimeout, RemoteError, StageError, TransportError
 from nebula.runtime import control as ctl
 from nebula.runtime.checkpoint import CheckpointDir
 from nebula.runtime.control import DataKind, DataTopic, Topic
+from nebula.runtime.coordinator import Phase
 from nebula.runtime.executor import Executor
 from nebula.runtime.graph import LinkConfig
 from nebula.runtime.inference import InferencePasses
@@ -42,6 +43,7 @@ from nebula.transport.base import Channel
 from nebula.wire import Kind, Message
 
 IDS = "example_ids"  # the runtime's own tensor on every data message: (B,) int64 example-id hashes
+WAIT_NOTICE_S = 10.0  # a stage that has received nothing for this long says whom it waits for, and again as often
 
 
 @dataclass
@@ -214,6 +216,8 @@ class StageRunner(ResumeProtocol, InferencePasses):
         self.ledger.append([t, digest(state.ids)])
         if self.train.saves_after(t):
             self.save()
+        if tally.stats.get("tokens"):  # bytes_per_token below: this step's messages, all encoded, none of the next
+            self.sender.settle()
         # wire bytes the sender thread has encoded since the last record (link.jsonl has them by step)
         sent = {f"{name}:{d}": n for name, c in self.codecs.items() for d in ("forward", "backward")
                 if (n := c.take_bytes(d))}
@@ -235,13 +239,60 @@ class StageRunner(ResumeProtocol, InferencePasses):
             self.handle(self.recv())
 
     def recv(self) -> Message:
-        if self.ranks is not None:
-            self.ranks.raise_if_failed()
-        msg = self.channel.recv(timeout=self.timeout)
+        started = time.monotonic()
+        while True:
+            if self.ranks is not None:
+                self.ranks.raise_if_failed()
+            left = self.timeout - (time.monotonic() - started)
+            try:
+                msg = self.channel.recv(timeout=max(0.0, min(WAIT_NOTICE_S, left)))
+                break
+            except RecvTimeout as exc:
+                if left <= WAIT_NOTICE_S:
+                    raise RecvTimeout(f"{self.name}: no message within {self.timeout:g} s; it was waiting for "
+                                      f"{self._awaited_text()}") from exc
+                self._waiting(time.monotonic() - started)
         if msg.kind == Kind.ERROR:  # gateways' refusals are handled by the channel: this is a stage's
             raise RemoteError(msg.error_code, f"{msg.src} failed: {msg.error_message}; fix the cause there, "
                                               "then restart the job's stages")
         return msg
+
+    def _waiting(self, waited: float) -> None:
+        """The line an operator sees while this stage gets nothing (a peer down, restarting, or slow)."""
+        stages = self._awaited()
+        print(f"[{self.metrics.label}] waiting for {self._awaited_text(stages)} since {waited:.0f} s",
+              file=sys.stderr, flush=True)
+        self.metrics.event("waiting", echo=False, stages=stages, since_s=round(waited, 1))
+
+    def _awaited_text(self, stages: list[str] | None = None) -> str:
+        stages = self._awaited() if stages is None else stages
+        return ", ".join(f"{s} ({self.addresses[s]})" for s in stages) or "messages from the other stages"
+
+    def _awaited(self) -> list[str]:
+        """The stages whose messages this one needs next, from its state (best effort, for the waiting line)."""
+        t, coordinator = self.step + 1, self.graph.coordinator
+        if self.is_coordinator and self.coordination.phase is not Phase.TRAINING:  # a resume round
+            got = self.coordination.answers if self.coordination.phase is Phase.HELLOS else self.coordination.ready
+            return [m for m in self.members if m not in got]
+        if not self.is_coordinator and self.joining is not None:
+            return [coordinator]  # its RESUME
+        state = self.open.get(t)
+        nxt = self.items[state.forwarded] if state is not None and state.forwarded < len(self.items) else None
+        if nxt is not None and nxt.link is not None and nxt.index not in state.arrived:
+            return [nxt.link.src]  # the next micro-batch, in canonical order
+        if state is not None and self.waits and state.backwarded < state.forwarded:
+            have = state.grads.get(state.backwarded, {})
+            return [link.dst for link in self.out_links if link.backward and link.name not in have]
+        lagging = [link.dst for link in self.out_links
+                   if not link.backward and self.acked[link.name] < t - self.schedule.pace_credit]
+        if self.is_source and self.step < self.train.steps and state is None and lagging:
+            return lagging  # their PACE: the credit holds this source back
+        if self.is_coordinator and self.step >= self.train.steps:  # the end of the job
+            return [m for m in self.members if m not in self.done] if self.finishing else \
+                [s for s in self.graph.sources if s not in self.ended]
+        if not self.is_coordinator and self.step >= (self.finish_at or self.train.steps):
+            return [coordinator]  # its FINISH
+        return [self.items[0].link.src] if state is None and self.in_links else []
 
     def handle(self, msg: Message) -> None:
         sender = self.names.get(msg.src)

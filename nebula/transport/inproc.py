@@ -4,7 +4,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from nebula.errors import TransportError
+from nebula.errors import RecvTimeout, TransportError
 from nebula.transport.base import Channel
 from nebula.wire import Message, decode_message, encode_message
 
@@ -56,7 +56,7 @@ class InProcChannel(Channel):
         try:
             return self._hub.inbox(self.address).get(timeout=timeout)
         except queue.Empty:
-            raise TransportError(f"{self.address}: no message within {timeout} s") from None
+            raise RecvTimeout(f"{self.address}: no message within {timeout} s") from None
 
     def close(self) -> None:
         self._closed = True

@@ -17,7 +17,7 @@ import time
 
 import zmq
 
-from nebula.errors import ConfigError, TransportError
+from nebula.errors import ConfigError, RecvTimeout, TransportError
 from nebula.security.certs import parse_address
 from nebula.security.trust import Identity, TrustStore, load_identity, peer_curve_key
 from nebula.transport import sockets
@@ -83,7 +83,7 @@ class ReliableChannel(Channel):
                 raise TransportError(f"channel {self.address} is closed")
             left = POLL_SLICE if deadline is None else min(POLL_SLICE, deadline - time.monotonic())
             if left <= 0:
-                raise TransportError(f"{self.address}: no message within {timeout} s")
+                raise RecvTimeout(f"{self.address}: no message within {timeout} s")
             try:
                 return self._inbox.get(timeout=left)
             except queue.Empty:

@@ -116,9 +116,11 @@ class ElectraGenerator(_Electra):
         originals = ids[at]
         loss = F.cross_entropy(logits, originals)  # L_G, Eq. 6 (mean over the masked positions)
         with torch.no_grad():  # Eq. 7: sample x_i ~ p_G(x_i | x_mask) at each masked position
-            gen = torch.Generator(device=self.device).manual_seed(self._seed(batch) + 1)
-            sampled = torch.multinomial(F.softmax(logits.float() / self.options.temperature, -1), 1,
-                                        generator=gen).squeeze(1)
+            gen = torch.Generator(device=self.device).manual_seed(self._seed(batch) + (1 << 62))  # not a mask seed
+            scores = logits.float() / self.options.temperature
+            # never a special (the first ids): no original is one, and a sampled <pad> would read as padding
+            scores[:, :max(self.specials.as_list()) + 1] = float("-inf")
+            sampled = torch.multinomial(F.softmax(scores, -1), 1, generator=gen).squeeze(1)
         corrupted = ids.masked_scatter(at, sampled)
         positions, labels = ragged(at, originals.masked_fill(sampled == originals, SAME))
         stats = {"tokens": float(real.sum()), "masked": float(at.sum()), "sequences": float(len(ids))}
@@ -204,10 +206,11 @@ class ElectraDiscriminator(_Electra):
         """The received ids as (tokens (B, S), masked (B, S) bool, originals (B, S)), or a DataError saying
         what is wrong (the runtime sends it to the generator): never an index error."""
         tokens, positions, originals = inputs["tokens"].long(), inputs["positions"].long(), inputs["originals"].long()
+        if tokens.dim() != 2 or positions.dim() != 2 or positions.shape != originals.shape \
+                or len(positions) != len(tokens):
+            raise DataError(f"{where}: tokens {tuple(tokens.shape)}, positions {tuple(positions.shape)} and originals "
+                            f"{tuple(originals.shape)}: expected (B, S), (B, K) and (B, K)")
         vocab, (rows, width) = len(self.vmap), tokens.shape
-        if positions.shape != originals.shape:
-            raise DataError(f"{where}: positions {tuple(positions.shape)} and originals {tuple(originals.shape)} "
-                            "differ")
         if width > self.module.bert.cfg.max_positions:
             raise DataError(f"{where}: sequences of {width} tokens, the discriminator has "
                             f"{self.module.bert.cfg.max_positions} positions: set the same max_len on every stage")

@@ -56,10 +56,10 @@ class Sites:
     """One job on its local sites; the test drives supervision (`poll`) so it can inject faults."""
 
     def __init__(self, run: Path, job_file: Path, restart: bool = True, max_restarts: int = 3,
-                 skip: tuple[str, ...] = ()):
+                 skip: tuple[str, ...] = (), channel: dict[str, float] | None = None):
         self.run, self.job_file, self.job = run, job_file, load_job(job_file)
         self.stages = {name: stage.address for name, stage in self.job.stages.items()}
-        self.group: ProcessGroup = start_sites(run, job_file, restart=restart, skip=skip)
+        self.group: ProcessGroup = start_sites(run, job_file, restart=restart, skip=skip, channel=channel)
         self.group.max_restarts = max_restarts
 
     def steps(self, stage: str) -> int:

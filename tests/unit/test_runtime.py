@@ -1,12 +1,16 @@
 """The graph runtime with small real torch stages (services/example) over in-process channels:
 every schedule equals its unpipelined reference, a stage killed mid-training resumes with no example
 lost or applied twice (and, with stateful codecs, exactly as if never interrupted), the pace credit
-holds a forward-only sender back, and a long evaluation completes by reporting progress."""
+holds a forward-only sender back, a long evaluation completes by reporting progress, and a stage that
+receives nothing says whom it waits for."""
 import json
+import re
+import time
 
 import pytest
 import torch
 
+import nebula.runtime.runner as runner_module
 from nebula.runtime.executor import _Bound
 from nebula.runtime.order import ExampleOrder, digest, id_hashes
 from nebula.runtime.service import build_stage, make_runner
@@ -163,3 +167,28 @@ def test_evaluation_longer_than_the_timeout_completes_reporting_progress(tmp_pat
     assert result["sink"]["n"] == 16 and result["sink"]["mse"] > 0
     decoded = [r["n"] for r in runner.metrics.records if r.get("event") == "decoded"]
     assert decoded[-1] == 16
+
+
+def test_a_stage_that_receives_nothing_says_whom_it_waits_for_and_goes_on_waiting(tmp_path, monkeypatch, capsys):
+    """The sink started alone waits for the coordinator (the source) to resume it: it says so every
+    WAIT_NOTICE_S (10 s; shortened here) on stderr, also when quiet, and in its metrics, without giving up
+    before its timeout; once the source starts, the job runs."""
+    monkeypatch.setattr(runner_module, "WAIT_NOTICE_S", 0.2)
+    job = example_job(steps=2)
+    running = Running(job, tmp_path / "run", InProcHub())
+    channels = {name: running.hub.channel(job.stage(name).address) for name in job.stages}
+    running.start("sink", channel=channels["sink"])
+
+    def waiting() -> list[dict]:
+        return [r for r in running.runners["sink"].metrics.records if r.get("event") == "waiting"]
+    deadline = time.monotonic() + 30
+    while len(waiting()) < 3:
+        assert time.monotonic() < deadline, "the sink said nothing while it waited"
+        time.sleep(0.05)
+    running.start("src", channel=channels["src"])
+    running.join()
+    first, second = waiting()[:2]
+    assert first["stages"] == ["src"] and second["since_s"] > first["since_s"]
+    lines = re.findall(r"^\[sink\] waiting for src \(a/src/0\) since \d+ s$", capsys.readouterr().err, re.M)
+    assert len(lines) == len(waiting())
+    assert ledgers(running)["sink"] == ledgers(running)["src"]

@@ -1,0 +1,263 @@
+"""ELECTRA-Cloud's stages (services/electra/stages.py) with the real tokenizer, the shared vocabulary and tiny
+real models on the tiny corpora (copied into tmp_path: the vocabulary is cached beside them).
+
+- The discriminator turns whatever bad ids reach it into a DataError that names the cause (the runtime
+  sends it to the generator), never an IndexError or RuntimeError from deep inside torch.
+- `ragged` packs masked positions and their values into (B, K) and back.
+- The generator's masks and samples depend on (seed, step, micro-batch), the weights and torch's RNG
+  (dropout; a checkpoint restores it), not on what ran before: a resumed step is the same step. Every
+  row has a masked position, and no sample is a special id (a sampled <pad> would read as padding).
+- A one-site run records the link's bytes per token in the generator's metrics: about 2 with the
+  shipped `deflate`, several times that with `none`.
+- ranks = "auto" measures n in [1, max_ranks] and scales the step by it; a throttled (k times slower)
+  discriminator needs every rank it may have."""
+import math
+
+import pytest
+import torch
+
+from nebula.errors import DataError
+from nebula.runtime.autoranks import resolve
+from nebula.runtime.job import load_job
+from nebula.runtime.metrics import read_records
+from nebula.runtime.onesite import run_one_site
+from nebula.runtime.order import id_hashes
+from nebula.runtime.service import build_stage
+from nebula.runtime.stage import Batch
+from services.electra.stages import NO_POSITION, SAME, ragged
+from tests.electra_support import electra_job
+
+LINK = "generator->disc:forward"
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    return load_job(electra_job(tmp_path_factory.mktemp("electra")))
+
+
+@pytest.fixture(scope="module")
+def generator(job, tmp_path_factory):
+    return build_stage(job, "generator", tmp_path_factory.mktemp("generator"), quiet=True)
+
+
+@pytest.fixture(scope="module")
+def disc(job, tmp_path_factory):
+    return build_stage(job, "disc", tmp_path_factory.mktemp("disc"), quiet=True)
+
+
+def batch(gen, step: int, micro_batch: int, indices: list[int]) -> Batch:
+    ids = gen.examples("train")
+    return Batch("train", step, micro_batch, ids=id_hashes([ids[i] for i in indices]), indices=indices)
+
+
+def varied(gen, n: int = 8) -> list[int]:
+    """n training sequences from the shortest to the longest: the batch has padding."""
+    rows = gen.corpus.splits["train"].rows
+    by_length = sorted(range(len(rows)), key=lambda i: (len(rows[i]), i))
+    return [by_length[k * (len(rows) - 1) // (n - 1)] for k in range(n)]
+
+
+@pytest.fixture(scope="module")
+def sent(generator):
+    """What the generator sends for one micro-batch, and the ids it corrupted."""
+    indices = varied(generator)
+    out = generator.forward(batch(generator, 3, 1, indices), {})
+    ids = generator.corpus.splits["train"].batch(indices, generator.specials.pad)
+    return {k: v.detach() for k, v in out.tensors.items()}, ids
+
+
+def test_discriminator_reads_back_what_the_generator_sent(sent, disc):
+    inputs, ids = sent
+    assert {k: v.dtype for k, v in inputs.items()} == dict.fromkeys(("tokens", "positions", "originals"), torch.int32)
+    tokens, at, originals = disc.check(inputs, "here")
+    assert torch.equal(originals, ids)  # the corrupted sequences with every original put back
+    assert int(at.sum()) == int((inputs["positions"] != NO_POSITION).sum()) > 0
+    assert not (tokens != ids)[~at].any()  # only masked positions were changed
+    positions = inputs["positions"].long()
+    used = positions != NO_POSITION
+    row = torch.arange(len(ids))[:, None].expand_as(positions)
+    kept = tokens[row[used], positions[used]] == ids[row[used], positions[used]]
+    assert torch.equal(kept, inputs["originals"][used] == SAME)  # 0: the generator sampled the original
+
+
+def _row_with(positions: torch.Tensor, masked: int) -> int:
+    rows = ((positions != NO_POSITION).sum(1) >= masked).nonzero()
+    assert len(rows), f"no row with {masked} masked positions in the test batch"
+    return int(rows[0])
+
+
+def _padded_row(tokens: torch.Tensor, pad: int) -> tuple[int, int]:
+    rows = (tokens[:, -1] == pad).nonzero()
+    assert len(rows), "no padded row in the test batch"
+    return int(rows[0]), tokens.shape[1] - 1
+
+
+def _corrupt(case: str, x: dict, vocab: int, pad: int) -> None:
+    tokens, positions, originals = x["tokens"], x["positions"], x["originals"]
+    width = tokens.shape[1]
+    if case == "token past the vocabulary":
+        tokens[0, 0] = vocab
+    elif case == "negative token":
+        tokens[1, 2] = -5
+    elif case == "original past the vocabulary":
+        originals[0, 0] = vocab + 7  # each row has a masked position: slot 0 is used
+    elif case == "position past the sequence":
+        positions[0, 0] = width
+    elif case == "negative position other than -1":
+        positions[0, 0] = -2
+    elif case == "position listed twice":
+        row = _row_with(positions, 2)
+        positions[row, 1] = positions[row, 0]
+    elif case == "position in the padding":
+        row, column = _padded_row(tokens, pad)
+        positions[row, 0] = column
+    elif case == "positions and originals of different shapes":
+        x["originals"] = originals[:, :-1]
+    elif case == "fewer rows of positions than of tokens":
+        x["positions"], x["originals"] = positions[:-1], originals[:-1]
+    elif case == "tokens without a batch dimension":
+        x["tokens"] = tokens[0]
+    elif case == "sequences longer than the discriminator's positions":
+        x["tokens"] = torch.cat([tokens, torch.full((len(tokens), 40), pad, dtype=tokens.dtype)], 1)
+    else:
+        raise AssertionError(case)
+
+
+REJECTED = {  # case -> what the DataError must say
+    "token past the vocabulary": r"1 tokens outside the vocabulary of \d+ ids .*same vocabulary \(vocab_corpora\)",
+    "negative token": r"1 tokens outside the vocabulary of \d+ ids \(e\.g\. -5\)",
+    "original past the vocabulary": r"1 originals outside the vocabulary of \d+ ids .*vocab_corpora",
+    "position past the sequence": r"masked position (\d+) outside sequences of \1 tokens",
+    "negative position other than -1": r"masked position -2 outside sequences of \d+ tokens",
+    "position listed twice": r"a masked position is listed twice in one sequence",
+    "position in the padding": r"a masked position lies in a sequence's padding",
+    "positions and originals of different shapes":
+        r"tokens \(8, \d+\), positions \(8, (\d+)\) and originals \(8, (?!\1\))\d+\): expected \(B, S\), \(B, K\)",
+    "fewer rows of positions than of tokens": r"tokens \(8, \d+\), positions \(7, \d+\) .*expected \(B, S\)",
+    "tokens without a batch dimension": r"tokens \(\d+,\), .*expected \(B, S\)",
+    "sequences longer than the discriminator's positions":
+        r"sequences of \d+ tokens, the discriminator has 32 positions: set the same max_len on every stage",
+}
+
+
+@pytest.mark.parametrize("case", list(REJECTED))
+def test_discriminator_check_turns_bad_ids_into_a_data_error(case, sent, disc):
+    inputs, _ = sent
+    x = {k: v.clone() for k, v in inputs.items()}
+    _corrupt(case, x, len(disc.vmap), disc.specials.pad)
+    with pytest.raises(DataError, match=r"^step 3 micro-batch 1 on generator->disc: " + REJECTED[case]):
+        disc.check(x, "step 3 micro-batch 1 on generator->disc")
+
+
+def test_ragged_round_trip():
+    g = torch.Generator().manual_seed(0)
+    at = torch.rand(6, 11, generator=g) < 0.3
+    at[2] = False  # a row with nothing masked
+    at[4] = True  # and one all masked
+    values = torch.randint(1, 1000, (int(at.sum()),), generator=g)
+    positions, padded = ragged(at, values)
+    counts = at.sum(1)
+    assert positions.shape == padded.shape == (6, int(counts.max()))
+    used = positions != NO_POSITION
+    assert torch.equal(used, torch.arange(positions.shape[1])[None, :] < counts[:, None])  # padding at the end
+    row = torch.arange(6)[:, None].expand_as(positions)
+    back = torch.zeros_like(at)
+    back[row[used], positions[used]] = True
+    assert torch.equal(back, at)
+    assert torch.equal(padded[used], values)  # row-major: the values in the order of at.nonzero()
+    assert (padded[~used] == 0).all()
+    assert all(bool((p[:c].diff() > 0).all()) for p, c in zip(positions, counts))  # ascending
+    for shape in ((3, 5), (0, 5)):  # nothing masked, no rows
+        empty_positions, empty_values = ragged(torch.zeros(shape, dtype=torch.bool), torch.zeros(0, dtype=torch.long))
+        assert empty_positions.shape == empty_values.shape == (shape[0], 0)
+
+
+def test_generator_masks_and_samples_are_a_function_of_seed_step_and_micro_batch(job, generator, tmp_path):
+    """A fresh process resuming step 5 (same weights, torch's RNG from the checkpoint) sends what the first
+    did, whatever it ran before; the masks do not even depend on torch's RNG."""
+    indices = varied(generator)
+    torch.manual_seed(11)  # what a checkpoint restores (dropout draws from it)
+    first = generator.forward(batch(generator, 5, 1, indices), {}).tensors
+    other = build_stage(job, "generator", tmp_path / "resumed", quiet=True)  # the same initial weights
+    for step in (1, 2, 9):  # other work first, drawing from torch's RNG
+        other.forward(batch(other, step, 0, indices), {})
+    torch.rand(1000)
+    masks_only = other.forward(batch(other, 5, 1, indices), {}).tensors
+    assert torch.equal(masks_only["positions"], first["positions"])
+    torch.manual_seed(11)
+    again = other.forward(batch(other, 5, 1, indices), {}).tensors
+    for name in ("tokens", "positions", "originals"):
+        assert torch.equal(again[name], first[name]), name
+    for step, micro_batch in ((5, 0), (6, 1)):  # another micro-batch or step: other masks
+        torch.manual_seed(11)
+        assert not torch.equal(generator.forward(batch(generator, step, micro_batch, indices), {}).tensors["positions"],
+                               first["positions"])
+
+
+def test_generator_masks_every_row_and_never_samples_a_special(tmp_path):
+    job = load_job(electra_job(tmp_path, {'corpus = "es-en"': 'corpus = "es-en"\nmask_prob = 0.01'}))
+    gen = build_stage(job, "generator", tmp_path / "generator", quiet=True)
+    highest_special = max(gen.specials.as_list())
+    with torch.no_grad():  # a generator that all but always predicts a special: <pad>, <s>, </s>, <unk>, <mask>
+        gen.module.lm.bias[:highest_special + 1] = 50.0
+    indices = list(range(16))
+    out = gen.forward(batch(gen, 1, 0, indices), {}).tensors
+    ids = gen.corpus.splits["train"].batch(indices, gen.specials.pad)
+    positions, tokens = out["positions"].long(), out["tokens"].long()
+    used = positions != NO_POSITION
+    assert used[:, 0].all()  # every row has a masked position
+    assert (used.sum(1) == 1).sum() >= 8  # most by the at-least-one rule: 1% of ~25 tokens is rarely any
+    row = torch.arange(len(tokens))[:, None].expand_as(positions)
+    assert (ids[row[used], positions[used]] > highest_special).all()  # only real tokens are masked
+    assert (tokens[row[used], positions[used]] > highest_special).all()  # and replaced by real tokens
+
+
+def generator_records(run) -> list[dict]:
+    return read_records(run / "generator" / "metrics.jsonl", "step")
+
+
+def test_one_site_run_reports_bytes_per_token_deflate_against_none(tmp_path):
+    """One message of 16 sequences a step, as the shipped jobs (4 zlib streams and 16 id hashes per message
+    are the fixed part that a smaller message pays more for); no dropout, so the bytes are the same in every
+    run (the two stages' threads share torch's RNG)."""
+    shape = {"steps = 8": "steps = 3", "batch_size = 8": "batch_size = 16", "micro_batches = 2": "micro_batches = 1",
+             "ffn = 64}": "ffn = 64, dropout = 0.0}"}
+    per_token = {}
+    for codec in ("deflate", "none"):
+        job = load_job(electra_job(tmp_path / codec, {**shape, 'forward = "deflate"': f'forward = "{codec}"'}))
+        run_one_site(job, tmp_path / codec / "run", quiet=True, timeout=120)
+        records = generator_records(tmp_path / codec / "run")
+        assert [r["step"] for r in records] == [1, 2, 3]
+        for r in records:
+            assert r["stats"]["sequences"] == 16 and 0 < r["stats"]["masked"] < r["stats"]["tokens"]
+            # every step's record: the bytes of that step's messages (all of them, none of the next step's)
+            assert r["bytes_per_token"][LINK] == pytest.approx(r["sent"][LINK] / r["stats"]["tokens"], abs=1e-4)
+            assert math.isfinite(r["loss"])
+        assert all(math.isfinite(r["loss"]) for r in read_records(tmp_path / codec / "run" / "disc" / "metrics.jsonl"))
+        per_token[codec] = [r["bytes_per_token"][LINK] for r in records]
+    assert max(per_token["deflate"]) <= 2.5, per_token
+    assert min(per_token["none"]) > 2.5 * max(per_token["deflate"]), per_token  # int32 ids, int64 hashes
+
+
+AUTO = {'impl = "electra-discriminator"': 'impl = "electra-discriminator"\nranks = "auto"\nmax_ranks = 3'}
+
+
+def test_auto_ranks_resolve_to_a_measured_n_that_scales_the_step(tmp_path):
+    out, evidence = resolve(electra_job(tmp_path, AUTO), tmp_path / "resolved.toml", quiet=True)
+    n = evidence["disc"]["ranks"]
+    assert 1 <= n <= 3
+    assert evidence["disc"]["most"] == 3 and evidence["disc"]["t_sub_s"] > 0
+    assert set(evidence["disc"]["t_generator_s"]) == {"generator"}
+    resolved = load_job(out)
+    assert resolved.stage("disc").ranks == n and not resolved.stage("disc").auto_ranks
+    assert (resolved.train.batch_size, resolved.train.micro_batches) == (8 * n, 2 * n)  # n x one rank's step
+    assert resolved.data == load_job(tmp_path / "job.toml").data
+
+
+def test_a_k_times_slower_discriminator_gets_every_rank_it_may_have(tmp_path):
+    slow = {'impl = "electra-discriminator"': 'impl = "electra-discriminator"\nranks = "auto"\nmax_ranks = 3\n'
+                                              'slowdown = 50.0'}
+    out, evidence = resolve(electra_job(tmp_path, slow), tmp_path / "resolved.toml", quiet=True)
+    assert evidence["disc"]["ranks"] == 3, evidence
+    resolved = load_job(out)
+    assert resolved.stage("disc").ranks == 3 and resolved.train.batch_size == 24 and resolved.train.micro_batches == 6
