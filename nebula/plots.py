@@ -4,28 +4,45 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+Curves = dict[str, list[tuple[int, float]]]  # label -> (step, value) points
 
-def plot_curves(curves: dict[str, list[tuple[int, float]]], out: Path, title: str, ylabel: str,
-                smooth: int = 1) -> Path:
-    """One line per label of (step, value) points, each a moving average over `smooth` points."""
+
+def plot_curves(curves: Curves, out: Path, title: str, ylabel: str, smooth: int = 1,
+                marks: dict[str, float] | None = None) -> Path:
+    """One line per label of (step, value) points, each a moving average over `smooth` points;
+    `marks` (label -> step) draws a labelled vertical line at each, e.g. where a run changed sites."""
+    return plot_panels({ylabel: curves}, out, title, smooth, marks)
+
+
+def plot_panels(panels: dict[str, Curves], out: Path, title: str, smooth: int = 1,
+                marks: dict[str, float] | None = None) -> Path:
+    """plot_curves with one panel per y label (stacked, sharing the step axis): for metrics whose
+    scales differ, such as the losses of two stages."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, points in curves.items():
-        steps, values = [p[0] for p in points], [p[1] for p in points]
-        averaged = [statistics.fmean(values[max(0, i - smooth + 1):i + 1]) for i in range(len(values))]
-        ax.plot(steps, averaged, label=label, linewidth=1.2)
-    ax.set_xlabel("step")
-    ax.set_ylabel(ylabel if smooth == 1 else f"{ylabel} (moving average of {smooth})")
-    ax.set_title(title)
-    ax.legend(fontsize=7)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 1.5 + 3 * len(panels)), sharex=True, squeeze=False)
+    for ax, (ylabel, curves) in zip(axes[:, 0], panels.items()):
+        _draw(ax, curves, ylabel, smooth, marks or {})
+    axes[-1, 0].set_xlabel("step")
+    axes[0, 0].set_title(title)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out
+
+
+def _draw(ax, curves: Curves, ylabel: str, smooth: int, marks: dict[str, float]) -> None:
+    for label, points in curves.items():
+        steps, values = [p[0] for p in points], [p[1] for p in points]
+        averaged = [statistics.fmean(values[max(0, i - smooth + 1):i + 1]) for i in range(len(values))]
+        ax.plot(steps, averaged, label=label, linewidth=1.2)
+    for label, step in marks.items():
+        ax.axvline(step, color="black", linestyle="--", linewidth=0.9, label=label)
+    ax.set_ylabel(ylabel if smooth == 1 else f"{ylabel} (moving average of {smooth})")
+    ax.legend(fontsize=7)
 
 
 def metric_curve(metrics_file: Path, key: str = "loss") -> list[tuple[int, float]]:

@@ -55,7 +55,8 @@ QUICK_SETTINGS = [("none", "none"), ("fp16", "int8"), ("int8(lowrank(0.2))", "in
 
 def register(sub) -> None:
     parser = sub.add_parser("wan", help="Table 5: training speed per compression setting over the emulated WAN "
-                                        "(root), or quality per setting with --quality")
+                                        "(root), or quality per setting with --quality; a scenario may run its "
+                                        "own tables (electra: Tables 3 and 4, throughput)")
     parser.add_argument("--scenario", default=None,
                         help="which workload's scenario (entry points `nebula.scenarios`; default: the only one "
                              "installed)")
@@ -89,10 +90,27 @@ def register(sub) -> None:
                              "or runs/bench-wan-loss.png without --workdir)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep logs, metrics and plots here (default: a temporary directory, removed)")
+    add_scenario_arguments(parser)
     parser.set_defaults(func=run)
 
 
+def add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
+    """A scenario that runs its own benchmark (`bench(args)`) may add options (`add_arguments(group)`),
+    shown in a group of their own; the compression options above then need not apply to it."""
+    from importlib.metadata import entry_points
+
+    from nebula.bench.scenarios import ENTRY_POINT_GROUP
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
+        scenario = ep.load()  # a scenario module imports no torch at import time (nebula.cli)
+        if hasattr(scenario, "add_arguments"):
+            scenario.add_arguments(parser.add_argument_group(f"only with --scenario {ep.name}"))
+
+
 def run(args: argparse.Namespace) -> int:
+    from nebula.bench.scenarios import load_scenario
+    scenario = load_scenario(args.scenario)
+    if hasattr(scenario, "bench"):  # a workload with its own tables (e.g. electra: Tables 3 and 4)
+        return scenario.bench(args)
     if args.quality:
         from nebula.bench.wan_quality import run_quality
         return run_quality(args)

@@ -21,6 +21,8 @@ def register(sub) -> None:
     one.add_argument("--job", required=True, help="job file (TOML)")
     one.add_argument("--workdir", required=True, help="one sub-directory per stage is written here")
     one.add_argument("--steps", type=int, help="override [train].steps")
+    one.add_argument("--until", type=int, metavar="N", help="stop after step N of the job (an intra-cluster phase "
+                     "of a longer job: learning-rate schedules span all [train].steps)")
     one.set_defaults(func=one_site)
     res = stage_sub.add_parser("resolve", help="measure the stages and fix ranks = \"auto\" (paper §3.3's n): "
                                "every site then runs the resolved job file")
@@ -45,7 +47,7 @@ def load(job_file: str, steps: int | None = None):
 
 def one_site(args) -> int:
     from nebula.runtime.onesite import run_one_site
-    run_one_site(load(args.job, args.steps), Path(args.workdir))
+    run_one_site(load(args.job, args.steps), Path(args.workdir), until=args.until)
     print(f"one-site run done; hot-start a cross-site run with its checkpoints: {args.workdir}/<stage>/checkpoints "
           f"(nebula demo --hot-start {args.workdir})")
     return 0

@@ -6,18 +6,24 @@ one rank here (a stage with `ranks = N` reaches the same result up to float erro
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from nebula.errors import StageError
+from nebula.errors import ConfigError, StageError
 from nebula.runtime.service import build_stage, make_runner
 from nebula.transport.inproc import InProcHub
 
 
-def run_one_site(job: Any, workdir: Path, quiet: bool = False, timeout: float | None = None) -> None:
+def run_one_site(job: Any, workdir: Path, quiet: bool = False, timeout: float | None = None,
+                 until: int | None = None) -> None:
+    """Train `job` on one site; with `until`, only its first `until` steps (the intra-cluster phase of a
+    longer job): the stages are built from the whole job, so a learning-rate schedule spans all its
+    steps and the cross-site run that hot-starts from step `until` continues it without a jump."""
     hub = InProcHub()
+    phase = _phase(job, until)
     errors: dict[str, BaseException] = {}
     channels = {name: hub.channel(job.stage(name).address) for name in job.stages}
     # built one after the other: each seeds torch's global generator before it initialises
@@ -25,7 +31,7 @@ def run_one_site(job: Any, workdir: Path, quiet: bool = False, timeout: float | 
 
     def run(name: str) -> None:
         try:
-            runner = make_runner(job, name, stages[name], channels[name])
+            runner = make_runner(phase, name, stages[name], channels[name])
             try:
                 runner.run()
             finally:
@@ -44,3 +50,13 @@ def run_one_site(job: Any, workdir: Path, quiet: bool = False, timeout: float | 
         raise StageError(f"stage {name} failed on the single site: {exc}") from exc
     if any(thread.is_alive() for thread in threads):
         raise StageError(f"single-site run did not finish within {timeout} s")
+
+
+def _phase(job: Any, until: int | None) -> Any:
+    """The job the runners train: `job` stopped after step `until` (a checkpoint is saved there)."""
+    if until is None or until == job.train.steps:
+        return job
+    if not 1 <= until < job.train.steps:
+        raise ConfigError(f"a one-site phase of {until} steps: must be 1 to {job.train.steps - 1} "
+                          f"(the job has {job.train.steps} steps)")
+    return dataclasses.replace(job, train=dataclasses.replace(job.train, steps=until))

@@ -11,19 +11,15 @@ import time
 from pathlib import Path
 
 from nebula.errors import ConfigError, StageError
+from services.demo import Demo
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_JOB = ROOT / "deploy" / "jobs" / "abnet-es-en.toml"
 
 
-def register(sub) -> None:
-    parser = sub.add_parser("demo", help="train ABNet-Cloud es->en across two local sites, print BLEU")
-    parser.add_argument("--job", type=Path, default=None, help=f"job file (default: {DEFAULT_JOB.relative_to(ROOT)})")
-    parser.add_argument("--steps", type=int, default=None, help="override the job's [train].steps")
-    parser.add_argument("--run-dir", type=Path, default=Path("runs/demo"), help="logs, keys, checkpoints, plot")
-    parser.add_argument("--hot-start", type=Path, default=None, metavar="DIR",
-                        help="continue from the checkpoints of a one-site run (nebula stage one-site)")
-    parser.set_defaults(func=demo)
+def _arguments(group) -> list:
+    return [group.add_argument("--hot-start", type=Path, default=None, metavar="DIR",
+                               help="continue from the checkpoints of a one-site run (nebula stage one-site)")]
 
 
 def demo(args) -> int:
@@ -34,6 +30,11 @@ def demo(args) -> int:
         print(f"  hyp: {hyp}\n  ref: {ref}")
     print(f"loss curve: {args.run_dir / 'loss.png'}; logs: {args.run_dir / 'logs'}")
     return 0
+
+
+# `nebula demo [abnet]` (services/demo.py; the entry-point group nebula.demos)
+DEMO = Demo(summary="train ABNet-Cloud es->en across two local sites, print BLEU", run=demo,
+            add_arguments=_arguments)
 
 
 def ensure_data(job_data: Path, pair: str) -> None:

@@ -1,0 +1,112 @@
+"""`nebula demo electra` end to end, tiny: a one-site phase, then a hot start across two sites (real
+gateways, CURVE, a process per stage), the loss plot, the verdict on the switch, the before/after
+evaluation table and the report."""
+import json
+import shutil
+import subprocess
+import sys
+
+from tests.e2e.conftest import HERE, JOB_TIMEOUT, records
+
+STEPS, ONE_SITE = 40, 24  # k = 12 steps each side of the switch for the verdict
+
+JOB = """[job]
+name = "electra-tiny"
+data = "{data}"
+
+[train]
+steps = 40
+batch_size = 4
+micro_batches = 1
+checkpoint_every = 12            # the one-site phase keeps its step-0 checkpoint (3 are kept)
+log_every = 1
+seed = 1
+
+[schedule]
+name = "forward-only"
+credit = 2
+
+[stages.generator]
+address = "a/generator/0"
+impl = "electra-generator"
+corpus = "es-en"
+vocab_corpora = ["es-en"]
+max_len = 32
+warmup_steps = 2
+size = {{hidden = 16, layers = 1, heads = 2, ffn = 32}}
+
+[stages.disc]
+address = "{disc_site}/disc/0"
+impl = "electra-discriminator"
+vocab_corpora = ["es-en"]
+max_len = 32
+warmup_steps = 2
+size = {{hidden = 32, layers = 1, heads = 2, ffn = 64}}
+
+[[links]]
+from = "generator"
+to = "disc"
+tensors = ["tokens", "positions", "originals"]
+backward = false
+
+[links.compression]
+forward = "deflate"
+"""
+
+
+def tiny_data(root):
+    """The e2e slice of es-en; its test split is one package, so half of it is relabelled as a second
+    package for the probe (which needs at least two)."""
+    data = root / "data"
+    shutil.copytree(HERE / "data" / "es-en", data / "es-en")
+    ids = (data / "es-en" / "test.ids").read_text().splitlines()
+    relabelled = [i if k < len(ids) // 2 else "other" + i[i.index(":"):] for k, i in enumerate(ids)]
+    (data / "es-en" / "test.ids").write_text("\n".join(relabelled) + "\n")
+    return data
+
+
+def demo(*args, timeout=3 * JOB_TIMEOUT):
+    return subprocess.run([sys.executable, "-m", "nebula.cli", "demo", "electra", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_electra_demo_hot_starts_across_sites_and_reports(tmp_path):
+    data = tiny_data(tmp_path)
+    jobs = {}
+    for name, site in (("job.toml", "b"), ("one-site.toml", "a")):
+        jobs[name] = tmp_path / name
+        jobs[name].write_text(JOB.format(data=data, disc_site=site))
+    run = tmp_path / "run"
+
+    done = demo("--job", jobs["job.toml"], "--one-site-job", jobs["one-site.toml"], "--steps", STEPS,
+                "--one-site-steps", ONE_SITE, "--run-dir", run)
+
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for name in ("generator", "disc"):  # the cross-site run continued the one-site run at step N1
+        metrics = run / "two-site" / name / "metrics.jsonl"
+        assert [r["step"] for r in records(metrics, None) if r.get("event") == "resumed"] == [ONE_SITE]
+        assert [r["step"] for r in records(metrics, "step")] == list(range(ONE_SITE + 1, STEPS + 1))
+        assert [r["step"] for r in records(run / "one-site" / name / "metrics.jsonl", "step")] == list(range(1, ONE_SITE + 1))
+    assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = (run / "report.md").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["untrained"].endswith("one-site/disc/checkpoints/step-00000000.pt")
+    table = summary["table"].splitlines()
+    assert table[0].split() == ["task", "pair", "chance", "untrained", "pre-trained", "better"]
+    assert [line.split()[:2] for line in table[1:]] == [["retrieval", "es-en"], ["probe", "es-en"]]
+    assert summary["table"] in report and summary["table"] in done.stdout
+    assert "![loss curves](loss.png)" in report and "hot start:" in report and "hot start:" in done.stdout
+    assert {name: v["k"] for name, v in summary["verdicts"].items()} == {"generator": 12, "disc": 12}
+    assert all(v["ok"] in (True, False) and v["sigma"] > 0 for v in summary["verdicts"].values())
+    assert summary["transfer"]["two-site"]["bytes_per_token"] > 0
+    assert summary["transfer"]["wan"]["a"] > summary["transfer"]["two-site"]["payload_bytes"]  # + envelopes
+
+
+def test_electra_demo_refuses_a_run_dir_with_files(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "notes.txt").write_text("mine")
+    done = demo("--run-dir", run, timeout=60)
+    assert done.returncode != 0
+    assert "already holds files" in done.stderr and "does not delete" in done.stderr
+    assert (run / "notes.txt").read_text() == "mine"

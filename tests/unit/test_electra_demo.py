@@ -1,0 +1,68 @@
+"""The pieces of `nebula demo electra` that need no training: the verdict on the switch, the run
+directory, the job copies, the one-site/two-site pairing, and `nebula demo`'s workload argument."""
+import random
+
+import pytest
+
+from nebula.errors import ConfigError
+from nebula.runtime.job import load_job
+from services.electra.demo import DEFAULT_JOB, DEFAULT_ONE_SITE_JOB, adapt_job, check_pair, fresh_run_dir, \
+    switch_verdict
+
+SWITCH, NOISE = 150, 0.3
+
+
+def loss_curve(jump: float = 0.0, seed: int = 0) -> list[tuple[int, float]]:
+    """A decaying loss with independent per-step noise; `jump` added to every step after the switch."""
+    rng = random.Random(seed)
+    return [(s, 5 + 20 * 0.99 ** s + rng.gauss(0, NOISE) + (jump if s > SWITCH else 0)) for s in range(1, 301)]
+
+
+def test_a_continuation_of_the_same_curve_is_no_jump():
+    verdicts = [switch_verdict(loss_curve(seed=seed), SWITCH) for seed in range(20)]
+    assert sum(v["ok"] for v in verdicts) >= 19  # a 3-sigma rule: about 1 in 370 false alarms
+    assert all(abs(v["sigma"] - NOISE) < 0.1 for v in verdicts)  # the noise it measures is the curve's
+
+
+def test_a_step_of_a_few_noise_widths_is_a_jump_either_way():
+    for jump in (2.0, -2.0):
+        v = switch_verdict(loss_curve(jump=jump), SWITCH)
+        assert v["ok"] is False and v["jump"] == pytest.approx(jump, abs=0.6)
+
+
+def test_too_few_steps_are_not_judged():
+    v = switch_verdict(loss_curve()[:12], 8)
+    assert v["ok"] is None and "too few steps" in v["why"]
+
+
+def test_a_run_dir_with_files_is_refused_and_kept(tmp_path):
+    (tmp_path / "mine.txt").write_text("keep")
+    with pytest.raises(ConfigError, match="already holds files"):
+        fresh_run_dir(tmp_path)
+    assert (tmp_path / "mine.txt").read_text() == "keep"
+    fresh_run_dir(tmp_path / "new" / "run")  # a new or empty directory is fine
+    fresh_run_dir(tmp_path / "new" / "run")
+
+
+def test_the_shipped_jobs_pair_up_and_a_mismatch_is_named(tmp_path):
+    two = load_job(adapt_job(DEFAULT_JOB, tmp_path / "job.toml", 40, None))
+    one = load_job(adapt_job(DEFAULT_ONE_SITE_JOB, tmp_path / "one.toml", 40, None))
+    check_pair(one, two)
+    assert two.data == one.data and two.train.steps == 40
+    other = load_job(adapt_job(DEFAULT_ONE_SITE_JOB, tmp_path / "other.toml", 40,
+                               {"train": {}, "stages": {"disc": {"lr": 1e-3}}}))
+    with pytest.raises(ConfigError, match="stages and options"):
+        check_pair(other, two)
+    with pytest.raises(ConfigError, match="at one site"):
+        check_pair(two, two)
+
+
+def test_nebula_demo_takes_an_optional_workload(capsys):
+    from nebula.cli import build_parser
+    parser = build_parser()
+    args = parser.parse_args(["demo", "--steps", "5", "--hot-start", "d"])
+    assert (args.workload, args.steps, str(args.hot_start)) == ("abnet", 5, "d")
+    assert parser.parse_args(["demo", "electra", "--one-site-steps", "3"]).workload == "electra"
+    with pytest.raises(ConfigError, match="--hot-start is an option of `nebula demo abnet`"):
+        args = parser.parse_args(["demo", "electra", "--hot-start", "d"])
+        args.func(args)
