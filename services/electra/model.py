@@ -98,9 +98,13 @@ class Discriminator(nn.Module):
 
 def e5_discriminator(vmap, max_len: int) -> BertModel:
     """multilingual-e5-small (12 x 384, XLM-R vocabulary) cut to the workload's vocabulary, trainable."""
-    from services.abnet.vocab import cut_embeddings
+    from services.abnet.vocab import VocabMap, cut_embeddings
     from services.abnet.xlmr_e5 import load_e5_small
-    bert = cut_embeddings(load_e5_small().model, vmap)
+    bert = load_e5_small().model
+    rows = bert.embeddings.word_embeddings.num_embeddings
+    if rows > vmap.old_size:  # e5's table is padded past the tokenizer's ids (250,037 rows for 250,002 ids)
+        vmap = VocabMap(vmap.new_to_old, rows, vmap.unk_old)
+    bert = cut_embeddings(bert, vmap)
     if max_len > bert.cfg.max_positions:
         raise ValueError(f"max_len {max_len} exceeds multilingual-e5-small's {bert.cfg.max_positions} positions")
     for p in bert.parameters():
