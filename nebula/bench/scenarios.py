@@ -1,7 +1,9 @@
 """Benchmark scenarios: what a workload tells `nebula bench wan` about its job.
 
 A workload registers an object under the entry-point group `nebula.scenarios`
-(`NAME = "package.module:OBJECT"`); the benchmark itself knows nothing of the workload.
+(`NAME = "package.module:OBJECT"`); the benchmark itself knows nothing of the workload. A scenario
+whose tables are not Table 5's may instead provide `bench(args) -> int`, which `nebula bench wan`
+then runs, and `add_arguments(group)` for options of its own (e.g. services/electra/bench.py).
 """
 from __future__ import annotations
 

@@ -100,15 +100,20 @@ def add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
     from importlib.metadata import entry_points
 
     from nebula.bench.scenarios import ENTRY_POINT_GROUP
+    owned = {}
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
         scenario = ep.load()  # a scenario module imports no torch at import time (nebula.cli)
         if hasattr(scenario, "add_arguments"):
-            scenario.add_arguments(parser.add_argument_group(f"only with --scenario {ep.name}"))
+            group = parser.add_argument_group(f"only with --scenario {ep.name}")
+            scenario.add_arguments(group)
+            owned[ep.name] = [action.option_strings[0] for action in group._group_actions]
+    parser.set_defaults(scenario_options=owned)
 
 
 def run(args: argparse.Namespace) -> int:
     from nebula.bench.scenarios import load_scenario
     scenario = load_scenario(args.scenario)
+    check_scenario_options(args)
     if hasattr(scenario, "bench"):  # a workload with its own tables (e.g. electra: Tables 3 and 4)
         return scenario.bench(args)
     if args.quality:
@@ -132,6 +137,16 @@ def run(args: argparse.Namespace) -> int:
         print_table(rows)
         print_verdict(rows, args.bound_factor)
     return 0
+
+
+def check_scenario_options(args: argparse.Namespace) -> None:
+    """Another scenario's options are refused, not ignored (they default to None)."""
+    from nebula.bench.scenarios import scenario_names
+    chosen = args.scenario or scenario_names()[0]  # run() has loaded it: given, or the only one installed
+    for name, flags in getattr(args, "scenario_options", {}).items():
+        given = [f for f in flags if name != chosen and getattr(args, f[2:].replace("-", "_")) is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only with --scenario {name}")
 
 
 def chosen_job(args: argparse.Namespace) -> Path:

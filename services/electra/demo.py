@@ -27,9 +27,11 @@ ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_JOB = ROOT / "deploy" / "jobs" / "electra.toml"
 DEFAULT_ONE_SITE_JOB = ROOT / "deploy" / "jobs" / "electra-one-site.toml"
 
-# What the demo changes in the shipped job files so that it ends within 10 minutes on 2 cores with
-# a discriminator that beats its untrained self (the tries behind it: docs/electra.md, "The demo").
-# A job given with --job / --one-site-job runs as written.
+# What the demo changes in the shipped job files: a 128 x 2 discriminator (256 x 4 takes ~4x the time
+# per step and per evaluation, which 10 minutes on 2 shared cores do not hold), and checkpoints every
+# 75 steps, so that the one-site phase keeps its step-0 checkpoint (the last 3 are kept) for the
+# "before" evaluation. Larger lr, max_len 64 with 600 steps, TRTD only or less RTD weight did no
+# better (docs/electra.md, "The demo"). A job given with --job / --one-site-job runs as written.
 SETTINGS: dict[str, Any] = {
     "train": {"steps": 300, "checkpoint_every": 75, "log_every": 10},
     "stages": {
@@ -49,7 +51,8 @@ def _arguments(group) -> list:
                            help=f"job file of the one-site phase (default: {DEFAULT_ONE_SITE_JOB.relative_to(ROOT)}); "
                                 "the same stages, options and [train] as --job"),
         group.add_argument("--one-site-steps", type=int, default=None, metavar="N1",
-                           help=f"steps on one site before the switch (default: {ONE_SITE_SHARE * 100:.0f}%% of the steps)"),
+                           help=f"steps on one site before the switch (default: {ONE_SITE_SHARE * 100:.0f}%% of "
+                                "the steps)"),
     ]
 
 
@@ -58,6 +61,8 @@ def demo(args) -> int:
     print(f"\n{summary['verdict_line']}")
     print(f"\ndiscriminator before (untrained, step 0) and after (step {summary['steps']}), 95% bootstrap "
           f"intervals:\n{summary['table']}")
+    for line in summary["changes"] + summary["skipped"]:
+        print(f"  {line}")
     for line in summary["transfer_lines"]:
         print(line)
     print(f"\nreport: {args.run_dir / 'report.md'}; loss curves: {args.run_dir / 'loss.png'}; "
@@ -240,7 +245,8 @@ def verdict_line(verdicts: dict[str, dict]) -> str:
         return "hot start: too few steps on one side of the switch to judge a jump"
     if all(judged):
         return "hot start: no jump beyond the run's own noise (" + "; ".join(
-            f"{name} {v['jump']:+.3f} vs limit {v['limit']:.3f}" for name, v in verdicts.items() if v["ok"] is not None) + ")"
+            f"{name} {v['jump']:+.3f} vs limit {v['limit']:.3f}" for name, v in verdicts.items()
+            if v["ok"] is not None) + ")"
     bad = [name for name, v in verdicts.items() if v["ok"] is False]
     return "hot start: a jump beyond the run's own noise at " + ", ".join(
         f"{name} ({verdicts[name]['jump']:+.3f}, limit {verdicts[name]['limit']:.3f})" for name in bad)
@@ -294,6 +300,29 @@ def evaluate_checkpoint(job: Any, sink: str, checkpoint: Path | None, data_root:
     return rows
 
 
+def changes(before: list[dict], after: list[dict], job: Any) -> list[str]:
+    """Per evaluation: pre-trained minus untrained, and whether the 95% intervals separate (either way);
+    a pair no source stage reads is said so (its language was never trained on)."""
+    trained = {getattr(job.stage(name).options, "corpus", None) for name in job.graph.sources}
+    old = {(r["task"], r["pair"]): r for r in before if "skipped" not in r}
+    lines = []
+    for new in (r for r in after if "skipped" not in r):
+        was = old.get((new["task"], new["pair"]))
+        if was is None:
+            continue
+        if new["interval"][0] > was["interval"][1]:
+            word = "better, outside the intervals"
+        elif new["interval"][1] < was["interval"][0]:
+            word = "worse, outside the intervals"
+        else:
+            word = "within the intervals"
+        unseen = "" if new["pair"] in trained else \
+            f" (no generator reads {new['pair']}: the discriminator never trained on its text)"
+        lines.append(f"{new['task']} {new['pair']}: {was['accuracy']:.3f} -> {new['accuracy']:.3f} "
+                     f"({new['accuracy'] - was['accuracy']:+.3f}), {word}{unseen}")
+    return lines
+
+
 def table(before: list[dict], after: list[dict]) -> tuple[str, list[str]]:
     """format_table of the rows that ran, and a line for each skipped task."""
     from services.electra.evaluate import format_table
@@ -342,57 +371,76 @@ def codecs_of(job: Any) -> str:
 # -- the whole demo -------------------------------------------------------------------------------------
 def run_demo(job_arg: Path | None, one_site_arg: Path | None, run: Path, steps: int | None,
              one_site_steps: int | None) -> dict:
-    from tqdm import tqdm
+    started = time.monotonic()
+    job, job_file, one_file, until = prepare(run, job_arg, one_site_arg, steps, one_site_steps)
+    times = train(run, job, job_file, one_file, until)
+    verdicts = {name: switch_verdict(points, until) for name, points in curves(run, job).items()}
+    plot(run, job, until, codecs_of(job))
+    before, after, times["eval_s"] = evaluate_both(run, job)
+    times["total_s"] = time.monotonic() - started
+    text, skipped = table(before, after)
+    moved = transfer(run, job, until)
+    zero = untrained_checkpoint(run, job.graph.sinks[0])
+    summary = {"steps": job.train.steps, "one_site_steps": until, "times": times, "verdicts": verdicts,
+               "verdict_line": verdict_line(verdicts), "before": before, "after": after, "table": text,
+               "changes": changes(before, after, job), "skipped": skipped,
+               "untrained": str(zero) if zero else None, "transfer": moved,
+               "transfer_lines": transfer_lines(moved, job, until, times),
+               "settings": settings_for(job_arg, one_site_arg)}
+    (run / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    write_report(run, job, summary)
+    return summary
 
+
+def settings_for(job_arg: Path | None, one_site_arg: Path | None) -> dict | None:
+    """The demo's SETTINGS for the shipped job files; a job file the user gives runs as written."""
+    return SETTINGS if job_arg is None and one_site_arg is None else None
+
+
+def prepare(run: Path, job_arg: Path | None, one_site_arg: Path | None, steps: int | None,
+            one_site_steps: int | None) -> tuple[Any, Path, Path, int]:
+    """Checks first (before any data, model or process): the run dir, both job files, N1; then the data."""
     from nebula.runtime.job import load_job
     from services.abnet.demo import ensure_data
-    started = time.monotonic()
     fresh_run_dir(run)
-    settings = SETTINGS if job_arg is None and one_site_arg is None else None
+    settings = settings_for(job_arg, one_site_arg)
     job_file = adapt_job(job_arg or DEFAULT_JOB, run / "job.toml", steps, settings)
     one_file = adapt_job(one_site_arg or DEFAULT_ONE_SITE_JOB, run / "job-one-site.toml", steps, settings)
     job, one_job = load_job(job_file), load_job(one_file)
     check_pair(one_job, job)
+    if not job.data:
+        raise ConfigError(f"{job_file}: [job].data is not set; the demo needs the directory of the corpora")
     until = one_site_steps if one_site_steps is not None else max(1, round(job.train.steps * ONE_SITE_SHARE))
     if not 1 <= until < job.train.steps:
         raise ConfigError(f"--one-site-steps {until}: must be 1 to {job.train.steps - 1} (the job has "
                           f"{job.train.steps} steps; the rest run across the sites)")
-    data_root = Path(job.data)
     for corpus in corpora_of(job):
-        ensure_data(data_root / corpus, corpus)
-    sink = job.graph.sinks[0]
+        ensure_data(Path(job.data) / corpus, corpus)
+    return job, job_file, one_file, until
 
-    stages = list(job.stages)
+
+def train(run: Path, job: Any, job_file: Path, one_file: Path, until: int) -> dict[str, float]:
+    """Both phases under one progress bar; then a check that the second continued the first."""
+    from tqdm import tqdm
     print(f"nebula demo electra: {until} steps on one site (in-process), then {job.train.steps - until} across "
           f"sites {', '.join(job.sites)} (a gateway each, CURVE) from the step-{until} checkpoints; run dir {run}",
           flush=True)
     with tqdm(total=job.train.steps, desc="one site", unit="step") as bar:
-        progress = Progress(bar, stages)
+        progress = Progress(bar, list(job.stages))
         times = {"one_site_s": one_site_phase(run, one_file, until, progress)}
         times["two_site_s"] = two_site_phase(run, job, job_file, progress)
     check_resumed(run, job, until)
+    return times
 
-    losses = curves(run, job)
-    verdicts = {name: switch_verdict(points, until) for name, points in losses.items()}
-    plot(run, job, until, codecs_of(job))
 
+def evaluate_both(run: Path, job: Any) -> tuple[list[dict], list[dict], float]:
+    """The sink untrained (its step-0 checkpoint) and at the last step, and the seconds both took."""
     print("evaluating the discriminator before and after ...", flush=True)
-    t0 = time.monotonic()
-    zero = untrained_checkpoint(run, sink)
-    before = evaluate_checkpoint(job, sink, zero, data_root, run / "eval" / "untrained")
-    after = evaluate_checkpoint(job, sink, run / "two-site" / sink / "checkpoints" / f"step-{job.train.steps:08d}.pt",
-                                data_root, run / "eval" / "final")
-    times["eval_s"] = time.monotonic() - t0
-    times["total_s"] = time.monotonic() - started
-    text, skipped = table(before, after)
-    moved = transfer(run, job, until)
-    summary = {"steps": job.train.steps, "one_site_steps": until, "times": times, "verdicts": verdicts,
-               "verdict_line": verdict_line(verdicts), "before": before, "after": after, "table": text,
-               "skipped": skipped, "untrained": str(zero) if zero else None, "transfer": moved,
-               "transfer_lines": transfer_lines(moved, job, until, times), "settings": settings}
-    (run / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    write_report(run, job, summary)
-    return summary
+    started, sink, data_root = time.monotonic(), job.graph.sinks[0], Path(job.data)
+    before = evaluate_checkpoint(job, sink, untrained_checkpoint(run, sink), data_root, run / "eval" / "untrained")
+    last = run / "two-site" / sink / "checkpoints" / f"step-{job.train.steps:08d}.pt"
+    after = evaluate_checkpoint(job, sink, last, data_root, run / "eval" / "final")
+    return before, after, time.monotonic() - started
 
 
 def write_report(run: Path, job: Any, s: dict) -> Path:
@@ -411,7 +459,8 @@ def write_report(run: Path, job: Any, s: dict) -> Path:
 Job `{job.name}`: stages {', '.join(f'{n} at {st.address}' for n, st in job.stages.items())}; {total} steps,
 {until} on one site (`job-one-site.toml`, in-process), then {total - until} across {len(job.sites)} sites
 (`job.toml`: a gateway per site, CURVE on every socket, a process per stage), hot-started from the
-one-site checkpoints of step {until}. Settings: {settings}.
+one-site checkpoints of step {until} (every stage's first step record there is step {until + 1}).
+Settings: {settings}.
 Total {s['times']['total_s']:.0f} s: one-site phase {s['times']['one_site_s']:.0f} s, two-site phase
 {s['times']['two_site_s']:.0f} s, evaluation {s['times']['eval_s']:.0f} s (on a shared machine).
 
@@ -438,7 +487,7 @@ intervals; "better" = the intervals separate upwards. XNLI is not available offl
 ```
 {s['table']}
 ```
-{''.join(f'{chr(10)}- {line}' for line in s['skipped'])}
+{''.join(f'{chr(10)}- {line}' for line in s['changes'] + s['skipped'])}
 
 ## Transfer
 {chr(10).join('- ' + line.strip() for line in s['transfer_lines'])}

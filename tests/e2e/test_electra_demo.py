@@ -3,6 +3,7 @@ gateways, CURVE, a process per stage), the loss plot, the verdict on the switch,
 evaluation table and the report."""
 import json
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -65,9 +66,18 @@ def tiny_data(root):
     return data
 
 
-def demo(*args, timeout=3 * JOB_TIMEOUT):
-    return subprocess.run([sys.executable, "-m", "nebula.cli", "demo", "electra", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
+def demo(*args, timeout=3 * JOB_TIMEOUT) -> subprocess.CompletedProcess:
+    """`nebula demo electra ARGS`; on a timeout it is interrupted (SIGINT), so that it stops the gateways
+    and stages it started before the test fails: none is left behind."""
+    proc = subprocess.Popen([sys.executable, "-m", "nebula.cli", "demo", "electra", *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        raise AssertionError(f"nebula demo electra timed out after {timeout} s\n{out[-3000:]}{err[-3000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def test_electra_demo_hot_starts_across_sites_and_reports(tmp_path):
@@ -86,7 +96,8 @@ def test_electra_demo_hot_starts_across_sites_and_reports(tmp_path):
         metrics = run / "two-site" / name / "metrics.jsonl"
         assert [r["step"] for r in records(metrics, None) if r.get("event") == "resumed"] == [ONE_SITE]
         assert [r["step"] for r in records(metrics, "step")] == list(range(ONE_SITE + 1, STEPS + 1))
-        assert [r["step"] for r in records(run / "one-site" / name / "metrics.jsonl", "step")] == list(range(1, ONE_SITE + 1))
+        one_site = records(run / "one-site" / name / "metrics.jsonl", "step")
+        assert [r["step"] for r in one_site] == list(range(1, ONE_SITE + 1))
     assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (run / "report.md").read_text()
     summary = json.loads((run / "summary.json").read_text())

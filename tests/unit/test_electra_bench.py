@@ -88,5 +88,5 @@ def test_compression_options_are_refused_not_ignored():
                               slowdown=None)
     bench.check_options(args)
     args.setting = [["fp16", "int8"]]
-    with pytest.raises(ConfigError, match="--setting do not apply"):
+    with pytest.raises(ConfigError, match="--setting does not apply"):
         bench.check_options(args)
