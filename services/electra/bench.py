@@ -4,7 +4,8 @@
   site b, the gateways joined by the tbf-shaped link (170 and 60 Mbit/s), divided by the throughput of
   the one-site job (both stages at site a, through its gateway on loopback, no WAN). The runs
   alternate (one site, 170, 60, one site, ...) for `--rounds` rounds, so that other processes' load
-  falls on every configuration alike; each configuration pools the timed steps of its rounds.
+  falls on every configuration alike; a ratio is the median of its rounds' ratios (round_ratios), the
+  other columns pool the timed steps of all rounds. Table 4 alike.
 - Table 4 (heterogeneous hardware): D made k times slower by its labelled compute throttle
   (`slowdown = k`: each micro-batch sleeps in its backward pass until it has taken k x its compute,
   the CPU time it used, as on a k-times-slower device per sub, without taking the CPU the other
@@ -33,6 +34,7 @@ import json
 import math
 import os
 import shutil
+import statistics
 import sys
 import threading
 import tomllib
@@ -52,7 +54,7 @@ SUBS = (1, 2, 4)  # Table 4's fixed n; then ranks = "auto"
 DEFAULT_SLOWDOWN, DEFAULT_MAX_RANKS = 4.0, 4
 # (default, --quick): rounds of every configuration, timed steps per run of Table 3 (~0.3 s each here)
 # and of Table 4 (~1 s each)
-ROUNDS, STEPS_3, STEPS_4 = (2, 1), (40, 16), (20, 10)
+ROUNDS, STEPS_3, STEPS_4 = (3, 1), (40, 16), (20, 10)
 CORPUS_EVERY, VALID_LINES = 10, 200  # the bench's copy of the generator's corpus (bench_data)
 TARGET_INTER, TARGET_BUSY, TARGET_SCALING = 0.97, 0.90, 0.85
 # options of `nebula bench wan` that vary a link's compression (Table 5): their defaults
@@ -258,6 +260,7 @@ def step_sums(records: list[dict], snapshots: list[tuple[int, int]], label: str 
                          f"after the first {WARMUP} and before the last")
     sums = {"runs": 1, "steps": len(timed), "seconds": sum(r["step_s"] for r in timed),
             "compute_s": sum(r["compute_s"] for r in timed), "tokens": sum(r["stats"]["tokens"] for r in timed),
+            "sequences": sum(r["stats"]["sequences"] for r in timed),
             "payload_bytes": sum(sum(r.get("sent", {}).values()) for r in timed)}
     if len(snapshots) == 2:
         (first, before), (last, after) = snapshots
@@ -279,14 +282,16 @@ def rates(sums: dict) -> dict:
     """The row fields of pooled sums."""
     link = sums.get("link_bytes")
     return {"throughput": round(sums["tokens"] / sums["seconds"], 1),
+            "sequences_per_step": round(sums["sequences"] / sums["steps"], 1),
             "generator_busy": round(sums["compute_s"] / sums["seconds"], 3),
+            "generator_ms_per_sequence": round(1000 * sums["compute_s"] / sums["sequences"], 2),
             "bytes_per_token": round(sums["payload_bytes"] / sums["tokens"], 3),
             "link_bytes_per_token": None if link is None or not sums["link_tokens"]
             else round(link / sums["link_tokens"], 3)}
 
 
-def run_rounds(scenario: ElectraScenario, configs: list[Config], jobs: dict[str, dict], rounds: int,
-               work: Path, table: int) -> dict[str, list[dict]]:
+def run_rounds(configs: list[Config], jobs: dict[str, dict], rounds: int, work: Path,
+               table: int) -> dict[str, list[dict]]:
     """Every configuration once per round, in order, round after round: -> key -> the runs' sums."""
     results: dict[str, list[dict]] = {c.key: [] for c in configs}
     for r in range(1, rounds + 1):
@@ -305,20 +310,27 @@ def table3(scenario: ElectraScenario, args: argparse.Namespace, work: Path) -> l
     configs = [Config("one-site", True, None)] + [Config(f"{rate:g}mbit", False, rate) for rate in RATES]
     timed = chosen(args, "steps", STEPS_3)
     jobs = {c.key: bench_job(scenario, c, work / "data", timed, args.seed, 1) for c in configs}
-    return table3_rows(configs, run_rounds(scenario, configs, jobs, chosen(args, "rounds", ROUNDS), work, 3))
+    return table3_rows(configs, run_rounds(configs, jobs, chosen(args, "rounds", ROUNDS), work, 3))
 
 
 def table3_rows(configs: list[Config], results: dict[str, list[dict]]) -> list[dict]:
-    """One row per configuration; inter_intra = its throughput / the one-site row's (the first)."""
+    """One row per configuration; inter_intra against the one-site row (the first, see round_ratios)."""
     rows = []
     for config in configs:
         sums = pooled(results[config.key])
-        rows.append({"table": 3, "link_mbit": config.rate, "inter_intra": None, **rates(sums),
-                     "runs": sums["runs"], "timed_steps": sums["steps"],
-                     "throughput_runs": [rates(s)["throughput"] for s in results[config.key]]})
-    for row in rows:
-        row["inter_intra"] = round(row["throughput"] / rows[0]["throughput"], 3)
+        ratios = round_ratios(results[config.key], results[configs[0].key])
+        rows.append({"table": 3, "link_mbit": config.rate, "inter_intra": round(statistics.median(ratios), 3),
+                     **rates(sums), "runs": sums["runs"], "timed_steps": sums["steps"],
+                     "throughput_runs": [rates(s)["throughput"] for s in results[config.key]],
+                     "inter_intra_rounds": ratios})
     return rows
+
+
+def round_ratios(runs: list[dict], base: list[dict]) -> list[float]:
+    """Each round's throughput / the base configuration's in the same round. A row's ratio is their
+    median: a round's runs follow each other, so a burst of load from other processes spoils one round
+    (measured: 1548 vs 3727 tokens/s for the same configuration in two rounds), not every ratio."""
+    return [round(rates(run)["throughput"] / rates(ref)["throughput"], 3) for run, ref in zip(runs, base)]
 
 
 def table4(scenario: ElectraScenario, args: argparse.Namespace, work: Path) -> list[dict]:
@@ -331,22 +343,22 @@ def table4(scenario: ElectraScenario, args: argparse.Namespace, work: Path) -> l
     progress(f"table 4: calibrating ranks = \"auto\" (max_ranks {most}): warm-up micro-batches of G and one sub")
     jobs["auto"], evidence = resolve_auto(jobs["auto"], work / "t4-calibration")
     progress(f"table 4: ranks = \"auto\" chose n = {evidence['ranks']} ({json.dumps(evidence)})")
-    results = run_rounds(scenario, configs, jobs, chosen(args, "rounds", ROUNDS), work, 4)
+    results = run_rounds(configs, jobs, chosen(args, "rounds", ROUNDS), work, 4)
     return table4_rows(configs, results, evidence)
 
 
 def table4_rows(configs: list[Config], results: dict[str, list[dict]], evidence: dict) -> list[dict]:
-    """One row per n; throughput_ratio = its throughput / the n = 1 row's (the first)."""
+    """One row per n; throughput_ratio against n = 1 (the first row, see round_ratios)."""
     rows = []
     for config in configs:
         sums, auto = pooled(results[config.key]), config.ranks == "auto"
+        ratios = round_ratios(results[config.key], results[configs[0].key])
         rows.append({"table": 4, "link_mbit": config.rate, "slowdown": config.slowdown,
                      "n": evidence["ranks"] if auto else config.ranks, "auto": auto, **rates(sums),
-                     "throughput_ratio": None, "runs": sums["runs"], "timed_steps": sums["steps"],
+                     "throughput_ratio": round(statistics.median(ratios), 3), "runs": sums["runs"],
+                     "timed_steps": sums["steps"],
                      "throughput_runs": [rates(s)["throughput"] for s in results[config.key]],
-                     **({"calibration": evidence} if auto else {})})
-    for row in rows:
-        row["throughput_ratio"] = round(row["throughput"] / rows[0]["throughput"], 3)
+                     "throughput_ratio_rounds": ratios, **({"calibration": evidence} if auto else {})})
     return rows
 
 
@@ -356,23 +368,36 @@ def print_tables(rows: list[dict], args: argparse.Namespace) -> None:
     sizes = (f"G: BERT {g['hidden']} x {g['layers']} layers, D: {d['hidden']} x {d['layers']} (equal compute per "
              f"micro-batch), max_len {MAX_LEN}, random init; 1 torch thread per process, {os.cpu_count()} CPU cores")
     t3, t4 = [r for r in rows if r["table"] == 3], [r for r in rows if r["table"] == 4]
-    print(f"Table 3: throughput, homogeneous (G at a, D at b over the tbf link vs both at a on loopback)\n"
-          f"  {sizes}; {t3[0]['runs']} alternating round(s), {t3[0]['timed_steps']} timed steps per configuration")
-    print(f"{'link':<10}{'inter/intra':>12}{'tokens/s':>10}{'G busy':>8}{'B/token':>9}{'link B/token':>14}")
-    for r in t3:
-        link = "one site" if r["link_mbit"] is None else f"{r['link_mbit']:g} Mbit/s"
-        print(f"{link:<10}{r['inter_intra']:>12.3f}{r['throughput']:>10.0f}{r['generator_busy']:>8.2f}"
-              f"{r['bytes_per_token']:>9.3f}{fmt(r['link_bytes_per_token'], '.2f'):>14}")
-    print(f"\nTable 4: throughput, heterogeneous (D throttled k x slower, n sub-discriminators, "
-          f"{t4[0]['link_mbit']:g} Mbit/s)\n  {sizes}; batch = n x 16 sequences, {t4[0]['runs']} round(s)")
-    print(f"{'k':>4}{'n':>4}{'auto':>6}{'G busy':>8}{'ratio':>7}{'ratio/n':>8}{'tokens/s':>10}{'B/token':>9}")
-    for r in t4:
-        print(f"{r['slowdown']:>4g}{r['n']:>4}{'yes' if r['auto'] else '':>6}{r['generator_busy']:>8.2f}"
-              f"{r['throughput_ratio']:>7.2f}{r['throughput_ratio'] / r['n']:>8.2f}{r['throughput']:>10.0f}"
-              f"{r['bytes_per_token']:>9.3f}")
+    print_table3(t3, sizes)
+    print_table4(t4, sizes)
     print_evidence(t4[-1]["calibration"])
     print_verdict(t3, t4[-1])
 
+
+def print_table3(t3: list[dict], sizes: str) -> None:
+    print(f"Table 3: throughput, homogeneous (G at a, D at b over the tbf link vs both at a on loopback)\n"
+          f"  {sizes}\n  {t3[0]['runs']} alternating rounds, {t3[0]['timed_steps']} timed steps per row; "
+          "inter/intra: median of the rounds' ratios")
+    print(f"{'link':<11}{'inter/intra':>12}{'tokens/s':>10}{'G busy':>8}{'B/token':>9}{'link B/token':>14}  per round")
+    for r in t3:
+        link = "one site" if r["link_mbit"] is None else f"{r['link_mbit']:g} Mbit/s"
+        print(f"{link:<11}{r['inter_intra']:>12.3f}{r['throughput']:>10.0f}{r['generator_busy']:>8.2f}"
+              f"{r['bytes_per_token']:>9.3f}{fmt(r['link_bytes_per_token'], '.2f'):>14}  "
+              + " ".join(f"{x:.2f}" for x in r["inter_intra_rounds"]))
+
+
+def print_table4(t4: list[dict], sizes: str) -> None:
+    print(f"\nTable 4: throughput, heterogeneous (D throttled k x slower, n sub-discriminators, "
+          f"{t4[0]['link_mbit']:g} Mbit/s)\n  {sizes}\n  {t4[0]['sequences_per_step']:g} sequences per step "
+          f"x n; {t4[0]['runs']} alternating rounds; ratio: over n = 1, median of the rounds' ratios; "
+          "G ms/seq: G's compute per sequence (CPU contention shows here)")
+    print(f"{'k':>4}{'n':>4}{'auto':>6}{'G busy':>8}{'ratio':>7}{'ratio/n':>8}{'tokens/s':>10}{'B/token':>9}"
+          f"{'G ms/seq':>10}  per round")
+    for r in t4:
+        print(f"{r['slowdown']:>4g}{r['n']:>4}{'yes' if r['auto'] else '':>6}{r['generator_busy']:>8.2f}"
+              f"{r['throughput_ratio']:>7.2f}{r['throughput_ratio'] / r['n']:>8.2f}{r['throughput']:>10.0f}"
+              f"{r['bytes_per_token']:>9.3f}{r['generator_ms_per_sequence']:>10.1f}  "
+              + " ".join(f"{x:.2f}" for x in r["throughput_ratio_rounds"]))
 
 def fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)

@@ -45,16 +45,17 @@ def test_too_few_records_is_a_clear_error():
         bench.step_sums(records([0.5] * bench.WARMUP), [], "t3 one-site")
 
 
-def test_runs_pool_as_sums_and_table3_divides_by_the_one_site_row():
+def test_runs_pool_as_sums_and_table3_ratios_are_the_median_round_against_one_site():
     configs = [Config("one-site", True, None), Config("170mbit", False, 170.0)]
-    one = bench.step_sums(records([0.5] * 20), [])
-    slow, fast = bench.step_sums(records([1.0] * 20), [(4, 0), (19, 30_000)]), bench.step_sums(records([0.25] * 20), [])
-    rows = bench.table3_rows(configs, {"one-site": [one], "170mbit": [slow, fast]})
+    one = [bench.step_sums(records([s] * 20), []) for s in (0.5, 0.5, 1.0)]  # round 3: other processes' load
+    inter = [bench.step_sums(records([1.0] * 20), [(4, 0), (19, 30_000)]),
+             bench.step_sums(records([0.25] * 20), []), bench.step_sums(records([2.0] * 20), [])]
+    rows = bench.table3_rows(configs, {"one-site": one, "170mbit": inter})
     assert rows[0]["inter_intra"] == 1.0 and rows[0]["link_mbit"] is None
-    # pooled: 30 steps x 1000 tokens over 15 + 3.75 s, not the mean of 1000 and 4000 tokens/s
-    assert rows[1]["throughput"] == pytest.approx(30_000 / 18.75, abs=0.1)
-    assert rows[1]["inter_intra"] == pytest.approx(rows[1]["throughput"] / 2000, abs=1e-3)
-    assert rows[1]["throughput_runs"] == [1000.0, 4000.0] and rows[1]["runs"] == 2
+    # pooled: 45 steps x 1000 tokens over 15 + 3.75 + 30 s, not the mean of 1000, 4000 and 500 tokens/s
+    assert rows[1]["throughput"] == pytest.approx(45_000 / 48.75, abs=0.1)
+    assert rows[1]["inter_intra_rounds"] == [0.5, 2.0, 0.5] and rows[1]["inter_intra"] == 0.5
+    assert rows[1]["throughput_runs"] == [1000.0, 4000.0, 500.0] and rows[1]["runs"] == 3
     assert rows[1]["link_bytes_per_token"] == pytest.approx(2.0)  # 30 kB over 15 steps of 1000 tokens
 
 
