@@ -20,6 +20,12 @@ from typing import Any
 from nebula.errors import ConfigError
 
 
+def scale_step(train: dict, n: int) -> None:
+    """A raw [train] table's batch_size and micro_batches, given for one rank, made those of n ranks."""
+    train["batch_size"] = n * train.get("batch_size", 32)
+    train["micro_batches"] = n * train.get("micro_batches", 1)
+
+
 def auto_stages(job: Any) -> list[str]:
     return [name for name, stage in job.stages.items() if stage.auto_ranks]
 
@@ -46,9 +52,7 @@ def resolve(job_file: Path, out: Path, quiet: bool = False) -> tuple[Path, dict[
     n, evidence = cls.choose_ranks(job, name, job.stage(name).max_ranks)
     raw = tomllib.loads(Path(job_file).read_text())
     raw["stages"][name]["ranks"] = n
-    train = raw.setdefault("train", {})
-    train["batch_size"] = n * train.get("batch_size", 32)
-    train["micro_batches"] = n * train.get("micro_batches", 1)
+    scale_step(raw.setdefault("train", {}), n)
     if job.data:
         raw["job"]["data"] = job.data  # absolute: the resolved file lives elsewhere
     evidence = {"stage": name, "ranks": n, **evidence}

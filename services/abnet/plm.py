@@ -210,6 +210,14 @@ def load_bert(weights: Path, cfg: BertConfig) -> BertModel:
     return model.freeze().eval()
 
 
+def pad_rows(rows: list[list[int]], pad: int) -> torch.Tensor:
+    """Token rows of different lengths -> (B, S) long, right-padded with `pad`, S = the longest row."""
+    out = torch.full((len(rows), max(len(r) for r in rows)), pad, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+    return out
+
+
 @dataclass(frozen=True)
 class SpecialIds:
     """Token ids the models treat specially (in the tokenizer's own id space)."""
@@ -235,8 +243,5 @@ class Pretrained:
         """Texts -> (ids (B, S), mask (B, S)) with specials, truncated to max_len, right-padded."""
         rows = [enc.ids for enc in self.tokenizer.encode_batch(texts)]
         rows = [r[:max_len - 1] + [self.specials.eos] if len(r) > max_len else r for r in rows]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.specials.pad, dtype=torch.long)
-        for i, r in enumerate(rows):
-            ids[i, :len(r)] = torch.tensor(r)
+        ids = pad_rows(rows, self.specials.pad)
         return ids, ids != self.specials.pad

@@ -11,7 +11,7 @@ import torch
 from services.corpus.corpus import ParallelSide
 from nebula.errors import DataError
 from nebula.runtime.order import id_hash
-from services.abnet.plm import Pretrained
+from services.abnet.plm import Pretrained, pad_rows
 from services.abnet.vocab import build_vocab_map, count_ids
 
 SPLITS = ("train", "valid", "test")
@@ -54,11 +54,7 @@ class TokenizedSide:
     def batch(self, split: str, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (token ids (B, S) in the cut vocabulary, mask (B, S), id hashes (B,))."""
         part = self.splits[split]
-        rows = [part["rows"][i] for i in indices]
-        width = max(len(r) for r in rows)
-        ids = torch.full((len(rows), width), self.pad, dtype=torch.long)
-        for k, row in enumerate(rows):
-            ids[k, :len(row)] = torch.tensor(row)
+        ids = pad_rows([part["rows"][i] for i in indices], self.pad)
         mask = ids != self.pad
         return self.vmap.to_new(ids), mask, torch.tensor([part["hashes"][i] for i in indices])
 

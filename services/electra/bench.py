@@ -41,6 +41,8 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from nebula.runtime.autoranks import scale_step
+
 ROOT = Path(__file__).resolve().parents[2]
 # G as the job's; D deeper, so that its forward and backward cost what G's do (~0.17 s per micro-batch of
 # 16 x 64 here; at equal sizes D's is 0.6 x G's, which also samples from a 29k-way softmax at every masked
@@ -170,9 +172,9 @@ def bench_job(scenario: ElectraScenario, config: Config, data: Path, timed: int,
     raw["job"]["data"] = str(data)  # bench_data's copy
     steps = WARMUP + timed + 1
     train = raw.setdefault("train", {})
-    scale = config.ranks if isinstance(config.ranks, int) else 1  # "auto": the launcher scales by n
-    train.update(steps=steps, checkpoint_every=steps, log_every=steps,
-                 batch_size=scale * train.get("batch_size", 32), micro_batches=scale * train.get("micro_batches", 1))
+    train.update(steps=steps, checkpoint_every=steps, log_every=steps)
+    if isinstance(config.ranks, int):  # "auto": resolving scales the step by the n it measures
+        scale_step(train, config.ranks)
     if seed is not None:
         train["seed"] = seed
     for stage in raw["stages"].values():

@@ -26,7 +26,7 @@ from typing import Iterable
 import torch
 
 from nebula.errors import DataError
-from services.abnet.plm import SpecialIds
+from services.abnet.plm import SpecialIds, pad_rows
 from services.abnet.vocab import VocabMap
 from services.corpus.corpus import ParallelSide
 
@@ -105,11 +105,7 @@ class Sequences:
 
     def batch(self, indices: list[int], pad: int) -> torch.Tensor:
         """(B, S) long, right-padded with `pad`."""
-        rows = [self.rows[i] for i in indices]
-        out = torch.full((len(rows), max(len(r) for r in rows)), pad, dtype=torch.long)
-        for k, row in enumerate(rows):
-            out[k, :len(row)] = torch.tensor(row, dtype=torch.long)
-        return out
+        return pad_rows([self.rows[i] for i in indices], pad)
 
 
 def package(example_id: str) -> str:

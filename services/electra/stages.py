@@ -27,6 +27,7 @@ from nebula.config import limits
 from nebula.errors import DataError
 from nebula.runtime.registry import register_stage
 from nebula.runtime.stage import Batch, Output, Port, Stage
+from services.abnet.plm import pad_rows
 from services.electra import data
 from services.electra.model import Discriminator, Generator, Size
 
@@ -259,7 +260,7 @@ class ElectraDiscriminator(_Electra):
         for i in range(0, len(texts), batch_size):
             rows = data.to_model_ids(self.vmap, data.encode(self.tok, texts[i:i + batch_size]))
             rows = [[self.specials.bos, *r[:self.options.max_len - 2], self.specials.eos] for r in rows]
-            ids = data.Sequences(rows, []).batch(list(range(len(rows))), self.specials.pad).to(self.device)
+            ids = pad_rows(rows, self.specials.pad).to(self.device)
             out.append(self.module.pooled(ids, ids != self.specials.pad).float().cpu())
         return torch.cat(out)
 
