@@ -22,6 +22,7 @@ COMMANDS = [
     "audit",
     "stage",
     "wan",
+    "user",
 ]
 ENTRY_POINT_GROUP = "nebula.commands"
 
