@@ -303,26 +303,40 @@ def test_dockerfile_pins_what_scripts_setup_installs_and_runs_nebula_unprivilege
     assert re.findall(r"^ENTRYPOINT (.+)$", text, re.M) == ['["nebula"]']
 
 
-def test_build_context_holds_what_pip_install_needs_and_no_secrets(tmp_path):
-    """Copy what .dockerignore lets into the build context and build the wheel from it, as the image does."""
-    if importlib.util.find_spec("setuptools") is None:
-        pytest.skip("setuptools is not in this environment; the wheel builds without network only with it")
+def docker_context(files: list[str]) -> list[str]:
+    """The files .dockerignore lets into the build context, for its allowlist form: `*`, `!name`, `**/pattern`."""
     lines = [ln.strip() for ln in (REPO / ".dockerignore").read_text().splitlines()
              if ln.strip() and not ln.startswith("#")]
     assert lines[0] == "*", ".dockerignore must be an allowlist: everything out, then what the wheel needs"
     allowed = [ln[1:].rstrip("/") for ln in lines if ln.startswith("!")]
-    assert not {"keys", "runs", "data", ".venv", ".git"} & {a.split("/")[0] for a in allowed}
-    assert {"**/*.key", "**/__pycache__"} <= set(lines)
-    context = tmp_path / "context"
-    for entry in allowed:
-        src, dst = REPO / entry, context / entry
-        if src.is_dir():
-            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.key"))
-        else:
-            dst.parent.mkdir(parents=True, exist_ok=True)
+    excluded = [ln.removeprefix("**/") for ln in lines[1:] if ln.startswith("**/")]
+    return [f for f in files if f.split("/")[0] in allowed
+            and not any(PurePosixPath(part).match(pattern) for part in f.split("/") for pattern in excluded)]
+
+
+def wheel_files(files: list[str], root: Path, out: Path) -> set[str]:
+    """Copy `files` (links as links, as Docker sends them) into root and build the wheel; its file names."""
+    for name in files:
+        src, dst = REPO / name, root / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_symlink():
+            dst.symlink_to(os.readlink(src))
+        elif src.is_file():  # (a file deleted in the work tree but still in the index is skipped)
             shutil.copy2(src, dst)
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                           "-w", str(tmp_path / "dist"), str(context)], capture_output=True, text=True, timeout=120)
+                           "-w", str(out), str(root)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    names = zipfile.ZipFile(next((tmp_path / "dist").glob("*.whl"))).namelist()
-    assert {"nebula/cli.py", "services/gateway/main.py"} <= set(names)
+    return set(zipfile.ZipFile(next(out.glob("*.whl"))).namelist())
+
+
+def test_build_context_builds_the_checkouts_wheel_and_holds_no_secrets(tmp_path):
+    if importlib.util.find_spec("setuptools") is None:
+        pytest.skip("setuptools is not in this environment; the wheel builds without network only with it")
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                            text=True, check=True).stdout.splitlines()
+    context = docker_context(listed + ["keys/a/ca.key", "deploy/x.key", "runs/site-a/status/a.json"])
+    assert not [f for f in context if f.startswith(("keys/", "runs/", "data/", ".venv/", ".git/"))
+                or f.endswith(".key")], context
+    checkout = wheel_files(listed, tmp_path / "checkout", tmp_path / "checkout-dist")
+    image = wheel_files(docker_context(listed), tmp_path / "context", tmp_path / "context-dist")
+    assert "nebula/cli.py" in image and checkout - image == set()
