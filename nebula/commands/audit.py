@@ -1,34 +1,61 @@
-"""`nebula audit verify|show PATH`: check a hash-chained audit log, or print its records."""
+"""`nebula audit verify|show PATH`: check a hash-chained audit log series, or print its records.
+
+PATH is a series' live file (e.g. audit/gateway.jsonl, whose rotated archives gateway.000001.jsonl, ...
+sit beside it), one of its archives, or a directory (every *.jsonl series in it)."""
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
 
+PATH_HELP = "the live file of a log (its archives are found beside it), one archive, or a directory"
+
 
 def register(sub) -> None:
     parser = sub.add_parser("audit", help="verify or show a tamper-evident audit log")
     audit_sub = parser.add_subparsers(dest="audit_command", required=True, metavar="ACTION")
-    p = audit_sub.add_parser("verify", help="check every record's hash chain; exit 1 at the first bad one")
-    p.add_argument("path", type=Path)
+    p = audit_sub.add_parser("verify", help="check every record's hash chain across the log's files; "
+                                            "exit 1 at the first bad one")
+    p.add_argument("path", type=Path, help=PATH_HELP)
     p.add_argument("--anchor", metavar="SEQ:HASH",
                    help="a head recorded earlier (printed by verify); detects records removed from the end")
     p.set_defaults(func=_verify)
-    p = audit_sub.add_parser("show", help="print records")
-    p.add_argument("path", type=Path)
+    p = audit_sub.add_parser("show", help="print records, oldest file first")
+    p.add_argument("path", type=Path, help="the live file of a log, or one archive (the whole series is shown)")
     p.add_argument("--tail", type=int, metavar="N", help="only the last N records")
     p.add_argument("--json", action="store_true", help="print the raw JSON lines")
     p.set_defaults(func=_show)
 
 
 def _verify(args) -> int:
+    from nebula.errors import ConfigError
     from nebula.security.audit import verify
 
-    result = verify(args.path, _parse_anchor(args.anchor) if args.anchor else None)
-    print(result if result.ok else f"{args.path}: {result}")
-    if result.ok:
-        print(f"anchor: {result.head[0]}:{result.head[1]}")
-    return 0 if result.ok else 1
+    bases = _bases(args.path)
+    if args.anchor and len(bases) > 1:
+        raise ConfigError(f"--anchor names one log, but {args.path} holds {len(bases)}: "
+                          f"{', '.join(b.name for b in bases)}; pass one of them")
+    anchor = _parse_anchor(args.anchor) if args.anchor else None
+    failed = 0
+    for base in bases:
+        result = verify(base, anchor)
+        print(f"{base}: {result}" if result.ok else f"FAILED {base}: {result}")
+        if result.ok:
+            print(f"anchor: {result.head[0]}:{result.head[1]}")
+        failed += not result.ok
+    return 1 if failed else 0
+
+
+def _bases(path: Path) -> list[Path]:
+    from nebula.errors import DataError
+    from nebula.security.audit_series import series_base, series_in
+
+    if not path.is_dir():
+        return [series_base(path)]
+    bases = series_in(path)
+    if not bases:
+        raise DataError(f"{path} holds no audit log (*.jsonl); pass the log's file instead")
+    return bases
 
 
 def _parse_anchor(text: str) -> tuple[int, str]:
@@ -44,10 +71,13 @@ def _show(args) -> int:
     from collections import deque
 
     from nebula.errors import DataError
+    from nebula.security.audit_series import series_base, series_files
 
+    files = series_files(series_base(args.path))
+    if not files:
+        raise DataError(f"cannot read audit log {args.path}: no such file, nor archives of it")
     try:
-        with args.path.open() as f:
-            lines = deque(f, maxlen=args.tail) if args.tail else list(f)
+        lines = deque((line for file in files for line in file.open()), maxlen=args.tail or None)
     except OSError as exc:
         raise DataError(f"cannot read audit log {args.path} ({exc})") from exc
     for line in lines:

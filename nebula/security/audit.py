@@ -10,6 +10,11 @@ Appends are safe across threads (a lock) and processes (flock on the file, then 
 tail if another process wrote since). Each record is one write(2) to an O_APPEND descriptor, so it
 reaches the kernel at once (survives a crash of this process); fsync(2) is batched: at most one
 per `fsync_interval` seconds (0: every record, None: only on close).
+
+At production rates two things keep the log useful: `tally()` counts frequent routine messages
+(acks, heartbeats) into one summary record per key per `summary_interval` instead of one record
+each, and the file is rotated past `max_bytes`, the chain continuing in the next file
+(nebula.security.audit_series names them).
 """
 from __future__ import annotations
 
@@ -24,10 +29,14 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from nebula.errors import ConfigError, DataError
+from nebula.security.audit_series import archive_path, archives, last_record, series_base
 from nebula.security.canonical import canonical_json
 
 GENESIS = "0" * 64
 RESERVED = frozenset({"seq", "ts", "event", "prev", "hash"})
+SUMMARY_FIELDS = frozenset({"messages", "bytes", "first_ts", "last_ts"})
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_SUMMARY_INTERVAL = 10.0
 
 
 def record_hash(record: dict) -> str:
@@ -36,47 +45,68 @@ def record_hash(record: dict) -> str:
 
 
 class AuditLog:
-    def __init__(self, path: str | os.PathLike, fsync_interval: float | None = 1.0):
+    """`path` is the live file; `max_bytes` its size limit before rotation (a single larger record
+    still goes in, alone); `summary_interval` the seconds one summary record of `tally()` covers."""
+
+    def __init__(self, path: str | os.PathLike, fsync_interval: float | None = 1.0,
+                 max_bytes: int = DEFAULT_MAX_BYTES, summary_interval: float = DEFAULT_SUMMARY_INTERVAL):
         self.path = Path(path)
         self.fsync_interval = fsync_interval
+        self.max_bytes = _positive(max_bytes, "max_bytes", int)
+        self.summary_interval = _positive(summary_interval, "summary_interval", (int, float))
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._pid = 0
-        self._end = -1  # file size right after the last record this process knows of
+        self._end = -1  # live file's size right after the last record this process knows of
         self._seq, self._hash = 0, GENESIS
         self._last_fsync = time.monotonic()
+        self._tallies: dict[tuple, list] = {}  # (event, key items) -> [messages, bytes, first_ts, last_ts]
+        self._tally_pid, self._tally_since = os.getpid(), 0.0
 
     def append(self, event: str, **fields: Any) -> dict:
         """Append one record and return it. Values must be JSON: log sizes and hashes, never payloads."""
-        if not event or not isinstance(event, str):
-            raise ConfigError(f"audit event name must be a non-empty string, got {event!r}")
-        clash = RESERVED & fields.keys()
-        if clash:
-            raise ConfigError(f"audit fields {sorted(clash)} are reserved; rename them")
+        _check(event, fields, RESERVED)
         with self._lock:
-            fd = self._descriptor()
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                self._catch_up(fd)
-                record = {"seq": self._seq + 1, "ts": time.time(), "event": event, **fields, "prev": self._hash}
-                body = _encode(record)
-                digest = hashlib.sha256(body).hexdigest()
-                # Same JSON object with "hash" added; verify re-derives the canonical body, not this text.
-                line = body[:-1] + b',"hash":"' + digest.encode() + b'"}\n'
-                os.write(fd, line)
-                self._end += len(line)
-                self._seq, self._hash = record["seq"], digest
-                self._maybe_fsync(fd)
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-        record["hash"] = digest
-        return record
+            return self._write([(event, fields)])[0]
+
+    def tally(self, event: str, nbytes: int, **key: Any) -> None:
+        """Count one message of `nbytes` under (event, key); `flush_summaries` writes one record per key:
+        {event, **key, messages, bytes, first_ts, last_ts}. For routine traffic, never security events."""
+        now, slot = time.time(), (event, tuple(key.items()))
+        with self._lock:
+            if self._tally_pid != os.getpid():  # a forked child: the parent's counts are the parent's
+                self._tallies, self._tally_pid = {}, os.getpid()
+            counts = self._tallies.get(slot)
+            if counts is None:
+                _check(event, key, RESERVED | SUMMARY_FIELDS)
+                if not self._tallies:
+                    self._tally_since = time.monotonic()
+                self._tallies[slot] = [1, nbytes, now, now]
+            else:
+                counts[0] += 1
+                counts[1] += nbytes
+                counts[3] = now
+            due = time.monotonic() - self._tally_since >= self.summary_interval
+        if due:
+            self.flush_summaries(due_only=True)
+
+    def flush_summaries(self, due_only: bool = False) -> int:
+        """Write the pending summary records (with `due_only`, only once the oldest count is
+        `summary_interval` old: call it from a loop); returns how many were written."""
+        with self._lock:
+            if not self._tallies or self._tally_pid != os.getpid():
+                return 0
+            if due_only and time.monotonic() - self._tally_since < self.summary_interval:
+                return 0
+            tallies, self._tallies = self._tallies, {}
+            entries = [(event, {**dict(key), "messages": n, "bytes": b, "first_ts": first, "last_ts": last})
+                       for (event, key), (n, b, first, last) in tallies.items()]
+            return len(self._write(entries))
 
     def head(self) -> tuple[int, str]:
         """(seq, hash) of the last record: keep it elsewhere to detect later removal of the tail."""
         with self._lock:
-            fd = self._descriptor()
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            fd = self._locked_descriptor()
             try:
                 self._catch_up(fd)
             finally:
@@ -84,6 +114,7 @@ class AuditLog:
             return self._seq, self._hash
 
     def close(self) -> None:
+        self.flush_summaries()
         with self._lock:
             if self._fd is not None and self._pid == os.getpid():
                 os.fsync(self._fd)
@@ -96,6 +127,34 @@ class AuditLog:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # --- under self._lock ----------------------------------------------------------------
+    def _write(self, entries: list[tuple[str, dict]]) -> list[dict]:
+        fd = self._locked_descriptor()
+        written = []
+        try:
+            self._catch_up(fd)
+            for event, fields in entries:
+                record, line = self._next(event, fields)
+                if 0 < self._end and self._end + len(line) > self.max_bytes:
+                    fd = self._rotate(fd)
+                    record, line = self._next(event, fields)  # another process may have written first
+                os.write(fd, line)
+                self._end += len(line)
+                self._seq, self._hash = record["seq"], record["hash"]
+                written.append(record)
+            self._maybe_fsync(fd)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        return written
+
+    def _next(self, event: str, fields: dict) -> tuple[dict, bytes]:
+        record = {"seq": self._seq + 1, "ts": time.time(), "event": event, **fields, "prev": self._hash}
+        body = _encode(record)
+        digest = hashlib.sha256(body).hexdigest()
+        record["hash"] = digest
+        # Same JSON object with "hash" added; verify re-derives the canonical body, not this text.
+        return record, body[:-1] + b',"hash":"' + digest.encode() + b'"}\n'
+
     def _descriptor(self) -> int:
         # After fork the inherited descriptor shares its flock with the parent: open our own.
         if self._fd is None or self._pid != os.getpid():
@@ -104,22 +163,42 @@ class AuditLog:
             self._pid, self._end = os.getpid(), -1
         return self._fd
 
+    def _locked_descriptor(self) -> int:
+        """Our descriptor of the live file, flocked. If another process rotated the file while we
+        waited, ours now names an archive: reopen the path and lock the new live file."""
+        while True:
+            fd = self._descriptor()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _names(self.path, fd):
+                return fd
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+            self._fd = None
+
+    def _rotate(self, fd: int) -> int:
+        """Holding the full live file's lock: rename it to the next archive, lock a new live file."""
+        os.fsync(fd)
+        numbers = [number for number, _ in archives(self.path)]
+        os.rename(self.path, archive_path(self.path, max(numbers, default=0) + 1))
+        self._fd = None
+        fresh = self._descriptor()
+        fcntl.flock(fresh, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        _fsync_dir(self.path.parent)  # the rename and the new name survive a power loss
+        self._catch_up(fresh)
+        return fresh
+
     def _catch_up(self, fd: int) -> None:
-        """Under the lock: if the file grew since our last write, take seq/hash from its last record."""
+        """If the live file changed since our last write, take seq/hash from its last record or, when
+        it is empty (just rotated, or a restart found only archives), from the newest archive's."""
         size = os.fstat(fd).st_size
         if size == self._end:
             return
         self._end = size
-        if size == 0:
-            self._seq, self._hash = 0, GENESIS
-            return
-        last = _last_line(fd, size)
-        try:
-            record = json.loads(last)
-            self._seq, self._hash = int(record["seq"]), str(record["hash"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise DataError(f"audit log {self.path} ends with a partial or malformed record; "
-                            f"run `nebula audit verify {self.path}` and move the file aside") from exc
+        newest = archives(self.path)[-1:] if size == 0 else []
+        record = last_record(self.path, fd) if size else (last_record(newest[0][1]) if newest else None)
+        self._seq, self._hash = (int(record["seq"]), str(record["hash"])) if record else (0, GENESIS)
 
     def _maybe_fsync(self, fd: int) -> None:
         if self.fsync_interval is None:
@@ -130,26 +209,44 @@ class AuditLog:
             self._last_fsync = now
 
 
+def _check(event: str, fields: dict, reserved: frozenset) -> None:
+    if not event or not isinstance(event, str):
+        raise ConfigError(f"audit event name must be a non-empty string, got {event!r}")
+    clash = reserved & fields.keys()
+    if clash:
+        raise ConfigError(f"audit fields {sorted(clash)} are reserved; rename them")
+
+
+def _positive(value: Any, name: str, kind: type | tuple) -> Any:
+    if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+        raise ConfigError(f"audit log {name} must be a positive number, got {value!r}")
+    return value
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether `path` still names the file open as `fd`."""
+    try:
+        on_disk = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (on_disk.st_ino, on_disk.st_dev) == (mine.st_ino, mine.st_dev)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _encode(record: dict) -> bytes:
     try:
         return canonical_json(record)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"audit record {record.get('event')!r} has a value that is not JSON ({exc}); "
                           "log sizes, names and hashes, never payload bytes") from exc
-
-
-def _last_line(fd: int, size: int) -> bytes:
-    """The last newline-terminated line, reading backwards in growing chunks."""
-    chunk = 4096
-    while True:
-        start = max(0, size - chunk)
-        data = os.pread(fd, size - start, start)
-        if not data.endswith(b"\n"):
-            return data[data.rfind(b"\n") + 1:]  # torn last write: caller reports it
-        cut = data.rfind(b"\n", 0, len(data) - 1)
-        if cut >= 0 or start == 0:
-            return data[cut + 1:-1]
-        chunk *= 4
 
 
 @dataclass(frozen=True)
@@ -160,31 +257,98 @@ class VerifyResult:
     line: int | None = None
     seq: int | None = None
     problem: str | None = None
+    file: Path | None = None  # the file (or missing file) where the problem is
+    files: int = 1  # files of the series checked
 
     def __str__(self) -> str:
         if self.ok:
-            return f"ok: {self.records} records (head seq {self.head[0]} hash {self.head[1][:16]})"
-        where = f"line {self.line}" + (f" (seq {self.seq})" if self.seq is not None else "")
+            files = f" in {self.files} files" if self.files != 1 else ""
+            return f"ok: {self.records} records{files} (head seq {self.head[0]} hash {self.head[1][:16]})"
+        where = " ".join(part for part in (
+            str(self.file) if self.file else "", f"line {self.line}" if self.line else "",
+            f"(seq {self.seq})" if self.seq is not None else "") if part)
         return f"{where}: {self.problem}"
 
 
 def verify(path: str | os.PathLike, anchor: tuple[int, str] | None = None) -> VerifyResult:
-    """Check the whole chain; `anchor` (seq, hash), recorded earlier, must still be in it."""
-    seq, prev, count, anchored = 0, GENESIS, 0, anchor is None
-    for number, raw in _lines(Path(path)):
-        record, problem = _check_record(raw, seq + 1, prev)
-        if problem:
-            bad_seq = record.get("seq") if isinstance(record, dict) else None
-            return VerifyResult(False, count, (seq, prev), number, bad_seq, problem)
-        seq, prev, count = record["seq"], record["hash"], count + 1
-        if anchor and seq == anchor[0]:
-            if prev != anchor[1]:
-                return VerifyResult(False, count, (seq, prev), number, seq, "hash differs from the anchor: rewritten")
-            anchored = True
-    if not anchored:
-        problem = f"log ends at seq {seq} but the anchor names seq {anchor[0]}: records were removed from the end"
-        return VerifyResult(False, count, (seq, prev), count + 1, None, problem)
-    return VerifyResult(True, count, (seq, prev))
+    """Check the whole series `path` belongs to (its live file or one of its archives): every file in
+    order, the chain running on across files. `anchor` (seq, hash), recorded earlier, must be in it."""
+    base = series_base(Path(path))
+    chain = _Chain(anchor)
+    try:
+        for file, live in _series(base):
+            chain.check_file(file, live)
+        chain.check_anchor(base)
+    except _Broken as broken:
+        return VerifyResult(False, chain.count, (chain.seq, chain.prev), broken.line, broken.seq,
+                            broken.problem, broken.file, chain.files)
+    return VerifyResult(True, chain.count, (chain.seq, chain.prev), files=chain.files)
+
+
+class _Broken(Exception):
+    def __init__(self, problem: str, file: Path, line: int | None = None, seq: int | None = None):
+        super().__init__(problem)
+        self.problem, self.file, self.line, self.seq = problem, file, line, seq
+
+
+def _series(base: Path) -> Iterator[tuple[Path, bool]]:
+    """(file, is the live file) in chain order; _Broken where an archive number or the live file is missing."""
+    numbered = archives(base)
+    if not numbered and not base.is_file():
+        raise DataError(f"cannot read audit log {base}: no such file, and no archives "
+                        f"({archive_path(base, 1).name}, ...) beside it")
+    for want, (number, file) in enumerate(numbered, start=1):
+        if number != want:
+            after = f"after {archive_path(base, want - 1).name}" if want > 1 else "at the start"
+            raise _Broken(f"archive missing {after} (the next one is {file.name}): removed or renamed",
+                          archive_path(base, want))
+        yield file, False
+    if not base.is_file():
+        raise _Broken(f"the live file is missing after {numbered[-1][1].name}: the newest records were "
+                      "removed (a restarted writer recreates it, continuing the chain)", base)
+    yield base, True
+
+
+class _Chain:
+    """The last good record of a verification, carried from one file of the series to the next."""
+
+    def __init__(self, anchor: tuple[int, str] | None) -> None:
+        self.seq, self.prev, self.count, self.files = 0, GENESIS, 0, 0
+        self.anchor, self.anchored = anchor, anchor is None
+        self.last_file: Path | None = None
+
+    def check_file(self, file: Path, live: bool) -> None:
+        self.files += 1
+        line = 0
+        for line, raw in _lines(file):
+            record, problem = _check_record(raw, self.seq + 1, self.prev)
+            if problem:
+                raise _Broken(self._explain(problem, raw, line, live), file, line,
+                              record.get("seq") if isinstance(record, dict) else None)
+            self.seq, self.prev, self.count = record["seq"], record["hash"], self.count + 1
+            if self.anchor and self.seq == self.anchor[0]:
+                if self.prev != self.anchor[1]:
+                    raise _Broken("hash differs from the anchor: rewritten", file, line, self.seq)
+                self.anchored = True
+        if line == 0 and not live:
+            raise _Broken("the archive is empty: it was truncated", file)
+        self.last_file = file
+
+    def _explain(self, problem: str, raw: bytes, line: int, live: bool) -> str:
+        """Say what a broken link means where one file meets the next, or at an archive's end."""
+        if not raw.endswith(b"\n") and not live:
+            return "the archive was truncated: its last record is cut short"
+        if line == 1 and self.last_file is not None and ("seq" in problem or "prev" in problem):
+            reason = problem.split(":")[0]
+            name = self.last_file.name
+            return (f"{reason}: this file does not continue {name}: {name} was truncated, "
+                    "or files of the series were removed, renamed or reordered")
+        return problem
+
+    def check_anchor(self, base: Path) -> None:
+        if not self.anchored:
+            raise _Broken(f"log ends at seq {self.seq} but the anchor names seq {self.anchor[0]}: "
+                          "records were removed from the end", base)
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:

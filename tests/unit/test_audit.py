@@ -47,7 +47,7 @@ def test_edited_record_is_found_by_line(tmp_path):
     rewrite(path, content)
     result = verify(path)
     assert (result.ok, result.line, result.seq, result.records) == (False, 3, 3, 2)
-    assert "hash mismatch" in result.problem and str(result).startswith("line 3 (seq 3)")
+    assert "hash mismatch" in result.problem and str(result).startswith(f"{path} line 3 (seq 3): ")
 
 
 def test_edited_and_rehashed_record_breaks_the_next_link(tmp_path):
