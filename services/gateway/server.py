@@ -21,7 +21,7 @@ from typing import Any
 import zmq
 from zmq.utils import z85
 
-from nebula.security.audit import AuditLog
+from nebula.security.audit import DEFAULT_MAX_BYTES, DEFAULT_SUMMARY_INTERVAL, AuditLog
 from nebula.security.keys import curve_key_raw
 from nebula.security.trust import TrustStore, load_identity, peer_curve_key
 from nebula.transport import sockets
@@ -33,14 +33,16 @@ from services.gateway.meter import Meter
 
 log = logging.getLogger("nebula.gateway")
 BATCH = 64  # messages taken from one socket before the others get their turn
+SUMMARISED = (Kind.ACK, Kind.HEARTBEAT)  # audited as per-interval counts, not one record each
 
 
 class Gateway:
-    def __init__(self, site: SiteConfig) -> None:
+    def __init__(self, site: SiteConfig, *, audit_max_bytes: int = DEFAULT_MAX_BYTES,
+                 audit_summary_interval: float = DEFAULT_SUMMARY_INTERVAL) -> None:
         self.site, self.address = site, site.gateway.address
         self.stop_requested = threading.Event()
         self.meter = Meter()
-        self.audit = AuditLog(site.audit)
+        self.audit = AuditLog(site.audit, max_bytes=audit_max_bytes, summary_interval=audit_summary_interval)
         self.store = TrustStore.load(site.keys)
         self.identity = load_identity(site.keys, self.address)
         limits = Limits(max_frames=site.gateway.max_frames)
@@ -94,6 +96,7 @@ class Gateway:
                 origin, peer_gateway = origins[sock]
                 self._drain(sock, origin, peer_gateway)
             self._maybe_log_stats()
+            self.audit.flush_summaries(due_only=True)  # acks and heartbeats of the last interval
 
     def _drain(self, sock: zmq.Socket, origin: str, peer_gateway: str | None) -> None:
         for _ in range(BATCH):
@@ -122,9 +125,9 @@ class Gateway:
                                         f"[peers.{dst_site}] in {self.site.source}", msg.env)
         if msg.origin != INTERNAL:
             self.meter.count(f"from:{msg.sender.split('/', 1)[0]}", msg.env.job, msg.nbytes)
-            self._audit_transfer("transfer.in", msg)
+            self._audit_transfer("in", msg)
         elif dst_site != self.site.name:
-            self._audit_transfer("transfer.out", msg)
+            self._audit_transfer("out", msg)
 
     def _send(self, sock: zmq.Socket, frames: list[Any], msg: Inbound, link: str) -> None:
         try:
@@ -181,10 +184,17 @@ class Gateway:
         except zmq.ZMQError:
             self.meter.dropped["error-reply"] += 1
 
-    def _audit_transfer(self, event: str, msg: Inbound) -> None:
+    def _audit_transfer(self, direction: str, msg: Inbound) -> None:
+        """TENSORS, CONTROL and ERROR: one record each; ACK and HEARTBEAT: a `transfer.summary` per
+        interval and (direction, job, src, dst, kind), with its message and byte counts."""
         env = msg.env
-        self.audit.append(event, job=env.job, src=env.src, dst=env.dst, kind=Kind(env.kind).name,
-                          bytes=msg.nbytes, msg_seq=env.seq, codecs=sorted({t.codec for t in env.tensors}))
+        if env.kind in SUMMARISED:
+            self.audit.tally("transfer.summary", msg.nbytes, direction=direction, job=env.job, src=env.src,
+                             dst=env.dst, kind=Kind(env.kind).name)
+            return
+        self.audit.append(f"transfer.{direction}", job=env.job, src=env.src, dst=env.dst,
+                          kind=Kind(env.kind).name, bytes=msg.nbytes, msg_seq=env.seq,
+                          codecs=sorted({t.codec for t in env.tensors}))
 
     def _maybe_log_stats(self) -> None:
         interval = self.site.gateway.stats_interval
@@ -200,6 +210,7 @@ class Gateway:
         if self.zap is not None:  # after the server sockets: never leave them without a handler
             self.zap.stop()
         self.ctx.term()
+        self.audit.flush_summaries()  # the last interval's counts before the final record
         self.audit.append("gateway.stopped", address=self.address, stats=self.meter.snapshot())
         self.audit.close()
 
