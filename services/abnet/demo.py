@@ -6,15 +6,15 @@ shows training progress, prints the cross-site BLEU and writes a PNG of the loss
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from nebula.errors import ConfigError, StageError
-from services.demo import Demo
+from nebula.shipped import DEPLOY
+from services.demo import Demo, check_apart, check_run_dir, fresh_run_dir, job_copy, write_job
 
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_JOB = ROOT / "deploy" / "jobs" / "abnet-es-en.toml"
+DEFAULT_JOB = DEPLOY / "jobs" / "abnet-es-en.toml"  # shipped (nebula.shipped), in a checkout and installed
 
 
 def _arguments(group) -> list:
@@ -64,23 +64,40 @@ def codecs_label(job) -> str:
     return f"{link.forward.spec} forward, {link.backward.spec} backward"
 
 
-def run_demo(job_file: Path, run: Path, steps: int | None, hot: Path | None = None) -> dict:
-    from nebula.commands.stage import load
-    from nebula.launch import hot_start, start_sites
-    from nebula.plots import metric_curve, plot_curves
-
-    job = load(job_file, steps)
+def check(job_file: Path, run: Path, steps: int | None, hot: Path | None) -> tuple[dict, Any]:
+    """Every argument, before anything is written: the job (two stages at two sites), the hot-start
+    checkpoints of each stage, the run directory. -> the job as a dict (for the run dir's copy), parsed."""
+    from nebula.runtime.job import parse_job
+    raw = job_copy(job_file, steps)
+    job = parse_job(raw, job_file)
     if len(job.stages) != 2 or len(job.sites) != 2:
         raise ConfigError(f"{job_file}: the demo runs a job of two stages at two sites, this one has "
                           f"{list(job.stages)} at {job.sites}")
+    if not job.data:
+        raise ConfigError(f"{job_file}: [job].data is not set; the demo needs the directory of the corpus")
+    if hot is not None:
+        for name in job.stages:
+            if not any((hot / name / "checkpoints").glob("step-*.pt")):
+                raise ConfigError(f"--hot-start {hot}: no checkpoints in {hot / name / 'checkpoints'}; run "
+                                  f"`nebula stage one-site --job JOB --workdir {hot}` first")
+        check_apart(run, hot, "--hot-start")
+    check_run_dir(run)
+    return raw, job
+
+
+def run_demo(job_file: Path, run: Path, steps: int | None, hot: Path | None = None) -> dict:
+    from nebula.launch import hot_start, start_sites
+    from nebula.plots import metric_curve, plot_curves
+
+    raw, job = check(job_file, run, steps, hot)
+    fresh_run_dir(run)
     driver, sink = job.graph.coordinator, job.graph.sinks[0]
+    job_file = write_job(raw, run / "job.toml", job_file)
     ensure_data(Path(job.data), Path(job.data).name)
-    shutil.rmtree(run, ignore_errors=True)
-    run.mkdir(parents=True)
     if hot:
         hot_start(run, hot, list(job.stages))
     started = time.monotonic()
-    group = start_sites(run, job_file, steps=steps)
+    group = start_sites(run, job_file)
     try:
         watch(group, run, job.train.steps, driver, sink)
     finally:

@@ -15,17 +15,17 @@ import json
 import math
 import statistics
 import time
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from nebula.errors import ConfigError, DataError, StageError
-from services.demo import Demo
+from nebula.shipped import DEPLOY
+from services.demo import Demo, fresh_run_dir, job_copy, write_job
 
-ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_JOB = ROOT / "deploy" / "jobs" / "electra.toml"
-DEFAULT_ONE_SITE_JOB = ROOT / "deploy" / "jobs" / "electra-one-site.toml"
+# shipped (nebula.shipped), in a checkout and installed
+DEFAULT_JOB = DEPLOY / "jobs" / "electra.toml"
+DEFAULT_ONE_SITE_JOB = DEPLOY / "jobs" / "electra-one-site.toml"
 
 # What the demo changes in the shipped job files: a 128 x 2 discriminator (256 x 4 takes ~4x the time
 # per step and per evaluation, which 10 minutes on 2 shared cores do not hold), and checkpoints every
@@ -48,7 +48,7 @@ MIN_NOISE_STEPS = 10  # differences of one-site losses at least, for a noise est
 def _arguments(group) -> list:
     return [
         group.add_argument("--one-site-job", type=Path, default=None,
-                           help=f"job file of the one-site phase (default: {DEFAULT_ONE_SITE_JOB.relative_to(ROOT)}); "
+                           help=f"job file of the one-site phase, or a shipped job's name (default: {DEFAULT_ONE_SITE_JOB.stem}); "
                                 "the same stages, options and [train] as --job"),
         group.add_argument("--one-site-steps", type=int, default=None, metavar="N1",
                            help=f"steps on one site before the switch (default: {ONE_SITE_SHARE * 100:.0f}%% of "
@@ -75,32 +75,23 @@ DEMO = Demo(summary="ELECTRA-Cloud on one site, then hot-started across two loca
                     "switch and the discriminator before/after", run=demo, add_arguments=_arguments)
 
 
-# -- the run directory and the job files ------------------------------------------------------------------
-def fresh_run_dir(run: Path) -> None:
-    """Create `run`, or refuse one that has files: the demo never deletes what is there."""
-    if run.exists() and (not run.is_dir() or any(run.iterdir())):
-        raise ConfigError(f"--run-dir {run} already holds files (an earlier demo?): the demo does not delete "
-                          f"them; pass another --run-dir, or remove {run} yourself")
-    run.mkdir(parents=True, exist_ok=True)
-
-
-def adapt_job(source: Path, out: Path, steps: int | None, settings: dict | None) -> Path:
-    """A copy of `source` in the run directory: [job].data made absolute, `settings` merged in (the
-    shipped job files only), [train].steps replaced by `steps` if given."""
-    import tomli_w
-    if not source.is_file():
-        raise ConfigError(f"job file {source} not found")
-    raw = tomllib.loads(source.read_text())
-    if raw.get("job", {}).get("data"):
-        raw["job"]["data"] = str((source.parent / raw["job"]["data"]).resolve())
+# -- the job files (the run directory: services.demo.fresh_run_dir) ------------------------------------------
+def adapted(source: Path, steps: int | None, settings: dict | None) -> dict:
+    """`source` as the run directory's copy will hold it: [job].data made absolute (services.demo.job_copy),
+    `settings` merged in (the shipped job files only), [train].steps replaced by `steps` if given."""
+    raw = job_copy(source)
     if settings:
         _merge(raw["train"], settings["train"])
         for name, options in settings["stages"].items():
             _merge(raw["stages"][name], options)
     if steps is not None:
         raw["train"]["steps"] = steps
-    out.write_text(f"# written by `nebula demo electra` from {source}\n{tomli_w.dumps(raw)}")
-    return out
+    return raw
+
+
+def adapt_job(source: Path, out: Path, steps: int | None, settings: dict | None) -> Path:
+    """Write the adapted copy of `source` to `out`."""
+    return write_job(adapted(source, steps, settings), out, source)
 
 
 def _merge(into: dict, new: dict) -> None:
@@ -399,21 +390,26 @@ def settings_for(job_arg: Path | None, one_site_arg: Path | None) -> dict | None
 
 def prepare(run: Path, job_arg: Path | None, one_site_arg: Path | None, steps: int | None,
             one_site_steps: int | None) -> tuple[Any, Path, Path, int]:
-    """Checks first (before any data, model or process): the run dir, both job files, N1; then the data."""
-    from nebula.runtime.job import load_job
+    """Checks first (before anything is written): both job files, N1, the run dir; then the copies of the
+    job files in the run dir, and the data."""
+    from nebula.runtime.job import load_job, parse_job
+    from nebula.shipped import job_file as find
     from services.abnet.demo import ensure_data
-    fresh_run_dir(run)
     settings = settings_for(job_arg, one_site_arg)
-    job_file = adapt_job(job_arg or DEFAULT_JOB, run / "job.toml", steps, settings)
-    one_file = adapt_job(one_site_arg or DEFAULT_ONE_SITE_JOB, run / "job-one-site.toml", steps, settings)
-    job, one_job = load_job(job_file), load_job(one_file)
+    sources = job_arg or DEFAULT_JOB, find(one_site_arg) if one_site_arg else DEFAULT_ONE_SITE_JOB
+    raw, one_raw = (adapted(source, steps, settings) for source in sources)
+    job, one_job = parse_job(raw, sources[0]), parse_job(one_raw, sources[1])
     check_pair(one_job, job)
     if not job.data:
-        raise ConfigError(f"{job_file}: [job].data is not set; the demo needs the directory of the corpora")
+        raise ConfigError(f"{sources[0]}: [job].data is not set; the demo needs the directory of the corpora")
     until = one_site_steps if one_site_steps is not None else max(1, round(job.train.steps * ONE_SITE_SHARE))
     if not 1 <= until < job.train.steps:
         raise ConfigError(f"--one-site-steps {until}: must be 1 to {job.train.steps - 1} (the job has "
                           f"{job.train.steps} steps; the rest run across the sites)")
+    fresh_run_dir(run)
+    job_file = write_job(raw, run / "job.toml", sources[0])
+    one_file = write_job(one_raw, run / "job-one-site.toml", sources[1])
+    job = load_job(job_file)  # as the stages will read it
     for corpus in corpora_of(job):
         ensure_data(Path(job.data) / corpus, corpus)
     return job, job_file, one_file, until
