@@ -26,3 +26,18 @@ def secret_file(path: Path, secret: str) -> Path:
     path.write_text(secret + "\n")
     os.chmod(path, 0o600)
     return path
+
+
+def cli_runner(monkeypatch, capsys, commands: list[str]):
+    """`nebula ARGS` in this process with only `commands` built in (and no secret in the environment);
+    returns (exit code, stdout, stderr)."""
+    from nebula import cli
+
+    monkeypatch.setattr(cli, "COMMANDS", commands)
+    monkeypatch.delenv("NEBULA_SECRET", raising=False)
+
+    def run(*args: str) -> tuple[int, str, str]:
+        code = cli.main(list(args))
+        out = capsys.readouterr()
+        return code, out.out, out.err
+    return run

@@ -33,7 +33,7 @@ def register(sub) -> None:
             ("add", _add, "create a user; the secret is read from a prompt, a file or the env"),
             ("enable", _enable, "let a disabled user authenticate again"),
             ("disable", _disable, "refuse the user's authentication (their jobs lose data access)"),
-            ("remove", _remove, "delete the user")):
+            ("remove", _remove, "delete the user and every data grant to them")):
         p = user_sub.add_parser(action, parents=[common], help=help_text)
         p.add_argument("name")
         p.set_defaults(func=func)
@@ -70,9 +70,14 @@ def _disable(args) -> int:
 
 def _remove(args) -> int:
     from nebula.security.accounts import Accounts
+    from nebula.security.grants import DataRegistry
 
-    Accounts(site_store(args.site_config)[1]).remove(args.name)
-    print(f"removed user {args.name}")
+    _, ca = site_store(args.site_config)
+    registry = DataRegistry(ca)
+    registry.check_removable(args.name)
+    Accounts(ca).remove(args.name)
+    dropped = registry.forget_user(args.name)
+    print(f"removed user {args.name}" + (f"; revoked their grants on {', '.join(dropped)}" if dropped else ""))
     return 0
 
 

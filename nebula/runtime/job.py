@@ -73,7 +73,7 @@ class ScheduleConfig:
 @dataclass(frozen=True, kw_only=True)
 class JobSection:
     name: str
-    data: str | None = None  # the job's data directory, relative to the job file
+    data: str | None = None  # the job's data directory, relative to the job file, or "dataset:NAME" (a grant)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,7 +140,7 @@ def parse_job(raw: dict[str, Any], source: Path | None = None) -> JobConfig:
     links = tuple(_link(i, table, where) for i, table in
                   enumerate(check(list[dict], raw.get("links", []), f"{where}: [[links]]")))
     data = job.data
-    if data is not None and source is not None and not Path(data).is_absolute():
+    if data is not None and source is not None and not Path(data).is_absolute() and not data.startswith("dataset:"):
         data = str((source.parent / data).resolve())  # relative paths are relative to the job file
     config = JobConfig(name=job.name, data=data, train=train, schedule=schedule, stages=configs, links=links,
                        source=source)

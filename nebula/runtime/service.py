@@ -46,7 +46,7 @@ def torchrun_env() -> tuple[int, int, int]:
 
 
 def build_stage(job: Any, name: str, workdir: Path, quiet: bool = False, rank: int = 0, world: int = 1,
-                local_rank: int = 0) -> Stage:
+                local_rank: int = 0, site: Any = None) -> Stage:
     """The stage module, seeded from [train].seed and its position in the job (ranks alike)."""
     config = job.stage(name)
     if config.threads:
@@ -58,7 +58,7 @@ def build_stage(job: Any, name: str, workdir: Path, quiet: bool = False, rank: i
     metrics = MetricsLog(workdir / "metrics.jsonl" if rank == 0 else None, label, job.train.log_every, quiet=quiet)
     torch.manual_seed(job.train.seed + list(job.stages).index(name))
     context = StageContext(name=name, address=config.address, job=job, workdir=workdir, device=device,
-                           metrics=metrics, rank=rank, world_size=world)
+                           metrics=metrics, rank=rank, world_size=world, site=site)
     return resolve_stage(config.impl)(context, config.options)
 
 
@@ -83,8 +83,8 @@ def run_stage(job: Any, name: str, workdir: Path, site_path: Path, quiet: bool =
         raise ConfigError(f"stage {name} has ranks = {config.ranks} but WORLD_SIZE is {world}: start it with "
                           f"`torchrun --nproc-per-node {config.ranks} -m nebula.cli stage run ...` (or "
                           "nebula's launcher), or change [stages.{name}].ranks")
-    site = load_site_config(site_path) if rank == 0 else None  # fails before any model loads
-    stage = build_stage(job, name, workdir, quiet, rank, world, local_rank)
+    site = load_site_config(site_path)  # fails before any model loads; every rank opens its data through it
+    stage = build_stage(job, name, workdir, quiet, rank, world, local_rank, site)
     ranks = None
     if world > 1:
         from nebula.runtime.ranks import RankGroup

@@ -24,6 +24,7 @@ protocol with the other stages. A minimal module (docs/runtime.md has the whole 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,11 +109,15 @@ class StageContext:
     metrics: "MetricsLog"
     rank: int = 0
     world_size: int = 1
+    site: Any = None  # nebula.transport.config.SiteConfig of the site it runs at (None: tests, one-site runs)
 
-    @property
+    @functools.cached_property
     def data(self) -> Path | None:
-        """The job's [job].data directory, if it names one (resolved against the job file)."""
-        return Path(self.job.data) if self.job.data else None
+        """The job's [job].data directory, if it names one (resolved against the job file), or the
+        directory of `dataset:NAME` opened through this site's data grants, once per stage process
+        (nebula.security.grants.resolve_data: refused and audited without a grant)."""
+        from nebula.security.grants import resolve_data
+        return resolve_data(self.job.data, self.site)
 
 
 class Stage(ABC):

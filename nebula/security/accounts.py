@@ -133,6 +133,9 @@ class Accounts:
         entry = self._entry(self.file.read(), name)
         return User(name, bool(entry["disabled"]), entry["created"], entry["changed"])
 
+    def find(self, name: str) -> User | None:
+        return self.get(name) if self.exists(name) else None
+
     def list(self) -> list[User]:
         return [self.get(name) for name in sorted(self.file.read())]
 

@@ -1,4 +1,7 @@
-"""`nebula data prepare`: build es-en / zh-en parallel corpora from Debian translation packages."""
+"""`nebula data prepare`: build es-en / zh-en parallel corpora from Debian translation packages.
+
+`nebula data register|grant|revoke|list` (the site's data sets and grants) come from the framework
+(nebula/commands/datasets.py) and share the command's name."""
 from __future__ import annotations
 
 import time
@@ -6,8 +9,12 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    parser = sub.add_parser("data", help="prepare parallel corpora (see docs/data.md)")
+    from nebula.commands.datasets import add_actions
+
+    parser = sub.add_parser("data", help="prepare parallel corpora (docs/data.md); register data sets and grant "
+                            "read access to them (docs/security.md)")
     data_sub = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    add_actions(data_sub)
     prep = data_sub.add_parser(
         "prepare", help="download Debian translation packages and write train/valid/test parallel text"
     )
