@@ -1,3 +1,8 @@
 """Nebula: train one model across remote clusters joined by slow WAN links (Nebula-I)."""
+from importlib.metadata import PackageNotFoundError, version
 
-__version__ = "0.1.0"
+DISTRIBUTION = "nebula-i"  # the name pyproject.toml gives the distribution
+try:
+    __version__ = version(DISTRIBUTION)
+except PackageNotFoundError:  # a checkout on PYTHONPATH, never installed
+    __version__ = "0+unknown"

@@ -48,8 +48,8 @@ MIN_NOISE_STEPS = 10  # differences of one-site losses at least, for a noise est
 def _arguments(group) -> list:
     return [
         group.add_argument("--one-site-job", type=Path, default=None,
-                           help=f"job file of the one-site phase, or a shipped job's name (default: {DEFAULT_ONE_SITE_JOB.stem}); "
-                                "the same stages, options and [train] as --job"),
+                           help=f"job file of the one-site phase, or a shipped job's name (default: "
+                                f"{DEFAULT_ONE_SITE_JOB.stem}); the same stages, options and [train] as --job"),
         group.add_argument("--one-site-steps", type=int, default=None, metavar="N1",
                            help=f"steps on one site before the switch (default: {ONE_SITE_SHARE * 100:.0f}%% of "
                                 "the steps)"),
