@@ -29,6 +29,7 @@ COMMANDS = [
     "audit",
     "stage",
     "wan",
+    "health",
     "user",
 ]
 ENTRY_POINT_GROUP = "nebula.commands"

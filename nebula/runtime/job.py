@@ -44,6 +44,7 @@ class TrainConfig:
     seed: int = 1  # example order, and each stage's initialisation
     checkpoint_every: int = field(default=25, metadata=limits(at_least=1))
     log_every: int = field(default=10, metadata=limits(at_least=1))
+    tensorboard: bool = False  # rank 0 of each stage also writes its step records as TensorBoard scalars
 
     def __post_init__(self) -> None:
         if self.batch_size % self.micro_batches:

@@ -55,7 +55,8 @@ def build_stage(job: Any, name: str, workdir: Path, quiet: bool = False, rank: i
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     label = name if world == 1 else f"{name}/{rank}"
-    metrics = MetricsLog(workdir / "metrics.jsonl" if rank == 0 else None, label, job.train.log_every, quiet=quiet)
+    metrics = MetricsLog(workdir / "metrics.jsonl" if rank == 0 else None, label, job.train.log_every, quiet=quiet,
+                         address=config.address, tensorboard=job.train.tensorboard)
     torch.manual_seed(job.train.seed + list(job.stages).index(name))
     context = StageContext(name=name, address=config.address, job=job, workdir=workdir, device=device,
                            metrics=metrics, rank=rank, world_size=world, site=site)
@@ -93,7 +94,7 @@ def run_stage(job: Any, name: str, workdir: Path, site_path: Path, quiet: bool =
             ranks.serve()
             return
     try:
-        with open_channel(site, config.address) as channel:
+        with open_channel(site, config.address) as opened, stage.context.metrics.watching(opened) as channel:
             runner = make_runner(job, name, stage, channel, ranks)
             try:
                 runner.run()

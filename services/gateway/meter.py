@@ -4,6 +4,8 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
+PEER_COUNTERS = ("messages_in", "bytes_in", "messages_out", "bytes_out", "resend_requests")
+
 
 class Meter:
     def __init__(self) -> None:
@@ -12,11 +14,29 @@ class Meter:
         self.jobs: dict[str, dict[str, int]] = defaultdict(lambda: {"messages": 0, "bytes": 0})
         self.refused: dict[str, int] = defaultdict(int)  # error code -> count
         self.dropped: dict[str, int] = defaultdict(int)  # why -> count (full queues; the sender resends)
+        # peer (another site, or an address of this site's stages) -> counters both ways
+        self.peers: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(PEER_COUNTERS, 0))
+        self.queues: dict[str, int] = {}  # socket -> messages found waiting at the gateway's last turn on it
 
     def count(self, link: str, job: str, nbytes: int) -> None:
         for counter in (self.links[link], self.jobs[job or "-"]):
             counter["messages"] += 1
             counter["bytes"] += nbytes
+
+    def passed(self, peer: str, direction: str, nbytes: int, resend: bool = False) -> None:
+        """A message received from (`in`) or handed to (`out`) `peer`; `resend`: it asks for a go-back."""
+        counter = self.peers[peer]
+        counter[f"messages_{direction}"] += 1
+        counter[f"bytes_{direction}"] += nbytes
+        counter["resend_requests"] += resend
+
+    def status(self) -> dict:
+        """The numbers of the gateway's status file and metrics (nebula.observe)."""
+        peers = {name: dict(c) for name, c in self.peers.items()}
+        totals = {f"{what}_{d}": sum(c[f"{what}_{d}"] for c in peers.values())
+                  for what in ("messages", "bytes") for d in ("in", "out")}
+        return {**totals, "peers": peers, "refusals": dict(self.refused), "dropped": dict(self.dropped),
+                "queues": dict(self.queues)}
 
     def snapshot(self) -> dict:
         return {"uptime_s": round(time.time() - self.started, 3), "links": dict(self.links),

@@ -1,0 +1,117 @@
+"""What one service shows of itself: its status file and its metrics endpoint, over one set of numbers.
+
+The supervisor (nebula site up) turns the site config into environment variables, as torchrun does
+for ranks: NEBULA_SERVICE (the service's name), NEBULA_STATUS_FILE and NEBULA_METRICS_PORT /
+NEBULA_METRICS_BIND. With none of them set a service observes nothing and costs nothing.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from nebula.errors import ConfigError
+from nebula.observe.prometheus import PORT_ENV, Exporter, metrics_endpoint
+from nebula.observe.status import FINAL, INTERVAL, STATES, identity, write_status
+
+STATUS_ENV, SERVICE_ENV = "NEBULA_STATUS_FILE", "NEBULA_SERVICE"
+_owner: list["Observer"] = []  # the process's one observer: the variables describe one service
+
+
+class Observer:
+    def __init__(self, service: str, kind: str, address: str, numbers: Callable[[], dict[str, Any]],
+                 status_path: Path | None = None, endpoint: tuple[str, int] | None = None) -> None:
+        self.identity, self.numbers = identity(service, kind, address), numbers
+        self.path = Path(status_path) if status_path else None
+        self.exporter = Exporter(*endpoint, current=lambda: self.record) if endpoint else None
+        self.state, self.error = "starting", ""
+        self.record: dict[str, Any] = {}  # the last one written: what every scrape reads
+        self._lock = threading.Lock()
+        self._last = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def from_env(cls, kind: str, address: str, numbers: Callable[[], dict[str, Any]], service: str,
+                 environ: Mapping[str, str] = os.environ) -> "Observer | None":
+        """The observer the environment asks for (None: it asks for none); `service` unless NEBULA_SERVICE names it."""
+        path, endpoint = environ.get(STATUS_ENV, "").strip(), metrics_endpoint(environ)
+        if not path and endpoint is None:
+            return None
+        service = environ.get(SERVICE_ENV, "").strip() or service
+        if _owner:
+            raise ConfigError(f"{STATUS_ENV} and {PORT_ENV} describe one service per process, but this process "
+                              f"builds a second ({service}, after {_owner[0].identity['service']}): run each "
+                              "service as its own process (nebula site up does)")
+        observer = cls(service, kind, address, numbers, Path(path) if path else None, endpoint)
+        _owner.append(observer)
+        return observer
+
+    def start(self, background: bool = False) -> "Observer":
+        """Serve metrics (a port in use is a ConfigError) and write the first status. `background`:
+        a thread writes every INTERVAL, for a service whose own loop may block (a stage waiting);
+        otherwise the service calls tick() from its loop, so a stuck loop shows as a stale file."""
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.exporter is not None:
+            try:
+                self.exporter.start()
+            except BaseException:
+                self._release()
+                raise
+        self.publish()
+        if background:
+            self._thread = threading.Thread(target=self._tick_forever, name="nebula-status", daemon=True)
+            self._thread.start()
+        atexit.register(self._at_exit)
+        return self
+
+    def set_state(self, state: str, error: str = "") -> None:
+        assert state in STATES, state
+        self.state, self.error = state, error
+        self.publish()
+
+    def tick(self) -> None:
+        if time.monotonic() - self._last >= INTERVAL:
+            self.publish()
+
+    def publish(self) -> None:
+        with self._lock:
+            self._last = time.monotonic()
+            record = {**self.numbers(), **self.identity, "state": self.state, "updated": time.time()}
+            if self.error:
+                record["error"] = self.error
+            if self.path is not None:
+                write_status(self.path, record)
+            self.record = record
+
+    def close(self, state: str, error: str = "") -> None:
+        """The final state (done, stopped or failed), written once more; the endpoint stops."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            self.set_state(state, error[:1000])
+        finally:
+            if self.exporter is not None:
+                self.exporter.close()
+            self._release()
+            atexit.unregister(self._at_exit)
+
+    def _tick_forever(self) -> None:
+        while not self._stop.wait(INTERVAL):
+            try:
+                self.publish()
+            except OSError:
+                pass  # a full disk or a removed run directory: the next write tries again
+
+    def _at_exit(self) -> None:
+        if self.state not in FINAL:  # the service never said how it ended: an error it did not survive
+            self.close("failed", "the process exited before the service finished")
+
+    def _release(self) -> None:
+        if self in _owner:
+            _owner.remove(self)

@@ -1,0 +1,121 @@
+"""A stage's numbers for its status file and metrics: its last step record (nebula.runtime.metrics),
+what its links encoded (link.jsonl, which the runner writes beside metrics.jsonl) and what crossed its
+channel. Rank 0 of a stage observes; the other ranks only talk to rank 0.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from nebula.observe.observer import Observer
+from nebula.transport.base import Channel
+from nebula.wire import Message
+
+STEP_KEYS = ("step", "loss", "step_s", "compute_s", "wire_s")
+
+
+class LinkTail:
+    """Sums of link.jsonl lines (one per encoded tensor) written since this process started reading."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = path.stat().st_size if path.exists() else 0  # this process's bytes only
+        self.links: dict[str, dict[str, Any]] = defaultdict(lambda: {"codec": "", "raw_bytes": 0, "wire_bytes": 0})
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        """Per "link:direction": the last codec, raw and wire bytes, and raw / wire."""
+        if self.path.exists():
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+            complete = chunk[:chunk.rfind(b"\n") + 1]  # a line being written now waits for the next read
+            self.offset += len(complete)
+            for line in complete.splitlines():
+                self._add(json.loads(line))
+        return {key: {**c, "ratio": round(c["raw_bytes"] / c["wire_bytes"], 3) if c["wire_bytes"] else 0.0}
+                for key, c in self.links.items()}
+
+    def _add(self, entry: dict[str, Any]) -> None:
+        c = self.links[f"{entry['link']}:{entry['dir']}"]
+        c["codec"] = entry["codec"]
+        c["raw_bytes"] += entry["raw"]
+        c["wire_bytes"] += entry["wire"]
+
+
+class StageNumbers:
+    """The numbers of one stage, updated by its step records and its channel, read by its observer."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.last: dict[str, Any] = {}
+        self.links = LinkTail(Path(workdir) / "link.jsonl")
+        self.channel: MeteredChannel | None = None
+
+    def on_record(self, record: dict[str, Any]) -> None:
+        """A MetricsLog listener: keeps the last step record's numbers (a dict swap: no lock needed)."""
+        if record.get("kind") == "step":
+            self.last = {key: record[key] for key in STEP_KEYS if key in record}
+
+    def __call__(self) -> dict[str, Any]:
+        numbers = {**self.last, "links": self.links.read()}
+        if self.channel is not None:
+            numbers.update(self.channel.counts())
+        return numbers
+
+
+class MeteredChannel(Channel):
+    """The stage's channel, counting messages and bytes (tensor payloads and bodies) both ways."""
+
+    def __init__(self, inner: Channel) -> None:
+        self.inner, self.address = inner, inner.address
+        self._lock = threading.Lock()  # the sender thread sends while the runner receives
+        self._counts = dict.fromkeys(("messages_in", "bytes_in", "messages_out", "bytes_out"), 0)
+
+    def send(self, msg: Message, timeout: float | None = None) -> None:
+        self.inner.send(msg, timeout)
+        self._count("out", msg)
+
+    def recv(self, timeout: float | None = None) -> Message:
+        msg = self.inner.recv(timeout)
+        self._count("in", msg)
+        return msg
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def _count(self, direction: str, msg: Message) -> None:
+        with self._lock:
+            self._counts[f"messages_{direction}"] += 1
+            self._counts[f"bytes_{direction}"] += msg.payload_bytes + len(msg.body)
+
+    def counts(self) -> dict[str, int]:
+        with self._lock:
+            counts = dict(self._counts)
+        stats = getattr(self.inner, "stats", {})  # a ReliableChannel's resends and window
+        return {**counts, **{key: stats[key] for key in ("resent", "in_flight") if key in stats}}
+
+
+def stage_observer(label: str, address: str, workdir: Path) -> tuple[Observer, StageNumbers] | None:
+    """The observer the environment asks for, started ("starting"), with the numbers it reads."""
+    numbers = StageNumbers(workdir)
+    observer = Observer.from_env("stage", address, numbers, service=label)
+    return None if observer is None else (observer.start(background=True), numbers)
+
+
+@contextmanager
+def watching(observer: Observer, numbers: StageNumbers, channel: Channel) -> Iterator[Channel]:
+    """Run the stage over a metered `channel`; its status says running, then how it ended."""
+    numbers.channel = metered = MeteredChannel(channel)
+    observer.set_state("running")
+    try:
+        yield metered
+    except (KeyboardInterrupt, SystemExit):
+        observer.close("stopped", "interrupted")
+        raise
+    except BaseException as exc:
+        observer.close("failed", f"{type(exc).__name__}: {exc}")
+        raise
+    observer.close("done")
