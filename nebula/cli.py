@@ -29,6 +29,7 @@ COMMANDS = [
     "audit",
     "stage",
     "wan",
+    "site",
     "health",
     "user",
 ]

@@ -7,28 +7,22 @@ or an emulated WAN of network namespaces, nebula.wanem).
 """
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nebula.errors import EXIT_FIX_FIRST, ConfigError, StageError
+from nebula.errors import ConfigError
+from nebula.site.supervisor import Service, Supervisor, free_port, tail
+
+ProcessGroup = Supervisor  # the name the demos and tests used; one supervisor for all
+__all__ = ["ProcessGroup", "Service", "Supervisor", "free_port", "tail"]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def make_keys(root: Path, sites: list[str], stages: dict[str, str], days: float = 7) -> None:
-    """A CA per site, certificates for every gateway and stage (address -> site), trust exchanged."""
+def make_keys(root: Path, sites: list[str], stages: dict[str, str], credentials: Path, days: float = 7) -> None:
+    """A CA per site under root/<site>, certificates for every gateway and stage (address -> site),
+    trust exchanged, and each service's own credential directory under credentials/<site>/."""
+    from nebula.security.credentials import publish_site
     from nebula.security.keyfile import write_json
     from nebula.security.keystore import SiteKeyStore
 
@@ -43,138 +37,52 @@ def make_keys(root: Path, sites: list[str], stages: dict[str, str], days: float 
         for other, other_store in stores.items():
             if other != site:
                 other_store.trust(store.export_bundle().to_dict(), str(bundle))
+    for site in sites:
+        publish_site(root / site, credentials / site)
 
 
 def write_site_configs(root: Path, sites: list[str], wan: Any = None,
                        channel: dict[str, float] | None = None) -> dict[str, Path]:
-    """One site TOML each; ports are picked free now (a tiny race with other programs is accepted).
+    """One site config each (nebula.transport.config's format), checked by loading it back; ports are
+    picked free now (a tiny race with other programs is accepted).
 
     With `wan` (a nebula.wanem.WanLink), each gateway listens on every address of its namespace and
     reaches a peer at that peer's end of their link; otherwise everything is on 127.0.0.1. Stages
     always reach their gateway on 127.0.0.1, which inside a namespace is that namespace's own.
     `channel` sets the stages' [channel] knobs (e.g. resend_timeout on a very slow link).
     """
+    from nebula.transport.config import write_site_config
+
     ports = {site: (free_port(), free_port()) for site in sites}
     bind = "0.0.0.0" if wan is not None else "127.0.0.1"
     paths = {}
     for site in sites:
         internal, external = ports[site]
-        peers = "".join(f'\n[peers.{o}]\nendpoint = "tcp://{wan.address(o, site) if wan else "127.0.0.1"}:'
-                        f'{ports[o][1]}"\n' for o in sites if o != site)
-        knobs = "\n[channel]\n" + "".join(f"{k} = {v!r}\n" for k, v in channel.items()) if channel else ""
-        path = root / f"site-{site}.toml"
-        path.write_text(f'[site]\nname = "{site}"\nkeys = "keys/{site}"\naudit = "audit/{site}.jsonl"\n\n'
-                        f'[gateway]\ninternal = "tcp://127.0.0.1:{internal}"\n'
-                        f'external = "tcp://{bind}:{external}"\n{peers}{knobs}')
-        paths[site] = path
+        table: dict[str, Any] = {
+            "site": {"name": site, "ca": f"keys/{site}", "credentials": f"credentials/{site}", "run": ".",
+                     "audit": f"audit/{site}.jsonl"},
+            "gateway": {"internal": f"tcp://127.0.0.1:{internal}", "external": f"tcp://{bind}:{external}"},
+            "peers": {other: {"endpoint": f"tcp://{wan.address(other, site) if wan else '127.0.0.1'}:{ports[other][1]}"}
+                      for other in sites if other != site}}
+        if channel:
+            table["channel"] = dict(channel)
+        paths[site] = root / f"site-{site}.toml"
+        write_site_config(paths[site], table)
     (root / "audit").mkdir(exist_ok=True)
     return paths
-
-
-@dataclass
-class Service:
-    """One supervised service: a process, or the N ranks of a data-parallel stage (started, failed
-    and restarted together, as torchrun does)."""
-
-    name: str
-    argv: list[str]
-    log: Path
-    restart: bool = False  # supervised: restarted with backoff when it dies unsuccessfully
-    ranks: int = 1
-    procs: list[subprocess.Popen] = field(default_factory=list)
-    restarts: int = 0
-    started: float = 0.0
-
-    @property
-    def proc(self) -> subprocess.Popen | None:
-        """Rank 0's process (the one with the stage's channel)."""
-        return self.procs[0] if self.procs else None
-
-    def failed(self) -> int | None:
-        """The exit code of a process that failed, if one did."""
-        return next((p.returncode for p in self.procs if p.poll() not in (None, 0)), None)
-
-    def finished(self) -> bool:
-        return bool(self.procs) and all(p.poll() == 0 for p in self.procs)
-
-
-@dataclass
-class ProcessGroup:
-    """Local services with logs, restart with backoff, and a clean stop of everything on exit."""
-
-    env: dict[str, str] = field(default_factory=lambda: {**os.environ, "OMP_NUM_THREADS": "1",
-                                                         "PYTHONUNBUFFERED": "1"})
-    services: dict[str, Service] = field(default_factory=dict)
-    max_restarts: int = 5
-
-    def start(self, service: Service) -> Service:
-        service.log.parent.mkdir(parents=True, exist_ok=True)
-        port, service.procs = free_port(), []
-        for rank in range(service.ranks):
-            env = self.env if service.ranks == 1 else {
-                **self.env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(service.ranks),
-                "LOCAL_WORLD_SIZE": str(service.ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-            log = service.log if rank == 0 else service.log.with_name(f"{service.log.stem}.rank{rank}.log")
-            with open(log, "ab") as out:
-                service.procs.append(subprocess.Popen(service.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                                      start_new_session=True))
-        service.started = time.monotonic()
-        self.services[service.name] = service
-        return service
-
-    def poll(self) -> None:
-        """Restart supervised services that died; raise if one fails too often or an unsupervised one fails."""
-        for s in self.services.values():
-            code = s.failed()
-            if code is None:
-                continue
-            self._kill(s)  # the other ranks of a failed stage go with it
-            if not s.restart or s.restarts >= self.max_restarts or code == EXIT_FIX_FIRST:
-                raise StageError(f"{s.name} exited with code {code}; last lines of {s.log}:\n{tail(s.log)}")
-            time.sleep(min(2 ** s.restarts * 0.5, 8))  # backoff
-            s.restarts += 1
-            self.start(s)
-
-    def stop(self, timeout: float = 10) -> None:
-        for s in self.services.values():
-            for proc in s.procs:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for s in self.services.values():
-            for proc in s.procs:
-                try:
-                    proc.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
-
-    @staticmethod
-    def _kill(service: Service) -> None:
-        for proc in service.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
-def tail(path: Path, lines: int = 20) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def nebula_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "nebula.cli", *args]
 
 
-def start_gateway(group: ProcessGroup, run: Path, site: str, config: Path, prefix: list[str] | None = None,
+def start_gateway(group: Supervisor, run: Path, site: str, config: Path, prefix: list[str] | None = None,
                   restart: bool = True) -> Service:
     argv = [*(prefix or []), *nebula_argv("gateway", "run", "--site-config", str(config))]
     return group.start(Service(f"gateway-{site}", argv, run / "logs" / f"gateway-{site}.log", restart=restart))
 
 
-def start_stage(group: ProcessGroup, run: Path, job_file: Path, name: str, site_config: Path,
+def start_stage(group: Supervisor, run: Path, job_file: Path, name: str, site_config: Path,
                 prefix: list[str] | None = None, restart: bool = True, steps: int | None = None,
                 ranks: int = 1) -> Service:
     """`nebula stage run` of one stage (its `ranks` processes), workdir `run/<name>`, log `run/logs/<name>.log`."""
@@ -188,7 +96,7 @@ def start_stage(group: ProcessGroup, run: Path, job_file: Path, name: str, site_
 
 def start_sites(run: Path, job_file: Path, wan: Any = None, restart: bool = True,
                 channel: dict[str, float] | None = None, steps: int | None = None,
-                skip: tuple[str, ...] = (), keys: bool = True) -> ProcessGroup:
+                skip: tuple[str, ...] = (), keys: bool = True) -> Supervisor:
     """Keys, site configs, a gateway per site and every stage of `job_file` but those in `skip`.
 
     With `wan` (nebula.wanem.WanLink), each site's processes run inside that site's namespace. A
@@ -205,7 +113,8 @@ def start_sites(run: Path, job_file: Path, wan: Any = None, restart: bool = True
         job_file = resolved
     job = load_job(job_file)
     if keys:
-        make_keys(run / "keys", job.sites, {name: stage.address for name, stage in job.stages.items()})
+        make_keys(run / "keys", job.sites, {name: stage.address for name, stage in job.stages.items()},
+                  run / "credentials")
         sites = write_site_configs(run, job.sites, wan=wan, channel=channel)
     else:
         sites = {site: run / f"site-{site}.toml" for site in job.sites}
@@ -213,7 +122,7 @@ def start_sites(run: Path, job_file: Path, wan: Any = None, restart: bool = True
         if missing:
             raise ConfigError(f"{run} lacks the site configs {', '.join(missing)} of an earlier run")
     prefixes = {site: wan.exec_prefix(site) if wan else [] for site in job.sites}
-    group = ProcessGroup()
+    group = Supervisor()
     try:
         for site, config in sites.items():
             start_gateway(group, run, site, config, prefixes[site], restart)

@@ -36,6 +36,12 @@ def register(sub) -> None:
     p.set_defaults(func=_trust)
     p = keys_sub.add_parser("list", parents=[with_site], help="table of known certificates")
     p.set_defaults(func=_list)
+    p = keys_sub.add_parser("bundle-service", parents=[common],
+                            help="a service's credential directory: its key, certificates and trust, never ca.key")
+    p.add_argument("address", help="the service, e.g. a/encoder/0")
+    p.add_argument("--out", type=Path, required=True, help="the directory to write (or refresh); mount it into the "
+                   "service's host or container")
+    p.set_defaults(func=_bundle_service)
 
 
 def _init_site(args) -> int:
@@ -54,6 +60,16 @@ def _issue(args) -> int:
     store = SiteKeyStore.open(args.dir, parse_address(args.address)[0])
     cert = store.issue(args.address, args.role, args.days, reuse_key=args.reuse_key)
     print(f"issued {cert.address} role {cert.role} serial {cert.serial} until {_date(cert.not_after)}")
+    return 0
+
+
+def _bundle_service(args) -> int:
+    from nebula.security.certs import parse_address
+    from nebula.security.credentials import bundle_service
+
+    store_dir = args.dir / parse_address(args.address)[0]
+    changed = bundle_service(store_dir, args.address, args.out)
+    print(f"{args.address}: {args.out} ({len(changed)} file(s) written; no ca.key)")
     return 0
 
 

@@ -189,8 +189,14 @@ class Identity:
 
 
 def load_identity(site_dir: str | os.PathLike, address: str, now: float | None = None) -> Identity:
-    """The service's key (keys/<a.stage.0>.key, must be 0600) and its newest certificate for that key."""
+    """The service's key (keys/<a.stage.0>.key, must be 0600) and its newest certificate for that key.
+
+    `site_dir` is the service's credential directory (nebula.security.credentials): a service that
+    could read a CA's secret through it refuses to start."""
+    from nebula.security.credentials import refuse_ca_key
+
     site_dir = Path(site_dir)
+    refuse_ca_key(site_dir)
     parse_address(address)
     name = address_filename(address)
     key = read_signing_key(site_dir / "keys" / f"{name}.key")

@@ -118,10 +118,11 @@ class ReliableChannel(Channel):
 
 def open_channel(site: SiteConfig, address: str, identity: Identity | None = None,
                  config: ChannelConfig | None = None) -> ReliableChannel:
-    """The channel of the stage `address`, through its site's gateway, with its key from the site store."""
+    """The channel of the stage `address`, through its site's gateway, with its own credentials."""
     if parse_address(address)[0] != site.name:
         raise ConfigError(f"{address} is not a service of site {site.name}: a stage only talks to its own gateway")
-    identity = identity or load_identity(site.keys, address)
-    gateway_key = peer_curve_key(TrustStore.load(site.keys), site.gateway.address)
+    credentials = site.credentials_for(address)
+    identity = identity or load_identity(credentials, address)
+    gateway_key = peer_curve_key(TrustStore.load(credentials), site.gateway.address)
     return ReliableChannel(identity, site.gateway.internal_connect, site.gateway.address, gateway_key,
                            config or site.channel)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from nebula.security.credentials import publish_site
 from nebula.security.keystore import SiteKeyStore
 
 
@@ -29,11 +30,20 @@ def make_sites(root: Path, endpoints: dict[str, tuple[str, str]], stages: list[s
             if other != site:
                 store.trust(other_store.export_bundle().to_dict(), f"{other}.json")
     reach = {site: (peer_endpoints or {}).get(site, external) for site, (_, external) in endpoints.items()}
+    publish(root, list(endpoints))
     paths = {}
     for site, (internal, external) in endpoints.items():
         peers = "".join(f'[peers.{o}]\nendpoint = "{reach[o]}"\n' for o in endpoints if o != site)
-        text = (f'[site]\nname = "{site}"\nkeys = "keys/{site}"\naudit = "audit-{site}.jsonl"\n\n'
+        text = (f'[site]\nname = "{site}"\nca = "keys/{site}"\ncredentials = "credentials/{site}"\n'
+                f'run = "run-{site}"\naudit = "audit-{site}.jsonl"\n\n'
                 f'[gateway]\ninternal = "{internal}"\nexternal = "{external}"\n{extra_gateway}\n{peers}')
         paths[site] = root / f"{site}.toml"
         paths[site].write_text(text)
     return paths
+
+
+def publish(root: Path, sites: list[str]) -> None:
+    """Refresh every service's credential directory (root/credentials/<site>/<address>) from the CA
+    stores: after issuing or revoking, as `nebula site up` does on its own."""
+    for site in sites:
+        publish_site(Path(root) / "keys" / site, Path(root) / "credentials" / site)

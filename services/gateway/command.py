@@ -8,7 +8,7 @@ def register(sub) -> None:
     gateway_sub = parser.add_subparsers(dest="gateway_command", required=True, metavar="ACTION")
     run = gateway_sub.add_parser("run", help="run the gateway in the foreground until SIGTERM")
     run.add_argument("--site-config", required=True, help="site TOML (see docs/transport.md)")
-    run.set_defaults(func=_run)
+    run.set_defaults(func=_run, supervised=True)  # a ConfigError exits 3: supervisors do not retry it
 
 
 def _run(args) -> int:

@@ -70,7 +70,8 @@ def stage_run(tmp_path, stage: str, env: dict) -> subprocess.CompletedProcess:
     from nebula.runtime.job import load_job
     job_file = write_job(tmp_path)
     job = load_job(job_file)
-    make_keys(tmp_path / "keys", job.sites, {name: s.address for name, s in job.stages.items()})
+    make_keys(tmp_path / "keys", job.sites, {name: s.address for name, s in job.stages.items()},
+              tmp_path / "credentials")
     sites = write_site_configs(tmp_path, job.sites)
     site = job.stage(stage).site
     gateway = subprocess.Popen([sys.executable, "-m", "services.gateway.main", str(sites[site])], cwd=REPO,

@@ -4,7 +4,6 @@ Every test is checked for leftover child processes (tests/conftest.py).
 """
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -15,17 +14,12 @@ import pytest
 
 from nebula.security.keystore import SiteKeyStore
 from nebula.transport.config import ChannelConfig, SiteConfig, load_site_config
-from nebula.transport.testbed import make_sites
+from nebula.site.supervisor import free_port  # noqa: F401 - the tests import it from here
+from nebula.transport.testbed import make_sites, publish
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = ChannelConfig(resend_timeout=1.0, heartbeat_interval=0.2, gateway_timeout=2.0, peer_timeout=4.0,
                      connect_timeout=3.0, close_timeout=3.0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -49,6 +43,11 @@ class World:
 
     def site(self, name: str) -> Site:
         return self.sites[name]
+
+    def publish(self) -> None:
+        """Copy what the CA stores issued or revoked into the services' credential directories, as
+        `nebula site up` does on its own every few seconds."""
+        publish(self.root, list(self.sites))
 
 
 def make_world(root: Path, names=("a", "b"), stages=("a/enc/0", "b/dec/0"), max_message_bytes: int = 1 << 30) -> World:

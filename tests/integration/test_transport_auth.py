@@ -36,6 +36,7 @@ def site_a(tmp_path_factory):
     # The certificate itself reaches site a (e.g. copied by mistake), but its CA is not trusted there.
     (store.dir / "certs" / f"c.enc.0.{cert.serial:016x}.json").write_text(
         (next((root / "keys" / "c" / "certs").glob("c.enc.0.*.json"))).read_text())
+    world.publish()
     gateway = GatewayProcess(world.site("a"), root).start()
     yield world
     gateway.kill()
@@ -97,10 +98,12 @@ def test_stage_cannot_reach_a_remote_gateway_directly(site_a):
 def test_revocation_cuts_a_live_connection_without_restart(site_a):
     store = site_a.site("a").store
     store.issue("a/late/0", "stage", days=1)
+    site_a.publish()
     channel = _connect(site_a, raw_identity(store.dir, "a/late/0"))
     try:
         channel.send(Message(kind=Kind.CONTROL, dst="a/gateway/0", topic="stats"), timeout=2)
         store.revoke(next(c.serial for c in store.certificates() if c.address == "a/late/0"))
+        site_a.publish()
         with pytest.raises(RemoteError, match="revoked"):
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline:  # the gateway re-reads its trust store within a second

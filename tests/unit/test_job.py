@@ -132,7 +132,7 @@ def test_language_pair_jobs_differ_only_in_their_data():
     assert Path(es.data).name == "es-en" and Path(zh.data).name == "zh-en"
 
 
-SITE = {"site": {"name": "a", "keys": "keys/a"},
+SITE = {"site": {"name": "a", "credentials": "credentials/a", "run": "run"},
         "gateway": {"internal": "tcp://127.0.0.1:5601", "external": "tcp://127.0.0.1:5600"},
         "peers": {"b": {"endpoint": "tcp://127.0.0.1:5700"}}}
 
@@ -141,8 +141,8 @@ SITE = {"site": {"name": "a", "keys": "keys/a"},
     ("channel", "window_messages", "8", r"a.toml \[channel\].window_messages: expected an integer, got '8'"),
     ("channel", "resend_timeout", -1.0, r"resend_timeout = -1.0 must be > 0"),
     ("gateway", "hwm", 1.5, r"a.toml \[gateway\].hwm: expected an integer, got 1.5"),
-    ("site", "audit", 7, r"a.toml \[site\]: `audit` must be a non-empty string"),
-    ("site", "nmae", "a", r"unknown keys \['nmae'\]"),
+    ("site", "audit", 7, r"a.toml \[site\].audit: expected a string, got 7"),
+    ("site", "nmae", "a", r"a.toml \[site\]: unknown key 'nmae' \(did you mean 'name'\?\)"),
     ("peers", "b", "tcp://x:1", r"`b` must be a table"),
 ])
 def test_site_file_mistakes_name_the_file_and_the_key(section, key, value, message):

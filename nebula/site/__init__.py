@@ -1,0 +1,1 @@
+"""Running sites: the process supervisor, a site's services, bootstrap and status (docs/operate.md)."""

@@ -1,0 +1,162 @@
+"""One site on its own machines: the services a site config names, supervised in the foreground.
+
+`nebula site up CONFIG` starts `run_site` in a detached process (or in the foreground with
+--foreground, which is what a container runs); `nebula site down` signals it; `status` and `logs`
+read what it and the services write under the site's run directory:
+
+    <run>/supervisor.pid        the supervisor's pid while the site is up
+    <run>/status/supervisor.json  per service: state, pids, restarts, started, exit code, log
+    <run>/status/<service>.json   what the service itself reports (nebula.observe: step, loss, bytes)
+    <run>/logs/<service>.log      each service's output (rank r > 0: <service>.rank<r>.log)
+    <run>/<stage>/              each stage's workdir (checkpoints, metrics, ledger)
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+from nebula.errors import ConfigError
+from nebula.site.supervisor import Service, Supervisor
+from nebula.transport.config import SiteConfig, load_site_config
+
+POLL_S, REFRESH_S = 0.2, 2.0  # supervisor round; credential refresh from the CA store
+
+
+def state_file(site: SiteConfig) -> Path:
+    return site.run / "status" / "supervisor.json"
+
+
+def pid_file(site: SiteConfig) -> Path:
+    return site.run / "supervisor.pid"
+
+
+def site_services(site: SiteConfig, config_path: Path, only: str | None = None) -> list[Service]:
+    """The gateway and the stages of [stages] job at this site (all, or the one named `only`)."""
+    from nebula.launch import nebula_argv
+
+    entries = [("gateway", site.gateway.address, 1, nebula_argv("gateway", "run", "--site-config", str(config_path)))]
+    for name, stage in _stages(site).items():
+        entries.append((name, stage.address, stage.ranks, nebula_argv(
+            "stage", "run", "--job", str(site.stages.job), "--stage", name, "--site", str(config_path),
+            "--workdir", str(site.run / name), "--quiet")))
+    if only is not None and only not in [e[0] for e in entries]:
+        raise ConfigError(f"{site.source}: no service {only!r} at site {site.name}; it runs "
+                          f"{', '.join(e[0] for e in entries)}")
+    services = []
+    for k, (name, address, ranks, argv) in enumerate(entries):
+        if only not in (None, name):
+            continue
+        env = {"NEBULA_SERVICE": name, "NEBULA_ADDRESS": address,
+               "NEBULA_STATUS_FILE": str(site.run / "status" / f"{name}.json")}
+        if site.metrics.port:
+            env.update(NEBULA_METRICS_PORT=str(site.metrics.port + k), NEBULA_METRICS_BIND=site.metrics.bind)
+        services.append(Service(name, argv, site.run / "logs" / f"{name}.log", restart=True, ranks=ranks, env=env))
+    return services
+
+
+def _stages(site: SiteConfig) -> dict:
+    """name -> StageConfig of the stages this site runs."""
+    if site.stages.job is None:
+        return {}
+    from nebula.runtime.job import load_job
+
+    job = load_job(site.stages.job)
+    here = {name: s for name, s in job.stages.items() if s.site == site.name}
+    names = site.stages.run if site.stages.run is not None else tuple(here)
+    for name in names:
+        if name not in job.stages:
+            raise ConfigError(f"{site.source} [stages].run: {name!r} is not a stage of {site.stages.job} "
+                              f"(it has {', '.join(job.stages)})")
+        if name not in here:
+            raise ConfigError(f"{site.source} [stages].run: stage {name} runs at site {job.stage(name).site} "
+                              f"({job.stage(name).address}), not at {site.name}")
+        if job.stage(name).auto_ranks:
+            raise ConfigError(f"stage {name} has ranks = \"auto\": resolve the job first (`nebula stage resolve "
+                              f"--job {site.stages.job} --out RESOLVED.toml`) and point [stages].job at the result")
+    return {name: job.stage(name) for name in names}
+
+
+def check_credentials(site: SiteConfig, services: list[Service]) -> None:
+    """Refresh service credentials from the CA store when this host has it; refuse a missing one."""
+    from nebula.security.credentials import publish_site, refuse_ca_key
+
+    if site.ca is not None and (site.ca / "ca.pub").exists():
+        publish_site(site.ca, site.credentials)
+    for s in services:
+        where = site.credentials_for(s.env["NEBULA_ADDRESS"])
+        if not (where / "ca.pub").exists():
+            raise ConfigError(f"no credentials for {s.env['NEBULA_ADDRESS']} in {where}: issue its certificate and run "
+                              f"`nebula keys bundle-service {s.env['NEBULA_ADDRESS']} --dir CA_ROOT --out {where}` "
+                              "(docs/operate.md)")
+        refuse_ca_key(where)
+
+
+def run_site(config_path: Path, only: str | None = None) -> int:
+    """Supervise the site's services until SIGTERM / SIGINT; then stop them all and return 0."""
+    site = load_site_config(config_path)
+    services = site_services(site, Path(config_path).resolve(), only)
+    check_credentials(site, services)
+    claim_pid_file(pid_file(site) if only is None else site.run / f"supervisor.{only}.pid")
+    supervisor = Supervisor(strict=False, state_file=state_file(site) if only is None
+                            else site.run / "status" / f"supervisor.{only}.json")
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(True))
+    try:
+        for s in services:
+            supervisor.start(s)
+        print(f"site {site.name}: {', '.join(s.name for s in services)} started", flush=True)
+        refreshed = time.monotonic()
+        while not stop:
+            supervisor.poll()
+            if time.monotonic() - refreshed > REFRESH_S:
+                _refresh(site)
+                refreshed = time.monotonic()
+            time.sleep(POLL_S)
+    finally:
+        supervisor.stop()
+        (pid_file(site) if only is None else site.run / f"supervisor.{only}.pid").unlink(missing_ok=True)
+        print(f"site {site.name}: stopped", flush=True)
+    return 0
+
+
+def _refresh(site: SiteConfig) -> None:
+    """A revocation or a newly trusted site reaches the running services (their trust stores reload)."""
+    from nebula.security.credentials import publish_site
+
+    if site.ca is not None and (site.ca / "ca.pub").exists():
+        try:
+            publish_site(site.ca, site.credentials)
+        except (ConfigError, OSError) as exc:  # a half-edited store: keep the last good copy, say why
+            print(f"credentials not refreshed: {exc}", flush=True)
+
+
+def claim_pid_file(path: Path) -> None:
+    """One supervisor per site: refuse when the pid file names a live process."""
+    pid = read_pid(path)
+    if pid is not None and alive(pid):
+        raise ConfigError(f"the site is already up (supervisor pid {pid}, {path}); `nebula site down` first")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{os.getpid()}\n")
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped by its parent) is not alive
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
