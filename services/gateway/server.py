@@ -21,6 +21,7 @@ from typing import Any
 import zmq
 from zmq.utils import z85
 
+from nebula.observe.observer import Observer
 from nebula.security.audit import DEFAULT_MAX_BYTES, DEFAULT_SUMMARY_INTERVAL, AuditLog
 from nebula.security.keys import curve_key_raw
 from nebula.security.trust import TrustStore, load_identity, peer_curve_key
@@ -52,6 +53,9 @@ class Gateway:
         self.peers: dict[str, zmq.Socket] = {}
         self.internal = self.external = None
         self._last_stats = time.monotonic()
+        # status file and Prometheus metrics, when the supervisor asks for them (nebula.observe)
+        self.observer = Observer.from_env("gateway", self.address, self.meter.status, service="gateway")
+        self.failure: BaseException | None = None
 
     def start(self) -> "Gateway":
         """Bind and connect; on any failure close what was opened and raise."""
@@ -68,7 +72,11 @@ class Gateway:
                 sock.immediate = True  # never queue for a peer that is down: senders resend end to end
                 sock.connect(peer.endpoint)
                 self.peers[name] = sock
-        except BaseException:
+            if self.observer is not None:
+                self.observer.start()  # a metrics port in use fails the start, naming the port
+                self.observer.set_state("running")
+        except BaseException as exc:
+            self.failure = exc
             self.close()
             raise
         self.audit.append("gateway.started", address=self.address, internal=self.site.gateway.internal,
@@ -87,23 +95,32 @@ class Gateway:
     def run(self) -> None:
         poller = zmq.Poller()
         origins = {self.internal: (INTERNAL, None), self.external: (EXTERNAL, None)}
+        names = {self.internal: INTERNAL, self.external: EXTERNAL}
         for name, sock in self.peers.items():
-            origins[sock] = (PEER, self.site.peers[name].address)
+            origins[sock], names[sock] = (PEER, self.site.peers[name].address), f"peer:{name}"
         for sock in origins:
             poller.register(sock, zmq.POLLIN)
-        while not self.stop_requested.is_set():
-            for sock, _ in poller.poll(100):
-                origin, peer_gateway = origins[sock]
-                self._drain(sock, origin, peer_gateway)
-            self._maybe_log_stats()
-            self.audit.flush_summaries(due_only=True)  # acks and heartbeats of the last interval
+        try:
+            while not self.stop_requested.is_set():
+                self.meter.queues = dict.fromkeys(names.values(), 0)
+                for sock, _ in poller.poll(100):
+                    origin, peer_gateway = origins[sock]
+                    self.meter.queues[names[sock]] = self._drain(sock, origin, peer_gateway)
+                self._maybe_log_stats()
+                if self.observer is not None:
+                    self.observer.tick()  # from the loop: a stuck loop shows as a stale status
+                self.audit.flush_summaries(due_only=True)  # acks and heartbeats of the last interval
+        except BaseException as exc:
+            self.failure = exc
+            raise
 
-    def _drain(self, sock: zmq.Socket, origin: str, peer_gateway: str | None) -> None:
-        for _ in range(BATCH):
+    def _drain(self, sock: zmq.Socket, origin: str, peer_gateway: str | None) -> int:
+        """Handle what waits on `sock` (at most BATCH); -> how many messages were waiting."""
+        for taken in range(BATCH):
             try:
                 frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                return
+                return taken
             try:
                 self._forward(self.admission.admit(origin, frames, peer_gateway))
             except Refusal as refusal:
@@ -111,9 +128,12 @@ class Gateway:
             except Exception as exc:  # a bug must cost one message, not the site's only gateway
                 log.exception("gateway %s failed on a message from %s", self.address, origin)
                 self._refuse(sock, origin, frames, Refusal("internal", f"gateway error: {exc!r}"))
+        return BATCH
 
     def _forward(self, msg: Inbound) -> None:
         dst_site = msg.env.dst.split("/", 1)[0]
+        peer = msg.sender if msg.origin == INTERNAL else msg.sender.split("/", 1)[0]
+        self.meter.passed(peer, "in", msg.nbytes, resend=msg.env.kind == Kind.ACK and msg.env.topic == "resend")
         if msg.env.dst == self.address:
             self._answer_local(msg)
         elif dst_site == self.site.name:
@@ -141,6 +161,7 @@ class Gateway:
                 raise
             raise Refusal("unreachable", f"{msg.env.dst} is not connected to gateway {self.address}", msg.env) from None
         self.meter.count(link, msg.env.job, msg.nbytes)
+        self.meter.passed(msg.env.dst if sock is self.internal else msg.env.dst.split("/", 1)[0], "out", msg.nbytes)
 
     def _answer_local(self, msg: Inbound) -> None:
         """Messages to the gateway itself: liveness pings, and `stats` requests."""
@@ -213,6 +234,9 @@ class Gateway:
         self.audit.flush_summaries()  # the last interval's counts before the final record
         self.audit.append("gateway.stopped", address=self.address, stats=self.meter.snapshot())
         self.audit.close()
+        if self.observer is not None:  # a gateway ends when told to stop, or on an error
+            why = f"{type(self.failure).__name__}: {self.failure}" if self.failure else ""
+            self.observer.close("failed" if self.failure else "stopped", why)
 
 
 def _peer_name(frames: list[Any], origin: str) -> str:

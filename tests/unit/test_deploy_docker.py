@@ -51,8 +51,8 @@ def container_site(site: str) -> dict:
 
 
 def host_path(service: dict, container_path: str) -> Path | None:
-    """The host file behind a container path, through the service's bind mounts."""
-    for vol in service.get("volumes", []):
+    """The host file behind a container path, through the service's bind mounts (the deepest that holds it)."""
+    for vol in sorted(service.get("volumes", []), key=lambda v: -len(v["target"])):
         rel = os.path.relpath(container_path, vol["target"])
         if vol["type"] == "bind" and not rel.startswith(".."):
             return Path(vol["source"]) / rel
@@ -281,6 +281,27 @@ def test_container_site_config_loads_with_the_site_loader(projects, site):
         expected |= {str(config.audit.parent)} if name == "gateway" else {str(root) for root in config.data}
         assert expected <= targets, name
     assert config.gateway.internal_connect == f"tcp://gateway:{config.gateway.internal.rsplit(':', 1)[1]}"
+
+
+@pytest.mark.parametrize("site", sorted(SITES))
+def test_compose_defaults_keep_the_files_where_the_host_site_config_does(projects, site):
+    """Run by hand (`nebula site up deploy/sites/a.toml`) or in containers, a site's files are the same ones."""
+    host_file = REPO / "deploy" / "sites" / f"{site}.toml"
+    if not host_file.is_file():
+        pytest.skip(f"{host_file.relative_to(REPO)} is not in this checkout")
+    host, inside = tomllib.loads(host_file.read_text()), container_site(site)
+    gateway, stage = projects[site]["services"]["gateway"], projects[site]["services"][SITES[site]]
+
+    def on_host(path: str) -> Path:
+        return (host_file.parent / path).resolve()
+
+    credential = host_path(gateway, f"{inside['site']['credentials']}/{site}.gateway.0")
+    assert credential.parent == on_host(host["site"]["credentials"])
+    assert host_path(gateway, inside["site"]["run"]) == on_host(host["site"]["run"])
+    assert host_path(gateway, inside["site"]["audit"]) == on_host(host["site"]["audit"])
+    assert [host_path(stage, d) for d in inside["site"]["data"]] == [on_host(d) for d in host["site"]["data"]]
+    assert host_path(gateway, inside["stages"]["job"]) == on_host(host["stages"]["job"])
+    assert inside["gateway"]["external"] == host["gateway"]["external"]
 
 
 # -- the image -------------------------------------------------------------------------------------------------
