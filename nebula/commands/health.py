@@ -45,7 +45,8 @@ def run(args) -> int:
         print(json.dumps([{"path": str(path), **h.as_dict()} for path, h in checked], indent=2, sort_keys=True))
     else:
         for path, h in checked:
-            print(f"{'healthy' if h.ok else 'UNHEALTHY'}: {h.reason}" + ("" if h.ok else f" [{path}]"))
+            where = "" if h.ok or str(path) in h.reason else f" [{path}]"
+            print(f"{'healthy' if h.ok else 'UNHEALTHY'}: {h.reason}{where}")
     return EXIT_HEALTHY if all(h.ok for _, h in checked) else EXIT_UNHEALTHY
 
 
