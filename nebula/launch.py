@@ -15,8 +15,7 @@ from typing import Any
 from nebula.errors import ConfigError
 from nebula.site.supervisor import Service, Supervisor, free_port, tail
 
-ProcessGroup = Supervisor  # the name the demos and tests used; one supervisor for all
-__all__ = ["ProcessGroup", "Service", "Supervisor", "free_port", "tail"]
+__all__ = ["Service", "Supervisor", "free_port", "tail"]  # one supervisor for sites, demos, tests, benchmarks
 
 
 def make_keys(root: Path, sites: list[str], stages: dict[str, str], credentials: Path, days: float = 7) -> None:

@@ -17,6 +17,8 @@ internal = "tcp://127.0.0.1:5601"  # bind for this site's stages (never publishe
 external = "tcp://0.0.0.0:5600"    # bind for other sites' gateways (the site's only public port)
 public = "tcp://203.0.113.5:5600"  # what other sites dial (printed by `nebula site init`)
 # internal_connect = "tcp://gw-a:5601"   # what stages connect to, if not the bind address
+# audit_max_bytes = 67108864        # the audit log rotates past this size (the hash chain continues)
+# audit_summary_interval = 10.0     # seconds per ACK / heartbeat tally record
 
 [peers.b]
 endpoint = "tcp://203.0.113.7:5600"
@@ -92,6 +94,8 @@ class GatewayConfig:
     max_frames: int = field(default=1025, metadata=limits(at_least=2))
     hwm: int = field(default=10000, metadata=limits(above=0))
     stats_interval: float = field(default=30.0, metadata=limits(at_least=0))  # stats log lines; 0 = never
+    audit_max_bytes: int = field(default=64 << 20, metadata=limits(at_least=4096))  # then the log rotates
+    audit_summary_interval: float = field(default=10.0, metadata=limits(above=0))  # ACK/heartbeat tallies
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,6 +159,8 @@ class _GatewayTable:
     max_frames: int = 1025
     hwm: int = 10000
     stats_interval: float = 30.0
+    audit_max_bytes: int = 64 << 20
+    audit_summary_interval: float = 10.0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -162,9 +162,9 @@ def supervise(group: Any, services: list[str], progress: Progress, workdir: Path
 
 def one_site_phase(run: Path, job_file: Path, until: int, progress: Progress) -> float:
     """`nebula stage one-site --until N1` as its own process (one thread per torch op: 2 stages, 2 cores)."""
-    from nebula.launch import ProcessGroup, Service, nebula_argv
+    from nebula.launch import Service, Supervisor, nebula_argv
     started = time.monotonic()
-    group = ProcessGroup()
+    group = Supervisor()
     argv = nebula_argv("stage", "one-site", "--job", str(job_file), "--workdir", str(run / "one-site"),
                        "--until", str(until))
     group.start(Service("one-site", argv, run / "logs" / "one-site.log"))

@@ -15,7 +15,8 @@ from services.gateway.server import Gateway
 
 def run(config_path: str) -> int:
     site = load_site_config(config_path)
-    gateway = Gateway(site).start()
+    gateway = Gateway(site, audit_max_bytes=site.gateway.audit_max_bytes,
+                      audit_summary_interval=site.gateway.audit_summary_interval).start()
     stop = lambda *_: gateway.stop_requested.set()  # noqa: E731 - handler runs between poll rounds
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

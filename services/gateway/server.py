@@ -21,6 +21,7 @@ from typing import Any
 import zmq
 from zmq.utils import z85
 
+from nebula.errors import ConfigError
 from nebula.observe.observer import Observer
 from nebula.security.audit import DEFAULT_MAX_BYTES, DEFAULT_SUMMARY_INTERVAL, AuditLog
 from nebula.security.keys import curve_key_raw
@@ -44,8 +45,9 @@ class Gateway:
         self.stop_requested = threading.Event()
         self.meter = Meter()
         self.audit = AuditLog(site.audit, max_bytes=audit_max_bytes, summary_interval=audit_summary_interval)
-        self.store = TrustStore.load(site.keys)
-        self.identity = load_identity(site.keys, self.address)
+        credentials = site.credentials_for(self.address)
+        self.identity = load_identity(credentials, self.address)  # refuses a readable ca.key
+        self.store = TrustStore.load(credentials)
         limits = Limits(max_frames=site.gateway.max_frames)
         self.admission = Admission(site.name, self.store, limits, site.gateway.max_message_bytes)
         self.ctx = zmq.Context(io_threads=site.gateway.io_threads)
@@ -88,7 +90,13 @@ class Gateway:
     def _server(self, domain: str, endpoint: str) -> zmq.Socket:
         sock = sockets.server_socket(self.ctx, zmq.ROUTER, self.identity, domain, self.site.gateway.hwm)
         sock.router_mandatory = True  # an unknown destination is an error we report, not a silent drop
-        sock.bind(endpoint)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            raise ConfigError(f"{self.site.source} [gateway].{domain}: cannot bind {endpoint} ({exc}); another "
+                              "process holds the port (a gateway still up?) or the address is not this host's; "
+                              "stop it or pick another port") from exc
         return sock
 
     # --- loop ------------------------------------------------------------------------------

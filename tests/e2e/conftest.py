@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nebula.launch import ProcessGroup, start_sites, tail
+from nebula.launch import Supervisor, start_sites, tail
 from nebula.runtime.job import JobConfig, load_job
 from nebula.runtime.metrics import read_records
 from nebula.runtime.order import ExampleOrder, digest, id_hash
@@ -59,7 +59,7 @@ class Sites:
                  skip: tuple[str, ...] = (), channel: dict[str, float] | None = None):
         self.run, self.job_file, self.job = run, job_file, load_job(job_file)
         self.stages = {name: stage.address for name, stage in self.job.stages.items()}
-        self.group: ProcessGroup = start_sites(run, job_file, restart=restart, skip=skip, channel=channel)
+        self.group: Supervisor = start_sites(run, job_file, restart=restart, skip=skip, channel=channel)
         self.group.max_restarts = max_restarts
 
     def steps(self, stage: str) -> int:

@@ -6,15 +6,24 @@ import json
 import os
 import stat
 import time
+from pathlib import Path
 
 import pytest
 import zmq
 
 from nebula.errors import AuthError
 from nebula.security.certs import issue_certificate
+from nebula.security.credentials import bundle_service
 from nebula.security.keys import curve_key_raw, generate_identity
 from nebula.security.keystore import DAY, SiteKeyStore
 from nebula.security.trust import TrustStore, check_peer, load_identity, peer_curve_key
+
+
+def creds(store: SiteKeyStore, address: str) -> Path:
+    """The service's own credential directory, refreshed from the store (as `nebula site up` does)."""
+    out = store.dir.parent / "services" / address.replace("/", ".")
+    bundle_service(store.dir, address, out)
+    return out
 
 
 @pytest.fixture
@@ -141,7 +150,7 @@ def test_renewal_keeps_the_key_and_rotation_replaces_it(sites):
     assert check_peer(TrustStore.load(a.dir), renewed.curve_key_raw, {"stage"}) == renewed
     rotated = a.issue("a/encoder/0", "stage", days=30)
     assert rotated.curve_key != renewed.curve_key
-    assert load_identity(a.dir, "a/encoder/0").certificate == rotated
+    assert load_identity(creds(a, "a/encoder/0"), "a/encoder/0").certificate == rotated
 
 
 def test_secrets_are_0600_and_readable_secrets_are_refused(sites):
@@ -149,9 +158,10 @@ def test_secrets_are_0600_and_readable_secrets_are_refused(sites):
     secrets = [a.dir / "ca.key", *(a.dir / "keys").glob("*.key")]
     assert len(secrets) == 3
     assert all(stat.S_IMODE(p.stat().st_mode) == 0o600 for p in secrets)
-    (a.dir / "keys" / "a.gateway.0.key").chmod(0o644)
+    service = creds(a, "a/gateway/0")
+    (service / "keys" / "a.gateway.0.key").chmod(0o644)
     with pytest.raises(AuthError, match="chmod 600"):
-        load_identity(a.dir, "a/gateway/0")
+        load_identity(service, "a/gateway/0")
     (a.dir / "ca.key").chmod(0o640)
     with pytest.raises(AuthError, match="group/others can read it"):
         a.issue("a/decoder/0", "stage", days=1)
@@ -159,13 +169,13 @@ def test_secrets_are_0600_and_readable_secrets_are_refused(sites):
 
 def test_load_identity_refuses_expired_and_revoked(sites, tmp_path):
     a, _, certs = sites
-    identity = load_identity(a.dir, "a/encoder/0")
+    identity = load_identity(creds(a, "a/encoder/0"), "a/encoder/0")
     assert identity.certificate == certs["a_enc"] and curve_key_raw(identity.curve_public) == certs["a_enc"].curve_key_raw
     with pytest.raises(AuthError, match="expired"):
-        load_identity(a.dir, "a/encoder/0", now=certs["a_enc"].not_after + 1)
+        load_identity(creds(a, "a/encoder/0"), "a/encoder/0", now=certs["a_enc"].not_after + 1)
     a.revoke(certs["a_enc"].serial)
     with pytest.raises(AuthError, match="revoked serial"):
-        load_identity(a.dir, "a/encoder/0")
+        load_identity(creds(a, "a/encoder/0"), "a/encoder/0")
 
 
 def test_bundle_import_checks_signatures_key_changes_and_rollback(sites, tmp_path):
@@ -189,7 +199,7 @@ def test_bundle_import_checks_signatures_key_changes_and_rollback(sites, tmp_pat
 
 def test_derived_curve_keys_work_for_a_real_curve_socket_pair(sites):
     a, _, _ = sites
-    server_id, client_id = load_identity(a.dir, "a/gateway/0"), load_identity(a.dir, "a/encoder/0")
+    server_id, client_id = load_identity(creds(a, "a/gateway/0"), "a/gateway/0"), load_identity(creds(a, "a/encoder/0"), "a/encoder/0")
     server_key = peer_curve_key(TrustStore.load(a.dir), "a/gateway/0")
     ctx = zmq.Context()
     rep, req, bad = ctx.socket(zmq.REP), ctx.socket(zmq.REQ), ctx.socket(zmq.REQ)
