@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections import defaultdict
+from collections import Counter, defaultdict
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -24,10 +24,12 @@ class LinkTail:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = path.stat().st_size if path.exists() else 0  # this process's bytes only
-        self.links: dict[str, dict[str, Any]] = defaultdict(lambda: {"codec": "", "raw_bytes": 0, "wire_bytes": 0})
+        self.totals: dict[str, Counter] = defaultdict(Counter)  # "link:dir" -> raw, wire
+        self.latest: dict[str, tuple[int, dict[str, Counter]]] = {}  # "link:dir" -> (step, codec -> raw, wire)
 
     def read(self) -> dict[str, dict[str, Any]]:
-        """Per "link:direction": the last codec, raw and wire bytes, and raw / wire."""
+        """Per "link:direction": raw and wire bytes so far; the codec that carried most of the latest
+        step's bytes (a link's ids or masks may go uncompressed beside it) and that step's raw / wire."""
         if self.path.exists():
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
@@ -36,14 +38,24 @@ class LinkTail:
             self.offset += len(complete)
             for line in complete.splitlines():
                 self._add(json.loads(line))
-        return {key: {**c, "ratio": round(c["raw_bytes"] / c["wire_bytes"], 3) if c["wire_bytes"] else 0.0}
-                for key, c in self.links.items()}
+        return {key: {"raw_bytes": total["raw"], "wire_bytes": total["wire"], **self._now(key)}
+                for key, total in self.totals.items()}
 
     def _add(self, entry: dict[str, Any]) -> None:
-        c = self.links[f"{entry['link']}:{entry['dir']}"]
-        c["codec"] = entry["codec"]
-        c["raw_bytes"] += entry["raw"]
-        c["wire_bytes"] += entry["wire"]
+        key, step = f"{entry['link']}:{entry['dir']}", entry["step"]
+        sizes = Counter(raw=entry["raw"], wire=entry["wire"])
+        self.totals[key].update(sizes)
+        latest_step, codecs = self.latest.get(key, (step, {}))
+        if step > latest_step:
+            latest_step, codecs = step, {}
+        if step == latest_step:
+            codecs.setdefault(entry["codec"], Counter()).update(sizes)
+        self.latest[key] = (latest_step, codecs)
+
+    def _now(self, key: str) -> dict[str, Any]:
+        codecs = self.latest[key][1]
+        raw, wire = sum(c["raw"] for c in codecs.values()), sum(c["wire"] for c in codecs.values())
+        return {"codec": max(codecs, key=lambda c: codecs[c]["wire"]), "ratio": round(raw / wire, 3) if wire else 0.0}
 
 
 class StageNumbers:

@@ -55,11 +55,12 @@ def site(tmp_path, monkeypatch):
 
 def send_through(site, n: int) -> None:
     """`n` tensor messages a/enc/0 -> a/dec/0, through the gateway."""
-    with open_channel(site.config, "a/enc/0", config=FAST) as enc, open_channel(site.config, "a/dec/0", config=FAST) as dec:
+    data = torch.arange(64, dtype=torch.float32)
+    with open_channel(site.config, "a/enc/0", config=FAST) as enc, \
+            open_channel(site.config, "a/dec/0", config=FAST) as dec:
         for step in range(n):
-            data = torch.arange(64, dtype=torch.float32)
-            enc.send(Message(kind=Kind.TENSORS, job="j", dst="a/dec/0", step=step,
-                             tensors=[TensorPayload("h", "activation", "float32", (64,), "none", b"", [data])]), timeout=5)
+            tensor = TensorPayload("h", "activation", "float32", (64,), "none", b"", [data])
+            enc.send(Message(kind=Kind.TENSORS, job="j", dst="a/dec/0", step=step, tensors=[tensor]), timeout=5)
         assert [dec.recv(timeout=10).step for _ in range(n)] == list(range(n))
 
 
