@@ -32,6 +32,7 @@ COMMANDS = [
     "site",
     "health",
     "user",
+    "job",
 ]
 ENTRY_POINT_GROUP = "nebula.commands"
 ENV_PREFIX = "NEBULA_"

@@ -9,7 +9,6 @@ failed authentication is a record in the CA store's audit log (`<ca>/audit.jsonl
 """
 from __future__ import annotations
 
-import fcntl
 import getpass
 import os
 import re
@@ -25,7 +24,7 @@ from nacl.exceptions import InvalidkeyError
 
 from nebula.errors import AuthError, ConfigError
 from nebula.security.audit import AuditLog
-from nebula.security.keyfile import check_secret_mode, read_json, write_json
+from nebula.security.keyfile import check_secret_mode, locked, read_json, write_json
 
 USERS_FORMAT = "nebula-users/1"
 MIN_SECRET = 8
@@ -79,15 +78,10 @@ class RecordFile:
     @contextmanager
     def update(self) -> Iterator[dict]:
         """Yields the current entries; what the block leaves in them is written back (unless it raises)."""
-        lock = self.path.with_name(f".{self.path.name}.lock")
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with locked(self.path.with_name(f".{self.path.name}.lock")):
             entries = self.read()
             yield entries
             write_json(self.path, {"format": self.format, self.key: entries}, secret=True)
-        finally:
-            os.close(fd)  # closing drops the flock
 
 
 @dataclass(frozen=True)

@@ -41,13 +41,14 @@ class Principal:
 
     @classmethod
     def from_env(cls) -> Principal | None:
-        """The job this process runs for, as `nebula job submit` sets it; None outside a submitted job."""
+        """The job this process runs for, as `nebula job submit` sets it; None outside a submitted job.
+        NEBULA_USER alone is no job: it is also what `--user` of the nebula commands defaults to."""
         job, user = os.environ.get(JOB_ENV), os.environ.get(USER_ENV)
-        if not job and not user:
+        if not job:
             return None
-        if not (job and user):
-            raise AuthError(f"{JOB_ENV}={job!r} and {USER_ENV}={user!r}: a job's stages get both from "
-                            "`nebula job submit`; set neither to run outside a job")
+        if not user:
+            raise AuthError(f"{JOB_ENV}={job!r} without {USER_ENV}: a job's stages get both from "
+                            f"`nebula job submit`; unset {JOB_ENV} to run outside a job")
         return cls(check_user_name(user), check_job_id(job))
 
 

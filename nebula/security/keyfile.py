@@ -6,11 +6,13 @@ directory mtime changes, which is what `TrustStore.reload_if_changed` looks at.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import stat
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from nebula.errors import AuthError, ConfigError
 
@@ -29,6 +31,18 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     finally:
         os.close(fd)
     os.replace(tmp, path)
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive flock on `path` (created 0600) for a read-modify-write by several processes;
+    closing the descriptor drops the lock, also when the process dies."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, SECRET_MODE)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def write_json(path: Path, obj: Any, secret: bool = False) -> None:

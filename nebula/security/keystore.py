@@ -22,7 +22,7 @@ from nebula.security.audit import AuditLog
 from nebula.security.bundle import Bundle, ca_public_dict, parse_bundle, verify_bundle_certs
 from nebula.security.certs import Certificate, address_filename, check_site_name, issue_certificate, parse_address
 from nebula.security.crl import RevocationList, sign_crl
-from nebula.security.keyfile import read_json, read_secret_json, write_json
+from nebula.security.keyfile import locked, read_json, read_secret_json, write_json
 from nebula.security.keys import fingerprint, generate_identity, signing_key_from_hex
 
 SECRET_FORMAT = "nebula-secret/1"
@@ -104,12 +104,13 @@ class SiteKeyStore:
         return [read_certificate(p) for p in sorted((self.dir / "certs").glob("*.json"))]
 
     def issue(self, address: str, role: str, days: float, reuse_key: bool = False,
-              now: float | None = None) -> Certificate:
-        """Sign a certificate; a new identity key (rotation) unless `reuse_key` (renewal)."""
+              now: float | None = None, key_dir: Path | None = None) -> Certificate:
+        """Sign a certificate; a new identity key (rotation) unless `reuse_key` (renewal). The key goes
+        to `key_dir` when given (a job's credentials: its keys never enter the CA store)."""
         site, _, _ = parse_address(address)
         if site != self.site:
             raise ConfigError(f"{address} belongs to site {site}; issue it from that site's key store")
-        key_path = self.dir / "keys" / f"{address_filename(address)}.key"
+        key_path = (key_dir or self.dir / "keys") / f"{address_filename(address)}.key"
         key = read_signing_key(key_path) if reuse_key and key_path.exists() else generate_identity()
         start = int(time.time() if now is None else now)
         cert = issue_certificate(self.ca_secret(), self.site, address, role, key.verify_key,
@@ -124,10 +125,11 @@ class SiteKeyStore:
     def revoke(self, serial: int, now: float | None = None) -> RevocationList:
         if serial not in {c.serial for c in self.certificates()}:
             raise ConfigError(f"serial {serial} is not a certificate of site {self.site}; see `nebula keys list`")
-        old = self.crl()
-        stamp = int(time.time() if now is None else now)
-        crl = sign_crl(self.ca_secret(), self.site, old.number + 1, stamp, {**old.revoked, serial: stamp})
-        write_json(self.dir / "crl.json", crl.to_dict())
+        with locked(self.dir / ".crl.lock"):  # two revocations at once must not lose one
+            old = self.crl()
+            stamp = int(time.time() if now is None else now)
+            crl = sign_crl(self.ca_secret(), self.site, old.number + 1, stamp, {**old.revoked, serial: stamp})
+            write_json(self.dir / "crl.json", crl.to_dict())
         self._audit("key.revoked", serial=serial, crl_number=crl.number)
         return crl
 

@@ -123,8 +123,11 @@ def test_resolve_data_paths_outside_jobs_and_only_grants_inside_them(site, monke
         resolve_data("dataset:corpus", site)
     with pytest.raises(ConfigError, match="nebula stage run --site CONFIG"):
         resolve_data("dataset:corpus", None)
+    monkeypatch.setenv("NEBULA_USER", "bob")  # the default of --user, not a job: paths still work
+    assert resolve_data(str(tmp_path), site) == tmp_path
+    monkeypatch.delenv("NEBULA_USER")
     monkeypatch.setenv("NEBULA_JOB_ID", "j-bob")
-    with pytest.raises(AuthError, match="NEBULA_USER=None"):
+    with pytest.raises(AuthError, match="NEBULA_JOB_ID='j-bob' without NEBULA_USER"):
         resolve_data("dataset:corpus", site)
     monkeypatch.setenv("NEBULA_USER", "bob")
     with pytest.raises(AuthError, match="a submitted job reads data only through a grant"):

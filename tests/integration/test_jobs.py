@@ -1,0 +1,162 @@
+"""Users' jobs with real processes: a real gateway, `nebula job submit` starting a detached supervisor
+whose stages talk CURVE through it, read their data set through a grant, and are stopped; another
+user, with a real secret, tries to read, stop and impersonate."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from nebula.launch import nebula_argv
+from nebula.security.accounts import Accounts
+from nebula.security.audit import verify
+from nebula.security.credentials import publish_site
+from nebula.security.grants import DataRegistry
+from nebula.security.keystore import SiteKeyStore
+from nebula.site.jobs import Site, record_file, stop
+from nebula.site.supervisor import Service, Supervisor, tail
+from nebula.transport.config import load_site_config
+from tests.accounts_support import cli_runner, make_site, secret_file
+
+REPO = Path(__file__).resolve().parents[2]
+SECRETS = {"alice": "alice's long secret", "bob": "bob's long secret"}
+
+
+def job_file(path: Path, steps: int, data: str | None = "dataset:corpus", prefix: str = "") -> Path:
+    lines = ['[job]', 'name = "iso"', *([f'data = "{data}"'] if data else []),
+             '[train]', f'steps = {steps}', 'batch_size = 8', 'micro_batches = 2', 'checkpoint_every = 1000',
+             'log_every = 1',
+             '[stages.src]', f'address = "a/{prefix}src/0"',
+             f'impl = "{"tests.jobs_support:DataSource" if data else "example-source"}"',
+             '[stages.sink]', f'address = "a/{prefix}sink/0"', 'impl = "example-sink"',
+             '[[links]]', 'from = "src"', 'to = "sink"', 'tensors = ["hidden"]', 'backward = true']
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch, capsys):
+    """Site a with its gateway running, users alice (owner of data set `corpus`) and bob."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the stages import tests.jobs_support
+    for name in ("NEBULA_JOB_ID", "NEBULA_USER"):
+        monkeypatch.delenv(name, raising=False)
+    config = make_site(tmp_path)
+    loaded = load_site_config(config)
+    SiteKeyStore(loaded.ca).issue("a/gateway/0", "gateway", 1)
+    publish_site(loaded.ca, loaded.credentials)
+    for user, secret in SECRETS.items():
+        Accounts(loaded.ca).add(user, secret)
+        secret_file(tmp_path / f"{user}.secret", secret)
+    (tmp_path / "data" / "corpus").mkdir()
+    (tmp_path / "data" / "corpus" / "train.txt").write_text("hola mundo\n")
+    DataRegistry(loaded.ca).register("corpus", tmp_path / "data" / "corpus", "alice", loaded.data)
+    gateway = Supervisor()
+    gateway.start(Service("gateway", nebula_argv("gateway", "run", "--site-config", str(config)),
+                          tmp_path / "gateway.log"))
+    run = cli_runner(monkeypatch, capsys, ["job"])
+
+    def nebula(user: str, *args: str) -> tuple[int, str, str]:
+        """`nebula ARGS --site-config CONFIG` with `user`'s secret file."""
+        return run(*args, "--site-config", str(config), "--secret-file", str(tmp_path / f"{user}.secret"))
+    try:
+        yield nebula, loaded
+    finally:
+        for record in Site.load(config).records():  # a failed test leaves no job behind
+            if record["state"] in ("starting", "running"):
+                stop(Site.load(config), record["id"], record["owner"], SECRETS[record["owner"]])
+        gateway.stop()
+
+
+def submitted(out: str) -> str:
+    assert out.startswith("job "), out
+    return out.split()[1]
+
+
+def wait_state(site, job_id: str, states: tuple[str, ...], timeout: float = 60) -> dict:
+    directory = site.run / "jobs" / job_id
+    deadline = time.monotonic() + timeout
+    while (record := record_file(directory).read())["state"] not in states:
+        assert time.monotonic() < deadline, f"job {job_id} is {record['state']}:\n{tail(directory / 'logs' / 'src.log')}"
+        time.sleep(0.2)
+    return record
+
+
+def audit_events(site, kind: str) -> list[dict]:
+    return [r for r in map(json.loads, (site.ca / "audit.jsonl").read_text().splitlines()) if r["event"] == kind]
+
+
+def test_a_job_runs_in_its_own_workspace_reads_through_its_grant_and_only_its_owner_sees_it(site, tmp_path):
+    nebula, config = site
+    path = job_file(tmp_path / "job.toml", steps=4)
+    code, out, err = nebula("alice", "job", "submit", str(path), "--user", "alice")
+    assert code == 0, err
+    job_id = submitted(out)
+    record = wait_state(config, job_id, ("done", "failed"))
+    directory = Path(record["dir"])
+    assert record["state"] == "done", tail(directory / "logs" / "supervisor.log")
+    assert (directory / "src" / "data-files.txt").read_text() == "train.txt\n"  # opened through the grant
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    assert record["config_sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert not list(directory.rglob("ca.key")) and not list((config.ca / "keys").glob("a.src.0*"))
+    submit, = audit_events(config, "job.submitted")
+    assert submit["owner"] == "alice" and submit["code_sha256"] == record["code_sha256"]
+    read, = audit_events(config, "data.read")
+    assert (read["job"], read["user"], read["dataset"]) == (job_id, "alice", "corpus")
+    assert set(record["serials"]) <= set(SiteKeyStore(config.ca).crl().revoked)  # the keys died with the job
+
+    code, _, err = nebula("bob", "job", "logs", job_id, "--user", "bob")
+    assert code == 2 and f"job {job_id} belongs to another user" in err
+    code, _, err = nebula("bob", "job", "logs", job_id, "--user", "alice")  # bob's secret, alice's name
+    assert code == 2 and "wrong secret for user alice" in err
+    code, out, _ = nebula("alice", "job", "logs", job_id, "--user", "alice", "--stage", "src")
+    assert code == 0 and out.startswith("== src ==")
+    code, out, _ = nebula("bob", "job", "list", "--user", "bob")
+    assert code == 0 and job_id not in out
+    assert [(e["user"], e["reason"]) for e in audit_events(config, "job.refused")] == [("bob", "not the owner")]
+    assert audit_events(config, "account.auth_failed")[-1]["purpose"] == "job.logs"
+    assert verify(config.ca / "audit.jsonl").ok
+
+
+def test_a_running_job_holds_its_addresses_and_only_its_owner_stops_it(site, tmp_path):
+    nebula, config = site
+    code, out, err = nebula("alice", "job", "submit", str(job_file(tmp_path / "long.toml", steps=100000)),
+                            "--user", "alice")
+    assert code == 0, err
+    job_id = submitted(out)
+    record = wait_state(config, job_id, ("running",))
+    code, _, err = nebula("bob", "job", "submit", str(job_file(tmp_path / "bob.toml", 5, data=None)), "--user", "bob")
+    assert code == 2 and f"address a/src/0 is held by job {job_id} (user alice, running)" in err
+    code, _, err = nebula("bob", "job", "stop", job_id, "--user", "bob")
+    assert code == 2 and "belongs to another user" in err
+    state = json.loads((Path(record["dir"]) / "status" / "supervisor.json").read_text())
+    pids = [pid for s in state["services"] for pid in s["pids"]] + [record["pid"]]
+    assert all(alive(pid) for pid in pids)  # bob's attempt changed nothing
+    code, out, err = nebula("alice", "job", "stop", job_id, "--user", "alice")
+    assert code == 0 and "stopped" in out, err
+    assert not [(pid, Path(f"/proc/{pid}/cmdline").read_bytes()) for pid in pids if alive(pid)]
+    code, out, _ = nebula("alice", "job", "list", "--user", "alice")
+    assert code == 0 and out.splitlines()[1].split()[:3] == [job_id, "alice", "stopped"]
+
+
+def test_a_job_without_a_grant_is_refused_at_submit_and_a_plain_path_is_not_allowed(site, tmp_path):
+    nebula, config = site
+    code, _, err = nebula("bob", "job", "submit", str(job_file(tmp_path / "j.toml", 4)), "--user", "bob")
+    assert code == 2 and "user:bob holds no grant on data set corpus" in err
+    code, _, err = nebula("alice", "job", "submit", str(job_file(tmp_path / "p.toml", 4, data=str(tmp_path))),
+                          "--user", "alice")
+    assert code == 2 and "a submitted job reads data only through a grant" in err
+    assert audit_events(config, "data.refused")[-1]["reason"] == "no grant"
+    assert not (config.run / "jobs").exists() or not any((config.run / "jobs").iterdir())
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
