@@ -433,12 +433,13 @@ def overlay_roots(targets: list[str]) -> list[Path]:
 
 
 def in_namespace(service: dict, argv: list[str], scratch: Path) -> list[str]:
-    """argv in a private mount namespace holding the service's bind mounts as compose declares them. The
-    directories they need are made in overlays kept on a tmpfs, so the host's own /etc, /opt, /var stay as
-    they are; `gateway` and `host.docker.internal` name this host, as the compose networks would."""
+    """argv in a private mount namespace holding the service's bind mounts as compose declares them, and its
+    read-only root with a tmpfs /tmp. The directories the mounts need are made in overlays kept on a tmpfs,
+    so the host's own /etc, /opt, /var stay as they are; `gateway` and `host.docker.internal` name this
+    host, as the compose networks would."""
     q = shlex.quote
-    steps = [f"mount -t tmpfs tmpfs {q(str(scratch))}"]
-    for k, root in enumerate(overlay_roots([v["target"] for v in service["volumes"]] + ["/etc/hosts"])):
+    steps, roots = [f"mount -t tmpfs tmpfs {q(str(scratch))}"], overlay_roots([v["target"] for v in service["volumes"]])
+    for k, root in enumerate(roots):
         up, work = scratch / f"up{k}", scratch / f"work{k}"
         steps += [f"mkdir {up} {work}",
                   f"mount -t overlay overlay -o lowerdir={root},upperdir={up},workdir={work} {root}"]
@@ -450,6 +451,9 @@ def in_namespace(service: dict, argv: list[str], scratch: Path) -> list[str]:
         steps.append(f"mkdir -p $(dirname {dst}) && touch {dst}" if is_file else f"mkdir -p {dst}")
         steps.append(f"mount --bind {src} {dst}")
         steps += [f"mount -o remount,bind,ro {dst}"] if vol.get("read_only") else []
+    if service.get("read_only"):  # the volumes above keep their own flags; /tmp hides the test's files last
+        steps += [f"mount -t tmpfs tmpfs {q(t.split(':')[0])}" for t in service.get("tmpfs", [])]
+        steps += [f"mount -o remount,bind,ro {r}" for r in ["/", *roots]]
     steps.append(f"cd /opt/nebula && exec {' '.join(map(q, argv))}")
     return ["unshare", "--mount", "--propagation", "private", "bash", "-ec", " && ".join(steps)]
 
@@ -469,8 +473,9 @@ def test_both_sites_train_in_namespaces_shaped_like_their_containers(tmp_path):
     cli, outs, procs = [sys.executable, "-m", "nebula.cli"], {}, {}
     for key, svc in services.items():
         outs[key] = (tmp_path / f"{key[0]}-{key[1]}.out").open("wb")
+        env = {**os.environ, **{k: v for k, v in svc.get("environment", {}).items() if v is not None}}
         procs[key] = subprocess.Popen(in_namespace(svc, cli + svc["command"], tmp_path / "scratch"),
-                                      stdout=outs[key], stderr=subprocess.STDOUT)
+                                      stdout=outs[key], stderr=subprocess.STDOUT, env=env)
     try:
         healthy, deadline = set(), time.monotonic() + 300
         while stage_states(envs) != {"encoder": "done", "decoder": "done"} or len(healthy) < len(services):
