@@ -137,7 +137,8 @@ class AuditLog:
                 record, line = self._next(event, fields)
                 if 0 < self._end and self._end + len(line) > self.max_bytes:
                     fd = self._rotate(fd)
-                    record, line = self._next(event, fields)  # another process may have written first
+                    self._catch_up(fd)  # normally the archive's last record; another process may have written
+                    record, line = self._next(event, fields)
                 os.write(fd, line)
                 self._end += len(line)
                 self._seq, self._hash = record["seq"], record["hash"]
@@ -180,13 +181,12 @@ class AuditLog:
         os.fsync(fd)
         numbers = [number for number, _ in archives(self.path)]
         os.rename(self.path, archive_path(self.path, max(numbers, default=0) + 1))
-        self._fd = None
-        fresh = self._descriptor()
+        fresh = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         fcntl.flock(fresh, fcntl.LOCK_EX)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+        self._fd, self._end = fresh, -1
         _fsync_dir(self.path.parent)  # the rename and the new name survive a power loss
-        self._catch_up(fresh)
         return fresh
 
     def _catch_up(self, fd: int) -> None:
