@@ -115,6 +115,7 @@ def submit(site: Site, job_file: Path, user: str, secret: str, cert_days: float 
     Accounts(site.ca).authenticate(user, secret, "job.submit")
     job_file = Path(job_file)
     job = load_job(job_file)
+    text = job_file.read_bytes()  # what is hashed is what is copied, and so what runs
     stages = _stages_here(site, job, job_file)
     _check_data(site, job, user)
     with _jobs_lock(site):
@@ -122,12 +123,12 @@ def submit(site: Site, job_file: Path, user: str, secret: str, cert_days: float 
         directory = _new_workspace(site)
         record = {"id": directory.name, "owner": user, "site": site.config.name, "dir": str(directory),
                   "submitted": time.time(), "state": "starting", "pid": None, "job_file": str(job_file.resolve()),
-                  "config_sha256": hashlib.sha256(job_file.read_bytes()).hexdigest(),
+                  "config_sha256": hashlib.sha256(text).hexdigest(),
                   "code_sha256": _code_hash(job, stages), "stages": stages, "serials": []}
         with record_file(directory).update() as entries:
             entries.update(record)
     try:
-        _prepare(site, directory, job_file, stages, cert_days)
+        _prepare(site, directory, text, stages, cert_days)
         audit(site.ca, "job.submitted", **{k: v for k, v in record_file(directory).read().items()
                                            if k in ("id", "owner", "config_sha256", "code_sha256", "stages",
                                                     "serials", "cert_not_after")})
@@ -210,7 +211,7 @@ def _code_hash(job: Any, stages: dict[str, str]) -> str:
     return digest.hexdigest()
 
 
-def _prepare(site: Site, directory: Path, job_file: Path, stages: dict[str, str], cert_days: float) -> None:
+def _prepare(site: Site, directory: Path, text: bytes, stages: dict[str, str], cert_days: float) -> None:
     """The job file, a certificate and credential directory per stage, and the job's site config."""
     import tomllib
 
@@ -218,10 +219,11 @@ def _prepare(site: Site, directory: Path, job_file: Path, stages: dict[str, str]
     from nebula.security.keystore import SiteKeyStore
     from nebula.transport.config import write_site_config
 
-    (directory / "job.toml").write_bytes(job_file.read_bytes())
+    (directory / "job.toml").write_bytes(text)
     store = SiteKeyStore(site.ca)
     for address in stages.values():
         out = directory / "credentials" / address_filename(address)
+        out.mkdir(parents=True, mode=0o700)
         cert = store.issue(address, "stage", cert_days, key_dir=out / "keys")
         with record_file(directory).update() as record:
             record["serials"].append(cert.serial)
@@ -280,7 +282,7 @@ def owned(site: Site, job_id: str, user: str, secret: str, action: str) -> dict:
 
 def stop(site: Site, job_id: str, user: str, secret: str, timeout: float = 20.0) -> dict:
     record = owned(site, job_id, user, secret, "stop")
-    if record["state"] not in ACTIVE:
+    if record["state"] not in (*ACTIVE, "lost"):  # lost: its stages may be left, its certificates valid
         raise ConfigError(f"job {job_id} is {record['state']} already; nothing to stop")
     audit(site.ca, "job.stop", id=job_id, user=user)
     if supervising(record):
@@ -288,27 +290,32 @@ def stop(site: Site, job_id: str, user: str, secret: str, timeout: float = 20.0)
         deadline = time.monotonic() + timeout
         while supervising(record) and time.monotonic() < deadline:
             time.sleep(0.05)
-    if supervising(record):
-        _kill_all(Path(record["dir"]), record["pid"])
     directory = Path(record["dir"])
+    if supervising(record) or record["state"] == "lost":
+        _kill_all(directory, record["pid"])
     if record_file(directory).read()["state"] in ACTIVE:
         _finish(site, directory, "stopped", "stopped by its owner")
     return record_file(directory).read()
 
 
-def _kill_all(directory: Path, pid: int) -> None:
-    """A supervisor that ignored SIGTERM: kill it and every stage process group it started."""
-    groups = [pid]
+def _kill_all(directory: Path, pid: int | None) -> None:
+    """A supervisor that ignored SIGTERM, or died: kill it and every stage process group it started
+    that is still this job's (a pid reused since by another program is left alone)."""
+    groups = [pid] if pid else []
     try:
         state = json.loads((directory / "status" / "supervisor.json").read_text())
         groups += [p for s in state["services"] for p in s["pids"]]
     except (OSError, ValueError, KeyError):
         pass
+    marks = (str(directory).encode(), f"NEBULA_JOB_ID={directory.name}".encode())
     for group in groups:
         try:
-            os.killpg(group, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+            seen = [*Path(f"/proc/{group}/cmdline").read_bytes().split(b"\0"),
+                    *Path(f"/proc/{group}/environ").read_bytes().split(b"\0")]
+            if any(mark in seen for mark in marks):
+                os.killpg(group, signal.SIGKILL)
+        except OSError:
+            pass  # gone already
 
 
 def logs(site: Site, job_id: str, user: str, secret: str, stage: str | None = None, lines: int = 40) -> str:
@@ -357,12 +364,14 @@ def run_job(directory: Path) -> int:
     stopping: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda number, _: stopping.append(number))
+    with record_file(directory).update() as entries:
+        entries["pid"] = os.getpid()  # before any stage starts: `nebula job stop` reaches it from now on
     state, why = "failed", "the supervisor failed"
     try:
         for service in services:
             supervisor.start(service)
         with record_file(directory).update() as entries:
-            entries.update(state="running", pid=os.getpid())
+            entries["state"] = "running"
         print(f"job {record['id']}: {', '.join(s.name for s in services)} started", flush=True)
         ended: dict[str, str] = {}
         while not stopping:

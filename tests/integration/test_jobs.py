@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import stat
 import time
 from pathlib import Path
@@ -141,6 +142,28 @@ def test_a_running_job_holds_its_addresses_and_only_its_owner_stops_it(site, tmp
     assert not [(pid, Path(f"/proc/{pid}/cmdline").read_bytes()) for pid in pids if alive(pid)]
     code, out, _ = nebula("alice", "job", "list", "--user", "alice")
     assert code == 0 and out.splitlines()[1].split()[:3] == [job_id, "alice", "stopped"]
+
+
+def test_a_job_whose_supervisor_was_killed_is_lost_and_stop_still_cleans_up(site, tmp_path):
+    nebula, config = site
+    code, out, err = nebula("alice", "job", "submit", str(job_file(tmp_path / "long.toml", steps=100000)),
+                            "--user", "alice")
+    assert code == 0, err
+    record = wait_state(config, submitted(out), ("running",))
+    state = json.loads((Path(record["dir"]) / "status" / "supervisor.json").read_text())
+    stages = [pid for s in state["services"] for pid in s["pids"]]
+    os.kill(record["pid"], signal.SIGKILL)  # the stages go on, orphaned, with valid certificates
+    while alive(record["pid"]):
+        time.sleep(0.05)
+    code, out, _ = nebula("alice", "job", "list", "--user", "alice")
+    assert code == 0 and out.splitlines()[1].split()[2] == "lost" and all(alive(pid) for pid in stages)
+    code, out, err = nebula("alice", "job", "stop", record["id"], "--user", "alice")
+    assert code == 0 and "stopped" in out, err
+    deadline = time.monotonic() + 5
+    while any(alive(pid) for pid in stages) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in stages)
+    assert set(record["serials"]) <= set(SiteKeyStore(config.ca).crl().revoked)
 
 
 def test_a_job_without_a_grant_is_refused_at_submit_and_a_plain_path_is_not_allowed(site, tmp_path):
