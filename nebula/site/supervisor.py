@@ -110,10 +110,12 @@ class Supervisor:
                 code = s.failed()
                 if code is not None:
                     self._kill(s)  # the other ranks of a failed stage go with it
+                    _record_exit(s, code)
                     self._failed(s, code)
                     changed = True
                 elif s.finished():
                     s.state, s.exit_code, changed = "done", 0, True
+                    _record_exit(s, 0)
         if changed:
             self.save()
 
@@ -145,6 +147,7 @@ class Supervisor:
                 _signal_group(proc.pid, signal.SIGKILL)  # children the service left in its group
             if s.state in ("running", "backoff"):
                 s.state = "stopped"
+                _record_exit(s, s.proc.returncode if s.proc else 0, asked_to_stop=True)
         self.save()
 
     def save(self) -> None:
@@ -159,6 +162,14 @@ class Supervisor:
             if proc.poll() is None:
                 _signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def _record_exit(service: Service, code: int, asked_to_stop: bool = False) -> None:
+    """A service killed by a signal cannot write its own final state: the status file gets it here."""
+    path = service.env.get("NEBULA_STATUS_FILE")
+    if path:
+        from nebula.observe.status import record_exit
+        record_exit(path, code, asked_to_stop)
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -69,8 +69,12 @@ def test_two_operators_bring_up_a_job_watch_it_and_stop_it_cleanly(two_sites):
     # The job runs to its end at both sites; the gateways keep running.
     wait_for(lambda: service(a, "encoder")["state"] == "done" and service(b, "decoder")["state"] == "done",
              timeout=240, what="the tiny job to finish at both sites")
-    gateway = service(a, "gateway")
+    gateway, encoder = service(a, "gateway"), service(a, "encoder")
     assert gateway["state"] == "running" and gateway["restarts"] == 0 and gateway["uptime"] > 0
+    assert encoder["step"] == 8 and encoder["step_s"] > 0  # what the stage reported in its status file
+    assert encoder["bytes_out"] > 0 and encoder["bytes_in"] > 0  # activations out, gradients back
+    assert service(b, "decoder")["loss"] > 0  # the decoder holds the loss
+    assert (service(a, "gateway")["bytes_out"] or 0) > 0
     assert (a.parent / "run" / "encoder" / "checkpoints").is_dir()
     table = nebula("site", "status", a).stdout
     assert re.search(r"encoder\s+done", table) and re.search(r"gateway\s+running", table)
