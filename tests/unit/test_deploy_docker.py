@@ -6,6 +6,7 @@ check is a function returning the problems it finds, and a mutated project shows
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import importlib.util
 import json
@@ -191,6 +192,25 @@ def test_the_two_sites_dial_each_other_on_their_published_ports(projects):
         published = projects[other]["services"]["gateway"]["ports"][0]["published"]
         assert container_site(site)["peers"][other]["endpoint"].endswith(f":{published}")
         assert "host.docker.internal=host-gateway" in projects[site]["services"]["gateway"]["extra_hosts"]
+
+
+def test_compose_variables_and_container_environment_stay_clear_of_the_cli_options(projects):
+    """The CLI takes every option --foo-bar from NEBULA_FOO_BAR. The compose files' own variables must never be
+    one of those (an operator's shell exports them), and the containers set none: each would reach every
+    nebula process inside, the healthcheck included (NEBULA_SITE_CONFIG would make its TARGET an address)."""
+    from nebula import cli
+
+    options, parsers = set(), [cli.build_parser()]
+    while parsers:
+        for action in parsers.pop()._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers += action.choices.values()
+            options.add(cli.env_name(action))
+    used = {name for site in SITES for name in re.findall(r"\$\{(\w+)", (COMPOSE / f"site-{site}.yaml").read_text())}
+    assert used and all(name.startswith("NEBULA_COMPOSE_") for name in used) and not used & options
+    for site in SITES:
+        for service in projects[site]["services"].values():
+            assert not [k for k in service.get("environment", {}) if k.startswith("NEBULA_")], service["environment"]
 
 
 # -- every check bites ------------------------------------------------------------------------------------------
@@ -397,17 +417,19 @@ def prepare_sites(root: Path) -> dict[str, dict[str, str]]:
         (root / "runs" / site / "audit").mkdir(parents=True)
     for site, other in (("a", "b"), ("b", "a")):
         nebula_cli("site", "trust", root / site / "site.toml", root / other / lines[other][0], *lines[other][1:])
-    return {site: {"NEBULA_CREDENTIALS": str(root / site / "credentials"), "NEBULA_RUN": str(root / "runs" / site),
-                   "NEBULA_AUDIT": str(root / "runs" / site / "audit"), "NEBULA_JOBS": str(jobs),
-                   "NEBULA_DATA": str(REPO / "tests" / "e2e" / "data"),
-                   "NEBULA_UID": str(os.getuid()), "NEBULA_GID": str(os.getgid())} for site in SITES}
+    return {site: {"NEBULA_COMPOSE_CREDENTIALS": str(root / site / "credentials"),
+                   "NEBULA_COMPOSE_RUN": str(root / "runs" / site),
+                   "NEBULA_COMPOSE_AUDIT": str(root / "runs" / site / "audit"),
+                   "NEBULA_COMPOSE_JOBS": str(jobs), "NEBULA_COMPOSE_DATA": str(REPO / "tests" / "e2e" / "data"),
+                   "NEBULA_COMPOSE_UID": str(os.getuid()), "NEBULA_COMPOSE_GID": str(os.getgid())}
+            for site in SITES}
 
 
 def stage_states(envs: dict[str, dict[str, str]]) -> dict[str, str]:
     states = {}
     for site, stage in SITES.items():
         try:
-            status = Path(envs[site]["NEBULA_RUN"]) / "status" / f"{stage}.json"
+            status = Path(envs[site]["NEBULA_COMPOSE_RUN"]) / "status" / f"{stage}.json"
             states[stage] = json.loads(status.read_text())["state"]
         except (OSError, ValueError, KeyError):
             states[stage] = "absent"
@@ -493,9 +515,9 @@ def test_both_sites_train_in_namespaces_shaped_like_their_containers(tmp_path):
         for out in outs.values():
             out.close()
     assert set(codes.values()) == {0}, codes
-    assert (Path(envs["a"]["NEBULA_RUN"]) / "encoder" / "checkpoints").is_dir()
-    assert (Path(envs["a"]["NEBULA_AUDIT"]) / "gateway.jsonl").stat().st_size > 0
-    assert not list(Path(envs["a"]["NEBULA_RUN"]).glob("supervisor*.pid"))
+    assert (Path(envs["a"]["NEBULA_COMPOSE_RUN"]) / "encoder" / "checkpoints").is_dir()
+    assert (Path(envs["a"]["NEBULA_COMPOSE_AUDIT"]) / "gateway.jsonl").stat().st_size > 0
+    assert not list(Path(envs["a"]["NEBULA_COMPOSE_RUN"]).glob("supervisor*.pid"))
 
 
 @pytest.mark.slow
@@ -521,4 +543,4 @@ def test_both_sites_train_under_docker_compose(tmp_path):
         for site in SITES:
             subprocess.run(compose + [str(COMPOSE / f"site-{site}.yaml"), "down", "--timeout", "60"],
                            env=compose_env(envs[site]), capture_output=True, timeout=300)
-    assert (Path(envs["a"]["NEBULA_RUN"]) / "encoder" / "checkpoints").is_dir()
+    assert (Path(envs["a"]["NEBULA_COMPOSE_RUN"]) / "encoder" / "checkpoints").is_dir()
