@@ -86,29 +86,35 @@ def _up_by(path: Path, pid: int) -> bool:
 
 
 def _down(args) -> int:
-    from nebula.site.site import alive, pid_file, read_pid, state_file
+    """SIGTERM each supervisor of the site (one, or one per service started with --service); what is
+    left after --timeout is killed, the services' process groups included: no orphan stays."""
+    import os
+
+    from nebula.site.site import alive, read_pid
     from nebula.transport.config import load_site_config
 
     site = load_site_config(args.config)
-    pid = read_pid(pid_file(site))
-    if pid is None or not alive(pid):
+    supervisors = {path: read_pid(path) for path in sorted(site.run.glob("supervisor*.pid"))}
+    running = {path: pid for path, pid in supervisors.items() if pid is not None and alive(pid)}
+    if not running:
         print(f"site {site.name} is not up")
         return 0
-    import os
-    os.kill(pid, signal.SIGTERM)
+    for pid in running.values():
+        os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
-    while alive(pid) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in running.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    if alive(pid):
-        os.kill(pid, signal.SIGKILL)
-    left = [p for s in _read(state_file(site)).get("services", []) for p in s.get("pids", []) if alive(p)]
-    for p in left:  # the supervisor died before its services: no orphan stays behind
+    left = [pid for pid in running.values() if alive(pid)]
+    states = [r for f in (site.run / "status").glob("supervisor*.json") for r in _read(f).get("services", [])]
+    left += [p for s in states for p in s.get("pids", []) if alive(p)]
+    for pid in left:  # a supervisor that did not stop in time, or services it left behind
         try:
-            os.killpg(p, signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    pid_file(site).unlink(missing_ok=True)
-    print(f"site {site.name} down" + (f" ({len(left)} orphan process(es) killed)" if left else ""))
+    for path in running:
+        path.unlink(missing_ok=True)
+    print(f"site {site.name} down" + (f" ({len(left)} process(es) killed after {args.timeout:.0f} s)" if left else ""))
     return 0
 
 

@@ -134,19 +134,30 @@ def _refresh(site: SiteConfig) -> None:
 
 
 def claim_pid_file(path: Path) -> None:
-    """One supervisor per site: refuse when the pid file names a live process."""
+    """One supervisor per site: refuse when the pid file names a live process that is the one that
+    wrote it (same pid and start time). A file left by a killed supervisor is stale even when the
+    pid came back, as it does for PID 1 in a restarted container."""
     pid = read_pid(path)
-    if pid is not None and alive(pid):
+    if pid is not None and pid != os.getpid() and alive(pid):
         raise ConfigError(f"the site is already up (supervisor pid {pid}, {path}); `nebula site down` first")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{os.getpid()}\n")
+    path.write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
 
 
 def read_pid(path: Path) -> int | None:
+    """The pid in a pid file if that process is still the one that wrote it, else None."""
     try:
-        return int(path.read_text().strip())
+        pid, started = path.read_text().split()
+        return int(pid) if _start_time(int(pid)) == started else None
     except (OSError, ValueError):
         return None
+
+
+def _start_time(pid: int) -> str:
+    try:  # field 22 of /proc/PID/stat: start time in clock ticks since boot
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return "?"
 
 
 def alive(pid: int) -> bool:

@@ -9,19 +9,27 @@ import json
 import time
 from pathlib import Path
 
-from nebula.site.site import alive, pid_file, read_pid, state_file
+from nebula.site.site import alive, pid_file, read_pid
 from nebula.transport.config import SiteConfig
 
+STALE_S = 10.0  # a status file not rewritten for this long (services rewrite theirs every 2 s) is stale
 COLUMNS = ("service", "state", "pid", "uptime", "restarts", "bytes_in", "bytes_out", "step", "loss", "step_s")
 
 
 def site_status(site: SiteConfig) -> dict:
+    """The supervisor's record of each service (one supervisor for the site, or one per service as
+    in containers: status/supervisor.<service>.json) joined with the service's own status file. When
+    no supervisor of this host is alive (containers: other pid namespaces), a fresh status file says
+    the service's state."""
     pid = read_pid(pid_file(site))
     up = pid is not None and alive(pid)
+    records = [r for f in sorted((site.run / "status").glob("supervisor*.json")) for r in _read(f).get("services", [])]
     services = []
-    for s in _read(state_file(site)).get("services", []):
+    for s in records:
         reported = _read(site.run / "status" / f"{s['name']}.json")
-        state = s["state"] if up or s["state"] in ("done", "failed") else "down"
+        fresh = time.time() - reported.get("updated", 0) < STALE_S
+        state = (s["state"] if up or s["state"] in ("done", "failed")
+                 else reported.get("state", "down") if fresh else "down")
         services.append({
             "service": s["name"], "state": state, "pid": s["pid"] if state == "running" else None,
             "uptime": time.time() - s["started"] if state == "running" else None, "restarts": s["restarts"],
