@@ -12,7 +12,9 @@ stop before it opens a socket.
 """
 from __future__ import annotations
 
+import json
 import os
+import time
 from pathlib import Path
 
 from nebula.errors import ConfigError
@@ -20,6 +22,7 @@ from nebula.security.certs import address_filename, parse_address
 from nebula.security.keyfile import SECRET_MODE, write_atomic
 
 _PUBLIC_DIRS = ("certs", "trust")
+EXPIRED_KEPT_S = 7 * 86400  # expired certificates stay this long (a refusal then says "expired")
 
 
 def bundle_service(ca_store: Path, address: str, out: Path) -> list[str]:
@@ -40,8 +43,8 @@ def bundle_service(ca_store: Path, address: str, out: Path) -> list[str]:
                           "from the CA's secret")
     out.mkdir(parents=True, exist_ok=True, mode=0o700)
     wanted = {"ca.pub": ca_store / "ca.pub", "crl.json": ca_store / "crl.json", f"keys/{key.name}": key}
-    for sub in _PUBLIC_DIRS:
-        wanted.update({f"{sub}/{p.name}": p for p in (ca_store / sub).glob("*.json")})
+    wanted.update({f"certs/{p.name}": p for p in (ca_store / "certs").glob("*.json") if not _long_expired(p)})
+    wanted.update({f"trust/{p.name}": p for p in (ca_store / "trust").glob("*.json")})
     changed = [name for name, src in sorted(wanted.items()) if _copy_if_changed(src, out / name)]
     for sub in (*_PUBLIC_DIRS, "keys"):
         for stale in (out / sub).glob("*"):
@@ -50,6 +53,15 @@ def bundle_service(ca_store: Path, address: str, out: Path) -> list[str]:
                 changed.append(f"{sub}/{stale.name} (removed)")
     refuse_ca_key(out)
     return changed
+
+
+def _long_expired(cert: Path) -> bool:
+    """A certificate past its end by more than a week: refused on expiry anyway, so the services stop
+    carrying it (a site that issues a job's certificates every day would otherwise ship them all)."""
+    try:
+        return json.loads(cert.read_text())["not_after"] < time.time() - EXPIRED_KEPT_S
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # unreadable: copied as it is, and the service's trust store says what is wrong
 
 
 def _copy_if_changed(src: Path, dst: Path) -> bool:
