@@ -1,0 +1,65 @@
+"""The shipped site configs load; every mistake in one names the file and the key and says how to fix it."""
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from nebula.errors import ConfigError
+from nebula.site.site import site_services
+from nebula.transport.config import load_site_config
+
+REPO = Path(__file__).resolve().parents[2]
+SITES = REPO / "deploy" / "sites"
+
+
+@pytest.mark.parametrize("name", ["a", "b", "template"])
+def test_the_shipped_site_configs_load(name):
+    site = load_site_config(SITES / f"{name}.toml")
+    assert site.ca is not None and site.credentials.is_absolute() and site.gateway.public
+    assert site.audit.is_relative_to(site.run) and site.metrics.port == 0
+
+
+def test_site_a_runs_its_gateway_and_the_encoder_with_metrics_ports_when_asked(tmp_path):
+    table = tomllib.loads((SITES / "a.toml").read_text())
+    table["metrics"] = {"port": 9400}
+    table["stages"]["job"] = str(SITES.parent / "jobs" / "abnet-es-en.toml")
+    path = tmp_path / "a.toml"
+    path.write_text(tomli_w.dumps(table))
+    services = site_services(load_site_config(path), path)
+    assert [(s.name, s.env["NEBULA_ADDRESS"], s.env["NEBULA_METRICS_PORT"]) for s in services] == [
+        ("gateway", "a/gateway/0", "9400"), ("encoder", "a/encoder/0", "9401")]
+    assert all(s.env["NEBULA_STATUS_FILE"].endswith(f"status/{s.name}.json") and s.restart for s in services)
+
+
+def _mistake(tmp_path, edit) -> str:
+    table = tomllib.loads((SITES / "a.toml").read_text())
+    table["stages"]["job"] = str(SITES.parent / "jobs" / "abnet-es-en.toml")
+    edit(table)
+    path = tmp_path / "a.toml"
+    path.write_text(tomli_w.dumps(table))
+    with pytest.raises(ConfigError) as info:
+        site_services(load_site_config(path), path)
+    return str(info.value)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t["site"].update(keys="keys/a"), "[site].keys: `keys` (a whole key store) is gone"),
+    (lambda t: t["site"].pop("credentials"), "[site]: `credentials` is required"),
+    (lambda t: t["site"].update(name="a/b"), "[site].name: site name 'a/b' must be letters"),
+    (lambda t: t["site"].update(data="data"), "[site].data: expected a list"),
+    (lambda t: t["gateway"].update(external="0.0.0.0:5600"), "[gateway].external: '0.0.0.0:5600' is not a ZeroMQ"),
+    (lambda t: t["gateway"].update(io_threads=0), "[gateway].io_threads: 0 must be >= 1"),
+    (lambda t: t["peers"].update(a={"endpoint": "tcp://x:1"}), "[peers.a] names this site itself"),
+    (lambda t: t["peers"]["b"].update(endpont="tcp://x:1"), "[peers.b]: unknown key 'endpont' (did you mean 'endpoint'?)"),
+    (lambda t: t["metrics"].update(port=70000), "[metrics].port: 70000 must be >= 0 and <= 65535"),
+    (lambda t: t.update(stage={"job": "x"}), "unknown table [stage]"),
+    (lambda t: t["stages"].update(run=["decoder"]), "stage decoder runs at site b (b/decoder/0), not at a"),
+    (lambda t: t["stages"].update(run=["encodr"]), "'encodr' is not a stage of"),
+    (lambda t: t["stages"].pop("job"), "[stages]: `run` names stages but no `job` says whose"),
+])
+def test_every_mistake_names_the_file_and_the_key(tmp_path, edit, message):
+    got = _mistake(tmp_path, edit)
+    assert str(tmp_path / "a.toml") in got and message in got
