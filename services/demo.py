@@ -110,11 +110,13 @@ def job_copy(source: Path, steps: int | None = None) -> dict[str, Any]:
     is ./data when installed) and [train].steps replaced by `steps` if given. The demo writes it into its
     run directory (write_job), so that every process it starts reads one job, wherever the file came from."""
     from nebula.runtime.job import load_job
+    from nebula.security.grants import PREFIX
     from nebula.shipped import data_dir
     load_job(source)  # a missing, unreadable or invalid file is refused here, naming what to fix
     raw = tomllib.loads(source.read_text())
-    if raw["job"].get("data"):
-        raw["job"]["data"] = str(data_dir(source, raw["job"]["data"]))
+    data = raw["job"].get("data")
+    if data and not data.startswith(PREFIX):  # a directory, not a data set read through a grant
+        raw["job"]["data"] = str(data_dir(source, data))
     if steps is not None:
         raw.setdefault("train", {})["steps"] = steps
     return raw

@@ -90,3 +90,6 @@ def test_a_file_is_no_run_dir(tmp_path):
 def test_the_job_copy_points_at_the_checkouts_data(tmp_path):
     raw = job_copy(shipped_jobs()["abnet-es-en"], steps=7)
     assert raw["job"]["data"] == str(ROOT / "data" / "es-en") and raw["train"]["steps"] == 7
+    granted = tmp_path / "granted.toml"  # a data set read through a grant is a name, not a directory
+    granted.write_text(shipped_jobs()["abnet-es-en"].read_text().replace('"../../data/es-en"', '"dataset:es-en"'))
+    assert job_copy(granted)["job"]["data"] == "dataset:es-en"
