@@ -13,7 +13,6 @@ from nebula.errors import ConfigError
 
 ENTRY_POINT_GROUP = "nebula.stages"
 _STAGES: dict[str, type] = {}
-_loaded_entry_points = False
 _lock = threading.RLock()
 
 
@@ -27,17 +26,18 @@ def register_stage(name: str):
     return decorate
 
 
-def _load_entry_points() -> None:
-    global _loaded_entry_points
+def _load_entry_point(name: str) -> None:
+    """Import the plugin that declares stage `name` (its module's @register_stage runs), and only that
+    one: a broken plugin fails the jobs that use it, not every job of the site."""
     with _lock:  # two stages resolved at once (one-site runs) must both see the loaded registry
-        if not _loaded_entry_points:
-            for ep in entry_points(group=ENTRY_POINT_GROUP):
-                try:
-                    ep.load()  # importing the module runs its @register_stage
-                except Exception as exc:  # noqa: BLE001 - any import failure of a plugin, named
-                    raise ConfigError(f"stage plugin {ep.name} ({ep.value}) cannot be imported: "
-                                      f"{type(exc).__name__}: {exc}") from exc
-            _loaded_entry_points = True
+        if name in _STAGES:
+            return
+        for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
+            try:
+                ep.load()
+            except Exception as exc:  # noqa: BLE001 - any import failure of a plugin, named
+                raise ConfigError(f"stage plugin {ep.name} ({ep.value}) cannot be imported: "
+                                  f"{type(exc).__name__}: {exc}") from exc
 
 
 def resolve_stage(impl: str) -> type:
@@ -50,9 +50,9 @@ def resolve_stage(impl: str) -> type:
         except (ImportError, AttributeError) as exc:
             raise ConfigError(f"stage impl {impl!r} cannot be imported: {exc}") from exc
     else:
-        _load_entry_points()
+        _load_entry_point(impl)
         if impl not in _STAGES:
-            raise ConfigError(f"unknown stage {impl!r}; registered: {', '.join(sorted(_STAGES)) or 'none'} "
+            raise ConfigError(f"unknown stage {impl!r}; registered: {', '.join(registered_stages()) or 'none'} "
                               "(or give 'package.module:Class')")
         cls = _STAGES[impl]
     if not (isinstance(cls, type) and issubclass(cls, Stage)):
@@ -61,5 +61,5 @@ def resolve_stage(impl: str) -> type:
 
 
 def registered_stages() -> list[str]:
-    _load_entry_points()
-    return sorted(_STAGES)
+    """Every stage name an installed package declares or this process registered (nothing imported)."""
+    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)} | set(_STAGES))

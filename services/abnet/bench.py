@@ -4,13 +4,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from nebula.shipped import deploy_dir  # the job files, in a checkout or a wheel
+
 HIDDEN = 384  # width of the boundary tensor H_E (multilingual-e5-small)
 QUICK_EVAL = 50
 
 
 class AbnetScenario:
-    job = ROOT / "deploy" / "jobs" / "abnet-es-en.toml"
+    job = deploy_dir() / "jobs" / "abnet-es-en.toml"
     quality_key = "bleu"
 
     def speed_job(self, raw: dict, work: Path, steps: int) -> dict:

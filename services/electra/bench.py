@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nebula.runtime.autoranks import scale_step
+from nebula.shipped import deploy_dir  # the job files, in a checkout or a wheel
 
-ROOT = Path(__file__).resolve().parents[2]
 # G as the job's; D deeper, so that its forward and backward cost what G's do (~0.17 s per micro-batch of
 # 16 x 64 here; at equal sizes D's is 0.6 x G's, which also samples from a 29k-way softmax at every masked
 # position): without the throttle, G and D are equally fast (Table 3), with it D is k times slower (Table 4)
@@ -76,8 +76,8 @@ class Config:
 
 
 class ElectraScenario:
-    job = ROOT / "deploy" / "jobs" / "electra.toml"
-    one_site_job = ROOT / "deploy" / "jobs" / "electra-one-site.toml"
+    job = deploy_dir() / "jobs" / "electra.toml"
+    one_site_job = deploy_dir() / "jobs" / "electra-one-site.toml"
 
     def add_arguments(self, group: argparse._ArgumentGroup) -> None:
         group.description = (
