@@ -46,7 +46,7 @@ def test_two_sites_exchange_trust_issue_list_revoke_and_audit(nebula, tmp_path):
 
     log = str(tmp_path / "keys" / "a" / "audit.jsonl")
     code, out, _ = nebula("audit", "verify", log)
-    assert code == 0 and out.startswith("ok: 5 records")  # ca_created, 2 issued, trusted, revoked
+    assert code == 0 and out.startswith(f"{log}: ok: 5 records")  # ca_created, 2 issued, trusted, revoked
     code, out, _ = nebula("audit", "show", log, "--tail", "1")
     assert code == 0 and "key.revoked" in out and len(out.splitlines()) == 1
 
