@@ -26,10 +26,19 @@ def demo(args) -> int:
     scores = run_demo(args.job or DEFAULT_JOB, args.run_dir, args.steps, args.hot_start)
     print(f"\ncross-site BLEU on {scores['n']} held-out test sentences: {scores['bleu']:.2f} "
           f"(sacrebleu, case-insensitive) in {scores['wall_s']:.0f} s")
-    for hyp, ref in scores.get("samples", [])[:3]:
-        print(f"  hyp: {hyp}\n  ref: {ref}")
+    # The references never left site b; the demo runs both sites here, so it reads them from b's workdir.
+    refs = _lines(args.run_dir / "decoder" / "test.ref")
+    for i, hyp in enumerate(scores.get("samples", [])[:3]):
+        print(f"  hyp: {hyp}\n  ref: {refs[i] if i < len(refs) else '(at site b)'}")
     print(f"loss curve: {args.run_dir / 'loss.png'}; logs: {args.run_dir / 'logs'}")
     return 0
+
+
+def _lines(path: Path) -> list[str]:
+    try:
+        return path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
 
 
 # `nebula demo [abnet]` (services/demo.py; the entry-point group nebula.demos)

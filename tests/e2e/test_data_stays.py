@@ -166,9 +166,6 @@ def test_no_token_ids_of_the_marker_cross_to_b(crossing):
     assert not leaks, f"site a sent token ids of its data to site b: {leaks[:10]}"
 
 
-@pytest.mark.xfail(strict=True, reason="known leak, reported: AbnetDecoder.score (services/abnet/stages.py) "
-                   "returns 5 [hypothesis, reference] samples, and the SCORES control carries them to the "
-                   "encoder at site a: reference lines of b's test.tgt cross")
 def test_no_line_of_site_b_data_crosses_to_a(crossing):
     leaks = found(crossing.sent["b"], text_needles(crossing.data, "b"))
     assert not leaks, f"site b sent its data to site a: {leaks[:10]}"

@@ -45,7 +45,7 @@ def test_job_completes_with_scores_ledgers_and_audited_transfers(tmp_path, start
     assert isinstance(scores["bleu"], float) and 0.0 <= scores["bleu"] <= 100.0
     hyps = (sites.run / "decoder" / "test.hyp").read_text().splitlines()  # kept at site b, with the refs
     refs = (sites.run / "decoder" / "test.ref").read_text().splitlines()
-    assert len(hyps) == len(refs) == 16 and scores["samples"][0] == [hyps[0], refs[0]]
+    assert len(hyps) == len(refs) == 16 and scores["samples"][0] == hyps[0]  # references stay at b
     assert not (sites.run / "encoder" / "test.ref").exists()
 
     sent = sum(r["sent"].get("encoder->decoder:forward", 0) for r in records(sites.run / "encoder" / "metrics.jsonl", "step"))
