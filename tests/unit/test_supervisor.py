@@ -1,0 +1,69 @@
+"""The supervisor with real processes: backoff that blocks no one, exit 3 never retried, nothing left behind."""
+from __future__ import annotations
+
+import sys
+import time
+
+import pytest
+
+from nebula.errors import StageError
+from nebula.site.site import alive
+from nebula.site.supervisor import Service, Supervisor
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def run_until(supervisor: Supervisor, done, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, {s.name: s.describe() for s in supervisor.services.values()}
+        supervisor.poll()
+        time.sleep(0.02)
+
+
+def test_a_service_in_backoff_holds_up_no_other(tmp_path):
+    sup = Supervisor(strict=False, state_file=tmp_path / "state.json")
+    crasher = sup.start(Service("crasher", python("raise SystemExit(1)"), tmp_path / "crasher.log", restart=True))
+    run_until(sup, lambda: crasher.restarts == 3 and crasher.state == "backoff")  # the next wait is 4 s
+    worker = sup.start(Service("worker", python("import time; time.sleep(0.3)"), tmp_path / "worker.log"))
+    run_until(sup, lambda: worker.state == "done")
+    assert crasher.state == "backoff" and crasher.restarts == 3  # the worker finished inside the crasher's backoff
+    run_until(sup, lambda: crasher.restarts == 4)
+    assert '"restarts": 4' in (tmp_path / "state.json").read_text()
+    sup.stop()
+
+
+def test_exit_3_is_never_restarted_and_strict_mode_says_why(tmp_path):
+    lenient = Supervisor(strict=False)
+    s = lenient.start(Service("bad-config", python("raise SystemExit(3)"), tmp_path / "a.log", restart=True))
+    run_until(lenient, lambda: s.state == "failed")
+    assert (s.exit_code, s.restarts) == (3, 0)
+    strict = Supervisor()
+    strict.start(Service("bad-config", python("print('no such key'); raise SystemExit(3)"), tmp_path / "b.log",
+                         restart=True))
+    with pytest.raises(StageError, match=r"(?s)bad-config failed: a fix is needed first \(exit 3\).*no such key"):
+        run_until(strict, lambda: False, timeout=10)
+
+
+def test_ranks_fail_and_restart_together(tmp_path):
+    sup = Supervisor(strict=False)
+    code = "import os, time; time.sleep(0.2); raise SystemExit(1 if os.environ['RANK'] == '1' else 0)"
+    s = sup.start(Service("disc", python(code), tmp_path / "disc.log", restart=True, ranks=2))
+    first = [p.pid for p in s.procs]
+    run_until(sup, lambda: s.restarts == 1)
+    assert len(s.procs) == 2 and not {p.pid for p in s.procs} & set(first)
+    assert (tmp_path / "disc.rank1.log").exists()
+    sup.stop()
+
+
+def test_stop_leaves_no_process_behind(tmp_path):
+    sup = Supervisor()
+    code = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
+            " print(c.pid, flush=True); time.sleep(60)")
+    s = sup.start(Service("parent", python(code), tmp_path / "p.log"))
+    run_until(sup, lambda: (tmp_path / "p.log").read_text().strip() != "")
+    child = int((tmp_path / "p.log").read_text().split()[0])
+    sup.stop(timeout=5)
+    assert s.state == "stopped" and not alive(s.proc.pid) and not alive(child)
