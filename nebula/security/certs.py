@@ -19,6 +19,10 @@ from nebula.security.keys import curve_public_raw, fingerprint, verify_key_from_
 
 CERT_FORMAT = "nebula-cert/1"
 ROLES = ("gateway", "stage", "admin")
+# Stage names that denote a role: `a/gateway/7` reads as site a's gateway to every log, audit record
+# and operator, so only a certificate of that role may carry it (`ca` names no service at all). Compared
+# without case: `a/Gateway/7` misleads a reader as well.
+RESERVED_NAMES = ("gateway", "admin", "ca")
 _NAME = r"[A-Za-z0-9][A-Za-z0-9_-]*"
 _ADDRESS = re.compile(rf"({_NAME})/({_NAME})/(\d+)")
 
@@ -29,6 +33,23 @@ def parse_address(address: str) -> tuple[str, str, int]:
     if match is None:
         raise ConfigError(f"address {address!r} is not site/stage/rank (e.g. a/gateway/0, b/disc-sub/3)")
     return match.group(1), match.group(2), int(match.group(3))
+
+
+def role_name(address: str) -> str | None:
+    """The role an address's stage name denotes (`b/gateway/0` -> "gateway"), or None (also for a non-address)."""
+    match = _ADDRESS.fullmatch(address)
+    name = match.group(2).lower() if match else None
+    return name if name in RESERVED_NAMES else None
+
+
+def reserved_name_error(address: str, role: str) -> str | None:
+    """Why `address` may not be certified in `role` (its stage name denotes another role), or None."""
+    denoted = role_name(address)
+    if denoted is None or denoted == role:
+        return None
+    return (f"{address}: the stage name {address.split('/')[1]!r} is reserved ({', '.join(RESERVED_NAMES)}: "
+            f"names of roles) and this certificate's role is {role}; name the service after what it does, "
+            f"e.g. {address.split('/')[0]}/encoder/0")
 
 
 def check_site_name(site: str) -> str:
@@ -111,6 +132,9 @@ def issue_certificate(
         raise ConfigError(f"site {issuer_site!r} cannot issue a certificate for {address!r}: another site's address")
     if role not in ROLES:
         raise ConfigError(f"role {role!r} is not one of {', '.join(ROLES)}")
+    reserved = reserved_name_error(address, role)
+    if reserved:
+        raise ConfigError(f"cannot issue {reserved}")
     if not_after <= not_before:
         raise ConfigError(f"certificate would expire ({not_after}) before it starts ({not_before}); use --days > 0")
     unsigned = Certificate(

@@ -18,7 +18,8 @@ from zmq.utils import z85
 
 from nebula.errors import AuthError, ConfigError
 from nebula.security.bundle import Bundle, parse_bundle
-from nebula.security.certs import Certificate, address_filename, parse_address, verify_certificate
+from nebula.security.certs import (Certificate, address_filename, parse_address, reserved_name_error,
+                                   verify_certificate)
 from nebula.security.crl import RevocationList
 from nebula.security.keyfile import read_json
 from nebula.security.keys import curve_key_raw, curve_keypair
@@ -143,6 +144,9 @@ def _check_one(snapshot: TrustSnapshot, cert: Certificate, roles: set[str], now:
         raise AuthError(f"expired: {cert.address} serial {cert.serial} ended at {_when(cert.not_after)}; reissue it")
     if cert.role not in roles:
         raise AuthError(f"role {cert.role} not allowed here ({cert.address}; this socket admits {sorted(roles)})")
+    reserved = reserved_name_error(cert.address, cert.role)
+    if reserved:  # signed before names were reserved (issue refuses them now): it must not speak as a role
+        raise AuthError(f"reserved name: {reserved}")
     if sites is not None and cert.site not in sites:
         raise AuthError(f"site {cert.site} not allowed here ({cert.address}; this socket admits {sorted(sites)})")
 

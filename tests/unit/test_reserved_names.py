@@ -1,0 +1,78 @@
+"""Stage names that denote a role (issue 12, finding 4): refused when issued, and refused at admission
+even in a certificate signed before the names were reserved."""
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import time
+
+import pytest
+
+from nebula import cli
+from nebula.errors import AuthError, ConfigError
+from nebula.security.certs import RESERVED_NAMES, Certificate, address_filename, role_name
+from nebula.security.keyfile import write_json
+from nebula.security.keys import curve_public_raw, fingerprint, generate_identity
+from nebula.security.keystore import DAY, SiteKeyStore, write_signing_key
+from nebula.security.trust import TrustStore, check_peer
+
+
+def legacy_certificate(store: SiteKeyStore, address: str, role: str = "stage") -> Certificate:
+    """What `issue` wrote before names were reserved: signed by the site's CA, its key in the store."""
+    key, now = generate_identity(), int(time.time())
+    unsigned = Certificate(serial=secrets.randbits(63), address=address, role=role,
+                           identity_key=bytes(key.verify_key).hex(), curve_key=curve_public_raw(key.verify_key).hex(),
+                           not_before=now - 60, not_after=now + DAY, issuer_site=store.site,
+                           issuer_fingerprint=fingerprint(store.ca_public()))
+    cert = dataclasses.replace(unsigned, signature=store.ca_secret().sign(unsigned.signed_bytes()).signature.hex())
+    write_signing_key(store.dir / "keys" / f"{address_filename(address)}.key", key, address)
+    write_json(store.dir / "certs" / f"{address_filename(address)}.{cert.serial:016x}.json", cert.to_dict())
+    return cert
+
+
+@pytest.fixture
+def store(tmp_path) -> SiteKeyStore:
+    return SiteKeyStore.init(tmp_path, "a")
+
+
+@pytest.mark.parametrize("address, role", [
+    ("a/gateway/7", "stage"), ("a/Gateway/7", "stage"), ("a/GATEWAY/0", "stage"), ("a/admin/1", "stage"),
+    ("a/ca/0", "stage"), ("a/admin/0", "gateway"), ("a/gateway/1", "admin"), ("a/ca/0", "gateway"),
+])
+def test_issue_refuses_a_name_that_denotes_another_role(store, address, role):
+    with pytest.raises(ConfigError, match=r"reserved.*gateway, admin, ca"):
+        store.issue(address, role, days=1)
+    name = address_filename(address)
+    assert not list((store.dir / "certs").glob(f"{name}.*")) and not (store.dir / "keys" / f"{name}.key").exists()
+
+
+@pytest.mark.parametrize("address, role", [
+    ("a/gateway/0", "gateway"), ("a/gateway/1", "gateway"), ("a/admin/0", "admin"),
+    ("a/gateway-proxy/0", "stage"), ("a/gw/7", "stage"), ("a/encoder/0", "stage"),
+])
+def test_issue_accepts_role_names_in_their_own_role_and_every_other_name(store, address, role):
+    assert store.issue(address, role, days=1).address == address
+
+
+def test_the_keys_command_refuses_with_the_reason(store, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "COMMANDS", ["keys"])
+    code = cli.main(["keys", "issue", "a/gateway/7", "--role", "stage", "--days", "1", "--dir", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code != 0 and "a/gateway/7" in err and "reserved" in err
+
+
+def test_admission_refuses_a_role_named_stage_certificate_issued_before_the_rule(store):
+    store.issue("a/gateway/0", "gateway", days=1)
+    forged = legacy_certificate(store, "a/gateway/7")
+    trust = TrustStore.load(store.dir)
+    with pytest.raises(AuthError, match=r"^reserved name: a/gateway/7"):
+        check_peer(trust, forged.curve_key_raw, {"stage"}, sites={"a"})
+    gateway = next(c for c in store.certificates() if c.address == "a/gateway/0")
+    assert check_peer(trust, gateway.curve_key_raw, {"gateway"}).address == "a/gateway/0"
+
+
+def test_role_name_reads_the_stage_part_of_an_address():
+    assert set(RESERVED_NAMES) == {"gateway", "admin", "ca"}
+    assert role_name("b/gateway/0") == "gateway" and role_name("b/Admin/3") == "admin"
+    assert role_name("b/dec/0") is None and role_name("b/gateway-1/0") is None and role_name("garbage") is None
