@@ -164,9 +164,11 @@ def _stream(prefix: dict[str, list[str]], paths: dict[str, Path], size: int, cou
                     proc.wait()
 
 
-def _spawn(argv: list[str], log: Path, wait_for: str, timeout: float = 60.0) -> subprocess.Popen:
+def _spawn(argv: list[str], log: Path, wait_for: str, timeout: float = 60.0,
+           env: dict[str, str] | None = None) -> subprocess.Popen:
     with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2])
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2],
+                                env=env)
     deadline = time.monotonic() + timeout
     while wait_for not in log.read_text(errors="replace"):
         if proc.poll() is not None or time.monotonic() > deadline:

@@ -4,7 +4,9 @@ from __future__ import annotations
 import importlib
 
 BENCHMARKS = [
+    "chaos",
     "codecs",
+    "flood",
     "transport",
     "wan",
 ]

@@ -1,0 +1,303 @@
+"""`nebula bench flood`: what one stage holding a valid certificate can make its gateway write and hold.
+
+Two local sites, their gateways real processes with the site defaults, CURVE everywhere. One
+scenario at a time, each on fresh sites, for `--seconds` (default 20):
+
+- messages:   stage a/flood/0 sends TENSORS to b/sink/0 as fast as its socket takes them (a raw
+              socket: it ignores the reliable channel's window); b/sink/0 reads everything;
+- garbage:    it sends frames that are no envelope;
+- handshakes: strangers: clients with a fresh random CURVE key per connection, on a's stage port;
+- stalled:    it sends 256 KiB TENSORS to a/stall/0, a stage of its own site that never reads.
+
+Per scenario: what was sent, what each site's audit log grew by (records and bytes, from just after
+the gateways started to just after they stopped, so the summaries written at stop count), gateway
+a's status numbers (refusals, rate-limited, dropped, handshakes) and its resident memory (RSS).
+tests/integration/test_attack_flood.py runs the same scenarios for a few seconds against stated bounds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable
+
+import zmq
+
+SCENARIOS = ("messages", "garbage", "handshakes", "stalled")
+STAGES = ("a/flood/0", "a/stall/0", "b/sink/0")
+SMALL, LARGE = 64, 256 << 10  # tensor bytes of a flooding message; of one toward the stalled stage
+
+
+def register(sub) -> None:
+    parser = sub.add_parser("flood", help="audit growth and gateway memory under a flood from one stage")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each flood")
+    parser.add_argument("--only", choices=SCENARIOS, action="append", help="run this scenario (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print a JSON list, one object per scenario")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = []
+    if not args.json:
+        print(f"{'scenario':<12}{'sent':>9}{'audit a':>11}{'bytes a':>12}{'audit b':>9}{'bytes b':>11}"
+              f"{'limited':>9}{'dropped':>9}{'RSS MB':>8}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="nebula-flood-") as tmp:
+        for name in args.only or SCENARIOS:
+            rows.append(flood(name, Path(tmp) / name, args.seconds))
+            if not args.json:
+                _print_row(rows[-1])
+    if args.json:
+        print(json.dumps(rows, indent=1))
+    return 0
+
+
+def _print_row(row: dict) -> None:
+    a, b, status = row["audit"]["a"], row["audit"]["b"], row["status"]
+    print(f"{row['scenario']:<12}{row['sent']:>9}{a['records']:>11}{a['bytes']:>12}{b['records']:>9}"
+          f"{b['bytes']:>11}{sum(status.get('rate_limited', {}).values()):>9}"
+          f"{sum(status.get('dropped', {}).values()):>9}{row['rss_peak'] / 2**20:>8.0f}", flush=True)
+
+
+def flood(scenario: str, root: Path, seconds: float, extra_gateway: str = "",
+          stop_when: Callable[[int], bool] | None = None) -> dict[str, Any]:
+    """Run one scenario on fresh sites under `root`; `stop_when(growth of gateway a's RSS)` ends it early."""
+    with Sites(root, extra_gateway) as sites:
+        before = {site: audit_size(sites.audit(site)) for site in ("a", "b")}
+        peak = [sites.rss("a")]
+
+        def sample() -> bool:  # -> stop now
+            peak[0] = max(peak[0], sites.rss("a"))
+            return stop_when is not None and stop_when(peak[0] - row["rss_start"])
+
+        row = {"scenario": scenario, "seconds": seconds, "rss_start": peak[0]}
+        with zmq.Context() as ctx:
+            row.update(_FLOODS[scenario](ctx, sites, seconds, sample))
+        time.sleep(2.5)  # the gateway writes its status every 2 s: let it show the end of the flood
+        row["status"] = sites.status("a")
+        row["rss_end"] = sites.rss("a")
+        sites.stop()
+        row["rss_peak"] = peak[0]
+        row["audit"] = {site: {k: v - before[site][k] for k, v in audit_size(sites.audit(site)).items()}
+                        for site in ("a", "b")}
+        return row
+
+
+class Sites:
+    """Sites a and b under `root`, their gateways as processes writing status files."""
+
+    def __init__(self, root: Path, extra_gateway: str = "") -> None:
+        from nebula.site.supervisor import free_port
+        from nebula.transport.testbed import make_sites
+
+        root.mkdir(parents=True, exist_ok=True)
+        self.root = root
+        endpoints = {s: (f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}") for s in "ab"}
+        self.paths = make_sites(root, endpoints, list(STAGES), extra_gateway=f"stats_interval = 0\n{extra_gateway}")
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def __enter__(self) -> "Sites":
+        try:
+            for site in ("a", "b"):
+                self.procs[site] = _start_gateway(self.paths[site], self.root / f"gateway-{site}.log",
+                                                  self.root / f"status-{site}.json")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def config(self, site: str):
+        from nebula.transport.config import load_site_config
+        return load_site_config(self.paths[site])
+
+    def audit(self, site: str) -> Path:
+        return self.config(site).audit
+
+    def status(self, site: str) -> dict:
+        from nebula.observe.status import read_status
+        return read_status(self.root / f"status-{site}.json")
+
+    def rss(self, site: str) -> int:
+        return rss_bytes(self.procs[site].pid)
+
+    def stop(self) -> None:
+        """SIGTERM: each gateway writes its pending summaries and its `gateway.stopped` record."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _start_gateway(config: Path, log: Path, status: Path) -> subprocess.Popen:
+    from nebula.bench.transport import _spawn
+
+    return _spawn([sys.executable, "-m", "services.gateway.main", str(config)], log, wait_for=" up: internal",
+                  env={**os.environ, "NEBULA_STATUS_FILE": str(status)})
+
+
+def audit_size(path: Path) -> dict[str, int]:
+    """Records and bytes of an audit log series (its archives and live file)."""
+    from nebula.security.audit_series import series_files
+
+    files = series_files(path) if path.exists() else []
+    return {"records": sum(f.read_bytes().count(b"\n") for f in files), "bytes": sum(f.stat().st_size for f in files)}
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+# --- the flooding stage ------------------------------------------------------------------------------
+def stage_socket(ctx: zmq.Context, site, address: str, rcvhwm: int = 1000) -> zmq.Socket:
+    """A raw DEALER with `address`'s own certificate, connected to its gateway, handshake done."""
+    from nebula.security.trust import TrustStore, load_identity, peer_curve_key
+    from nebula.transport import sockets
+
+    credentials = site.credentials_for(address)
+    sock = sockets.client_socket(ctx, zmq.DEALER, load_identity(credentials, address),
+                                 peer_curve_key(TrustStore.load(credentials), site.gateway.address),
+                                 hwm=1000, routing_id=address)
+    sock.rcvhwm = rcvhwm
+    monitor = sock.get_monitor_socket(sockets.MONITORED)
+    try:
+        sock.connect(site.gateway.internal_connect)
+        sockets.await_handshake(monitor, address, site.gateway.internal_connect, timeout=10)
+    except BaseException:
+        sock.close(linger=0)
+        raise
+    finally:
+        sock.disable_monitor()
+        monitor.close(linger=0)
+    return sock
+
+
+def tensors_frames(src: str, dst: str, nbytes: int) -> list[Any]:
+    import torch
+
+    from nebula.wire import Kind, Message, TensorPayload, encode_message
+
+    data = torch.zeros(nbytes // 4, dtype=torch.float32)  # (nbytes/4,) float32
+    tensor = TensorPayload("hidden", "activation", "float32", tuple(data.shape), "none", b"", [data])
+    return encode_message(Message(kind=Kind.TENSORS, job="flood", src=src, dst=dst, tensors=[tensor]))
+
+
+def pump(sock: zmq.Socket, frames: list[Any], seconds: float, sample: Callable[[], bool]) -> dict[str, Any]:
+    """Send `frames` as fast as `sock` takes them for `seconds` (or until `sample()` says stop),
+    reading the replies; -> {"sent", "replies": {error code: count}}."""
+    from nebula.wire import parse_envelope
+
+    sent, replies, end, next_sample = 0, Counter(), time.monotonic() + seconds, 0.0
+    while time.monotonic() < end:
+        for _ in range(64):
+            try:
+                sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                sock.poll(5, zmq.POLLOUT)
+                break
+            sent += 1
+        while sock.poll(0):
+            reply = sock.recv_multipart(copy=False)
+            replies[parse_envelope(reply[0]).error.code or "none"] += 1
+        if time.monotonic() >= next_sample:
+            next_sample = time.monotonic() + 0.1
+            if sample():
+                break
+    return {"sent": sent, "replies": dict(replies)}
+
+
+def _messages(ctx, sites: Sites, seconds: float, sample) -> dict:
+    sink = stage_socket(ctx, sites.config("b"), "b/sink/0")
+    received, stop = [0], threading.Event()
+
+    def drain() -> None:
+        while not stop.is_set():
+            if sink.poll(50):
+                while True:
+                    try:
+                        sink.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    received[0] += 1
+
+    reader = threading.Thread(target=drain, name="flood-sink", daemon=True)
+    reader.start()
+    try:
+        with stage_socket(ctx, sites.config("a"), "a/flood/0") as sock:
+            result = pump(sock, tensors_frames("a/flood/0", "b/sink/0", SMALL), seconds, sample)
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        reader.join(5)
+        sink.close(linger=0)
+    return {**result, "received": received[0]}
+
+
+def _garbage(ctx, sites: Sites, seconds: float, sample) -> dict:
+    with stage_socket(ctx, sites.config("a"), "a/flood/0") as sock:
+        return pump(sock, [os.urandom(48)], seconds, sample)
+
+
+def _stalled(ctx, sites: Sites, seconds: float, sample) -> dict:
+    stalled = stage_socket(ctx, sites.config("a"), "a/stall/0", rcvhwm=16)  # connected, never reads
+    try:
+        with stage_socket(ctx, sites.config("a"), "a/flood/0") as sock:
+            return pump(sock, tensors_frames("a/flood/0", "a/stall/0", LARGE), seconds, sample)
+    finally:
+        stalled.close(linger=0)
+
+
+def _handshakes(ctx, sites: Sites, seconds: float, sample, parallel: int = 16) -> dict:
+    """Strangers: each connection a fresh CURVE key; -> {"sent": attempts, "refused": seen refused}."""
+    from nebula.security.trust import TrustStore, peer_curve_key
+
+    site = sites.config("a")
+    server_key = peer_curve_key(TrustStore.load(site.credentials_for("a/flood/0")), site.gateway.address)
+    pending: list[tuple[zmq.Socket, zmq.Socket, float]] = []
+    attempts, refused, end, next_sample = 0, 0, time.monotonic() + seconds, 0.0
+    while time.monotonic() < end or pending:
+        while len(pending) < parallel and time.monotonic() < end:
+            public, secret = zmq.curve_keypair()
+            sock = ctx.socket(zmq.DEALER)
+            sock.linger, sock.curve_publickey, sock.curve_secretkey = 0, public, secret
+            sock.curve_serverkey = server_key
+            monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_SUCCEEDED)
+            sock.connect(site.gateway.internal_connect)
+            pending.append((sock, monitor, time.monotonic() + 2.0))
+            attempts += 1
+        zmq.select([m for _, m, _ in pending], [], [], 0.01)
+        still = []
+        for sock, monitor, deadline in pending:
+            done = monitor.poll(0)
+            if done:
+                refused += monitor.recv_multipart()[0][:2] == zmq.EVENT_HANDSHAKE_FAILED_AUTH.to_bytes(2, "little")
+            if done or time.monotonic() > deadline:
+                sock.disable_monitor()
+                monitor.close(linger=0)
+                sock.close(linger=0)
+            else:
+                still.append((sock, monitor, deadline))
+        pending = still
+        if time.monotonic() >= next_sample:
+            next_sample = time.monotonic() + 0.1
+            sample()
+    return {"sent": attempts, "refused": refused}
+
+
+_FLOODS = {"messages": _messages, "garbage": _garbage, "handshakes": _handshakes, "stalled": _stalled}
