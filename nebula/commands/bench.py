@@ -4,7 +4,6 @@ from __future__ import annotations
 import importlib
 
 BENCHMARKS = [
-    "chaos",
     "codecs",
     "flood",
     "transport",
