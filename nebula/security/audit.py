@@ -11,10 +11,14 @@ tail if another process wrote since). Each record is one write(2) to an O_APPEND
 reaches the kernel at once (survives a crash of this process); fsync(2) is batched: at most one
 per `fsync_interval` seconds (0: every record, None: only on close).
 
-At production rates two things keep the log useful: `tally()` counts frequent routine messages
-(acks, heartbeats) into one summary record per key per `summary_interval` instead of one record
-each, and the file is rotated past `max_bytes`, the chain continuing in the next file
-(nebula.security.audit_series names them).
+At production rates, and under a flood, three things keep the log useful and its growth bounded:
+`tally()` counts frequent routine messages (acks, heartbeats) into one summary record per key per
+`summary_interval` instead of one record each; `repeated()` writes a security event that a peer can
+repeat at will (a refusal, a handshake) in full only the first `full_records` times per key and
+interval, and counts the rest into one summary record, so every decision stays accounted for; and
+the file is rotated past `max_bytes`, the chain continuing in the next file
+(nebula.security.audit_series names them). The keys counted per interval are bounded (`MAX_KEYS`):
+beyond, events share one key whose values are all `OTHER`.
 """
 from __future__ import annotations
 
@@ -24,7 +28,7 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -35,8 +39,16 @@ from nebula.security.canonical import canonical_json
 GENESIS = "0" * 64
 RESERVED = frozenset({"seq", "ts", "event", "prev", "hash"})
 SUMMARY_FIELDS = frozenset({"messages", "bytes", "first_ts", "last_ts"})
+REPEAT_FIELDS = frozenset({"recorded", "suppressed", "reasons", "distinct", "first_ts", "last_ts"})
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_SUMMARY_INTERVAL = 10.0
+DEFAULT_FULL_RECORDS = 5
+# Bounds on what one interval's counts hold (in memory, and in summary records at its end); the key
+# values of a flood (an address, a job id) may be an attacker's choice.
+MAX_KEYS = 1024  # keys per kind of count (tallies, repeats); later keys share the key of OTHER values
+MAX_REASONS = 8  # distinct reasons named in one summary; the rest are counted under OTHER
+MAX_DISTINCT = 256  # distinct values (e.g. keys of refused handshakes) counted per summary, at most
+OTHER = "(other)"
 
 
 def record_hash(record: dict) -> str:
@@ -44,16 +56,45 @@ def record_hash(record: dict) -> str:
     return hashlib.sha256(canonical_json(body)).hexdigest()
 
 
+@dataclass
+class _Repeats:
+    """One key's counts of a `repeated()` event within an interval."""
+
+    recorded: int = 0
+    suppressed: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+    distinct: set[str] = field(default_factory=set)
+    first_ts: float = 0.0
+    last_ts: float = 0.0
+
+    def count(self, reason: str, distinct: str | None, now: float) -> None:
+        self.suppressed += 1
+        self.first_ts, self.last_ts = self.first_ts or now, now
+        if reason not in self.reasons and len(self.reasons) >= MAX_REASONS:
+            reason = OTHER
+        self.reasons[reason] = self.reasons.get(reason, 0) + 1
+        if distinct is not None and len(self.distinct) < MAX_DISTINCT:
+            self.distinct.add(distinct)
+
+    def summary(self) -> dict:
+        return {"recorded": self.recorded, "suppressed": self.suppressed, "reasons": self.reasons,
+                "distinct": len(self.distinct), "first_ts": self.first_ts, "last_ts": self.last_ts}
+
+
 class AuditLog:
     """`path` is the live file; `max_bytes` its size limit before rotation (a single larger record
-    still goes in, alone); `summary_interval` the seconds one summary record of `tally()` covers."""
+    still goes in, alone); `summary_interval` the seconds one summary record of `tally()` or
+    `repeated()` covers; `full_records` how many of one key's `repeated()` events per interval are
+    written in full."""
 
     def __init__(self, path: str | os.PathLike, fsync_interval: float | None = 1.0,
-                 max_bytes: int = DEFAULT_MAX_BYTES, summary_interval: float = DEFAULT_SUMMARY_INTERVAL):
+                 max_bytes: int = DEFAULT_MAX_BYTES, summary_interval: float = DEFAULT_SUMMARY_INTERVAL,
+                 full_records: int = DEFAULT_FULL_RECORDS):
         self.path = Path(path)
         self.fsync_interval = fsync_interval
         self.max_bytes = _positive(max_bytes, "max_bytes", int)
         self.summary_interval = _positive(summary_interval, "summary_interval", (int, float))
+        self.full_records = _positive(full_records, "full_records", int)
         self._lock = threading.Lock()
         self._fd: int | None = None
         self._pid = 0
@@ -61,6 +102,7 @@ class AuditLog:
         self._seq, self._hash = 0, GENESIS
         self._last_fsync = time.monotonic()
         self._tallies: dict[tuple, list] = {}  # (event, key items) -> [messages, bytes, first_ts, last_ts]
+        self._repeats: dict[tuple, _Repeats] = {}  # (event, key items) -> this interval's counts
         self._tally_pid, self._tally_since = os.getpid(), 0.0
 
     def append(self, event: str, **fields: Any) -> dict:
@@ -72,15 +114,11 @@ class AuditLog:
     def tally(self, event: str, nbytes: int, **key: Any) -> None:
         """Count one message of `nbytes` under (event, key); `flush_summaries` writes one record per key:
         {event, **key, messages, bytes, first_ts, last_ts}. For routine traffic, never security events."""
-        now, slot = time.time(), (event, tuple(key.items()))
+        now = time.time()
         with self._lock:
-            if self._tally_pid != os.getpid():  # a forked child: the parent's counts are the parent's
-                self._tallies, self._tally_pid = {}, os.getpid()
+            slot = self._slot(self._tallies, event, key, RESERVED | SUMMARY_FIELDS)
             counts = self._tallies.get(slot)
             if counts is None:
-                _check(event, key, RESERVED | SUMMARY_FIELDS)
-                if not self._tallies:
-                    self._tally_since = time.monotonic()
                 self._tallies[slot] = [1, nbytes, now, now]
             else:
                 counts[0] += 1
@@ -90,18 +128,58 @@ class AuditLog:
         if due:
             self.flush_summaries(due_only=True)
 
+    def repeated(self, event: str, key: dict[str, Any], fields: dict[str, Any], reason: str,
+                 distinct: str | None = None) -> bool:
+        """A security event that a peer can repeat at will (a refusal, a handshake). The first
+        `full_records` per (event, key) and interval are appended in full, {**key, **fields}; the others
+        are counted into one `<event>.summary` record per key, written when the interval ends:
+        {**key, recorded (in full), suppressed (counted only), reasons: {reason: count} (MAX_REASONS,
+        then OTHER), distinct (values of `distinct` seen, up to MAX_DISTINCT), first_ts, last_ts} of the
+        suppressed ones. `reason` should name a kind of decision, not repeat the key. -> written in full."""
+        now = time.time()
+        with self._lock:
+            slot = self._slot(self._repeats, event, key, RESERVED | REPEAT_FIELDS)
+            counts = self._repeats.setdefault(slot, _Repeats())
+            full = counts.recorded < self.full_records
+            if full:
+                _check(event, fields, RESERVED)
+                self._write([(event, {**key, **fields})])
+                counts.recorded += 1
+            else:
+                counts.count(reason, distinct, now)
+            due = time.monotonic() - self._tally_since >= self.summary_interval
+        if due:
+            self.flush_summaries(due_only=True)
+        return full
+
+    def _slot(self, counts: dict, event: str, key: dict[str, Any], reserved: frozenset) -> tuple:
+        """Under the lock: the slot of (event, key) in `counts`, or, once MAX_KEYS are in use, the one
+        slot of OTHER values that later keys share. Starts the interval at its first count."""
+        if self._tally_pid != os.getpid():  # a forked child: the parent's counts are the parent's
+            self._tallies, self._repeats, self._tally_pid = {}, {}, os.getpid()
+        slot = (event, tuple(key.items()))
+        if slot not in counts:
+            _check(event, key, reserved)
+            if len(counts) >= MAX_KEYS:
+                slot = (event, tuple((name, OTHER) for name in key))
+            if not self._tallies and not self._repeats:
+                self._tally_since = time.monotonic()
+        return slot
+
     def flush_summaries(self, due_only: bool = False) -> int:
         """Write the pending summary records (with `due_only`, only once the oldest count is
         `summary_interval` old: call it from a loop); returns how many were written."""
         with self._lock:
-            if not self._tallies or self._tally_pid != os.getpid():
+            if not (self._tallies or self._repeats) or self._tally_pid != os.getpid():
                 return 0
             if due_only and time.monotonic() - self._tally_since < self.summary_interval:
                 return 0
-            tallies, self._tallies = self._tallies, {}
+            (tallies, self._tallies), (repeats, self._repeats) = (self._tallies, {}), (self._repeats, {})
             entries = [(event, {**dict(key), "messages": n, "bytes": b, "first_ts": first, "last_ts": last})
                        for (event, key), (n, b, first, last) in tallies.items()]
-            return len(self._write(entries))
+            entries += [(f"{event}.summary", {**dict(key), **counts.summary()})
+                        for (event, key), counts in repeats.items() if counts.suppressed]
+            return len(self._write(entries)) if entries else 0
 
     def head(self) -> tuple[int, str]:
         """(seq, hash) of the last record: keep it elsewhere to detect later removal of the tail."""
