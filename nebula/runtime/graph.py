@@ -95,6 +95,20 @@ class Graph:
     def reachable_sinks(self, origin: str) -> list[str]:
         return [s for s in self.sinks if self.paths(origin, s)]
 
+    def peers(self, stage: str) -> set[str]:
+        """The stages `stage` exchanges messages with, so the only ones its channel hears (a message
+        from any other is refused): the other ends of its links, the coordinator (which talks to
+        every stage), and the sources and sinks a path joins it to (a sink sends its inference
+        scores back to the source that asked)."""
+        if stage == self.coordinator:
+            return set(self.stages) - {stage}
+        found = {link.dst for link in self.out_links[stage]} | {link.src for link in self.in_links[stage]}
+        if stage in self.sources:
+            found |= set(self.reachable_sinks(stage))
+        if stage in self.sinks:
+            found |= {s for s in self.sources if self.paths(s, stage)}
+        return (found | {self.coordinator}) - {stage}
+
     def _topological(self) -> list[str]:
         indegree = {s: len(self.in_links[s]) for s in self.stages}
         order, ready = [], [s for s in self.stages if not indegree[s]]

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from nebula.config import build, check, limits
 from nebula.errors import ConfigError
 from nebula.runtime.graph import Graph, LinkConfig, check_ports
+from nebula.security.certs import reserved_name_error
 
 SCHEDULES = ("synchronous", "one-step-stale", "forward-only")
 DEFAULT_CREDIT = {"synchronous": 1, "one-step-stale": 2, "forward-only": 2}
@@ -191,6 +192,9 @@ def _check_addresses(configs: dict[str, StageConfig], where: str) -> None:
         if len(parts) != 3 or not all(parts) or parts[2] != "0":
             raise ConfigError(f"{where}: [stages.{name}].address: {stage.address!r} is not site/stage/0, e.g. "
                               f"'a/{name}/0' (rank 0 owns the stage's links; more ranks: ranks = N)")
+        reserved = reserved_name_error(stage.address, "stage")
+        if reserved:  # no certificate would be issued or admitted for it: say so before anything starts
+            raise ConfigError(f"{where}: [stages.{name}].address: {reserved}")
         if stage.address in seen:
             raise ConfigError(f"{where}: stages {seen[stage.address]} and {name} share the address {stage.address}")
         seen[stage.address] = name

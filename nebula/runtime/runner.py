@@ -467,9 +467,10 @@ class StageRunner(ResumeProtocol, InferencePasses):
 
     # -- failures --------------------------------------------------------------------------------------
     def report(self, exc: BaseException, timeout: float = 5.0) -> None:
-        """Best effort: tell every other stage why this one fails; it exits anyway."""
+        """Best effort: tell the stages it works with why this one fails (the only ones whose channels
+        take its messages); it exits anyway."""
         text = f"{type(exc).__name__}: {exc}"[:4000]
-        for member in self.members:
+        for member in sorted(self.graph.peers(self.name)):
             msg = Message(kind=Kind.ERROR, job=self.job.name, dst=self.addresses[member], error_code="stage",
                           error_message=text, step=self.step, generation=self.generation)
             try:

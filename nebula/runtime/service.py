@@ -94,7 +94,10 @@ def run_stage(job: Any, name: str, workdir: Path, site_path: Path, quiet: bool =
             ranks.serve()
             return
     try:
-        with open_channel(site, config.address) as opened, stage.context.metrics.watching(opened) as channel:
+        # Only the stages it works with may write to it: a stranger's message, or silence, never fails it.
+        peers = {job.stage(peer).address for peer in job.graph.peers(name)}
+        with open_channel(site, config.address, peers=peers) as opened, \
+                stage.context.metrics.watching(opened) as channel:
             runner = make_runner(job, name, stage, channel, ranks)
             try:
                 runner.run()

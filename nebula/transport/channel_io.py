@@ -4,6 +4,10 @@ It sends what user threads queued in the `Window`, applies ACKs, delivers incomi
 order and once (`RecvStream`), acknowledges them, answers pings, pings its gateway and peers, goes
 back N on a stall or when asked, and declares the gateway or a peer dead after a silence.
 User threads wake it through a pipe (a zmq socket must not be shared between threads).
+
+Given the set of peers its job links it with, it refuses (drops, unanswered and unwatched) what
+anyone else sends, so a stranger's silence never fails it; an ERROR fails it only from an exact
+gateway address it was told (its own, and its site's peer gateways).
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from typing import Any
 import zmq
 
 from nebula.errors import RemoteError, TransportError, WireError
-from nebula.security.certs import parse_address
+from nebula.security.certs import role_name
 from nebula.transport import sockets
 from nebula.transport.streams import RecvStream, SendStream, Verdict
 from nebula.transport.window import Window
@@ -25,14 +29,20 @@ from nebula.wire import Kind, Message, decode_message, encode_message, with_base
 
 log = logging.getLogger("nebula.channel")
 RECV_BATCH = 64  # messages handled per poll round before timers and ACKs get their turn
+REFUSAL_LOG_INTERVAL = 10.0  # seconds between log lines about one refused sender (they may write in a loop)
 
 
 class ChannelIO(threading.Thread):
     def __init__(self, address: str, gateway: str, sock: zmq.Socket, monitor: zmq.Socket,
-                 window: Window, inbox: queue.Queue) -> None:
+                 window: Window, inbox: queue.Queue, peers: frozenset[str] | None = None,
+                 gateways: frozenset[str] = frozenset()) -> None:
         super().__init__(name=f"nebula-io-{address}", daemon=True)
         self.address, self.gateway, self.sock, self.monitor = address, gateway, sock, monitor
         self.window, self.inbox, self.config = window, inbox, window.config
+        self.peers = peers  # None: anyone may write (tools, tests); else only these addresses
+        self.gateways = gateways | {gateway}  # exact addresses whose ERROR is a refusal of ours
+        # sender -> when its refusal was last logged; gateways admit one src per certificate, so it stays small
+        self.refusals_logged: dict[str, float] = {}
         self.recv_streams: dict[str, RecvStream] = {}
         self.heard: dict[str, float] = {}  # peer -> last time anything came from it (or first contact)
         self.acks_due: dict[str, tuple[int, bool]] = {}  # peer -> (epoch, ask it to go back)
@@ -42,7 +52,7 @@ class ChannelIO(threading.Thread):
         self.blocked = False  # the socket refused a send (HWM or no connection): wait for POLLOUT
         self.next_tick = self.last_ping = 0.0
         self.stats = {"sent": 0, "resent": 0, "delivered": 0, "duplicates": 0, "gaps": 0, "dropped_full": 0,
-                      "bad": 0, "disconnects": 0}
+                      "bad": 0, "disconnects": 0, "refused": 0}
 
     def wake(self) -> None:
         try:
@@ -152,19 +162,44 @@ class ChannelIO(threading.Thread):
                 self.stats["bad"] += 1
                 log.warning("%s: dropped a malformed message: %s", self.address, exc)
                 continue
+            if self._refused(msg):
+                continue
             if msg.src in self.heard:  # only peers we talk to are watched; see _on_data, _flush_outbox
                 self.heard[msg.src] = time.monotonic()
             self._on_message(msg)
+
+    def _refused(self, msg: Message) -> bool:
+        """True for what this channel must not take: from a stranger (not one of its peers, when it has
+        a set) or an ERROR in a gateway's name from no gateway it knows. Dropped before anything else
+        sees it: no ACK, no pong, no liveness clock, nothing delivered; logged once per sender and interval
+        (the gateways' audit logs hold each cross-site message)."""
+        if msg.src == self.gateway or (msg.kind == Kind.ERROR and msg.src in self.gateways):
+            return False
+        if self.peers is None:
+            if msg.kind != Kind.ERROR or role_name(msg.src) is None:
+                return False
+            why = "an ERROR in the name of a gateway this channel does not know"
+        elif msg.src in self.peers:
+            return False
+        else:
+            why = f"a {msg.kind.name} from a stage it has no link with in its job"
+        self.stats["refused"] += 1
+        now = time.monotonic()
+        if now - self.refusals_logged.get(msg.src, -REFUSAL_LOG_INTERVAL) >= REFUSAL_LOG_INTERVAL:
+            self.refusals_logged[msg.src] = now
+            log.warning("%s: refused %s: %s (%d refused so far; logged once per %.0f s per sender)",
+                        self.address, why, msg.src, self.stats["refused"], REFUSAL_LOG_INTERVAL)
+        return True
 
     def _on_message(self, msg: Message) -> None:
         if msg.kind == Kind.ACK:
             self._on_ack(msg)
         elif msg.kind == Kind.HEARTBEAT:
             self._on_heartbeat(msg)
-        elif msg.kind == Kind.ERROR and _is_gateway(msg.src):
+        elif msg.kind == Kind.ERROR and msg.src in self.gateways:
             self._on_gateway_error(msg)
         else:
-            self._on_data(msg)
+            self._on_data(msg)  # a stage's ERROR is data: sequenced, and raised by the application
 
     def _on_ack(self, msg: Message) -> None:
         stream = self.window.streams.get(msg.src)
@@ -268,10 +303,3 @@ class ChannelIO(threading.Thread):
                 dead[peer] = (f"peer {peer} has not answered for {silent:.1f} s (peer_timeout "
                               f"{self.config.peer_timeout} s); is it running and reachable?")
         return dead
-
-
-def _is_gateway(address: str) -> bool:
-    try:
-        return parse_address(address)[1] == "gateway"
-    except Exception:
-        return False

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import queue
 import time
+from typing import Iterable
 
 import zmq
 
@@ -31,9 +32,15 @@ POLL_SLICE = 0.1  # recv() re-checks for a dead gateway or peer this often while
 
 
 class ReliableChannel(Channel):
+    """`peers`: the only addresses it sends to and takes messages from (a job's stage: those it has
+    links with); None: anyone (tools, tests). `peer_gateways`: the other sites' gateway addresses, whose
+    ERRORs (relayed by our gateway) are refusals of our messages, as our own gateway's are."""
+
     def __init__(self, identity: Identity, endpoint: str, gateway: str, gateway_key: bytes,
-                 config: ChannelConfig = ChannelConfig()) -> None:
+                 config: ChannelConfig = ChannelConfig(), *, peers: Iterable[str] | None = None,
+                 peer_gateways: Iterable[str] = ()) -> None:
         self.address, self.gateway, self.config = identity.address, gateway, config
+        self.peers = None if peers is None else frozenset(peers)
         self._ctx = zmq.Context(io_threads=config.io_threads)
         self._window = Window(self.address, config)
         self._inbox: queue.Queue[Message] = queue.Queue(maxsize=config.inbox_messages)
@@ -43,7 +50,8 @@ class ReliableChannel(Channel):
         except BaseException:
             self._ctx.destroy(linger=0)
             raise
-        self._io = ChannelIO(self.address, gateway, sock, monitor, self._window, self._inbox)
+        self._io = ChannelIO(self.address, gateway, sock, monitor, self._window, self._inbox, self.peers,
+                             frozenset(peer_gateways))
         self._io.start()
 
     def _connect(self, identity: Identity, endpoint: str, gateway_key: bytes) -> tuple[zmq.Socket, zmq.Socket]:
@@ -65,6 +73,9 @@ class ReliableChannel(Channel):
         if self._closed:
             raise TransportError(f"channel {self.address} is closed")
         parse_address(msg.dst)
+        if self.peers is not None and msg.dst not in self.peers and msg.dst != self.gateway:
+            raise ConfigError(f"{self.address} has no link to {msg.dst} in its job, which would refuse the "
+                              f"message; its peers: {', '.join(sorted(self.peers)) or 'none'}")
         msg.src = self.address
 
         def encode(seq: int, epoch: int) -> list:
@@ -117,12 +128,14 @@ class ReliableChannel(Channel):
 
 
 def open_channel(site: SiteConfig, address: str, identity: Identity | None = None,
-                 config: ChannelConfig | None = None) -> ReliableChannel:
-    """The channel of the stage `address`, through its site's gateway, with its own credentials."""
+                 config: ChannelConfig | None = None, peers: Iterable[str] | None = None) -> ReliableChannel:
+    """The channel of the stage `address`, through its site's gateway, with its own credentials;
+    `peers`: the addresses its job links it with (None: anyone may write to it)."""
     if parse_address(address)[0] != site.name:
         raise ConfigError(f"{address} is not a service of site {site.name}: a stage only talks to its own gateway")
     credentials = site.credentials_for(address)
     identity = identity or load_identity(credentials, address)
     gateway_key = peer_curve_key(TrustStore.load(credentials), site.gateway.address)
     return ReliableChannel(identity, site.gateway.internal_connect, site.gateway.address, gateway_key,
-                           config or site.channel)
+                           config or site.channel, peers=peers,
+                           peer_gateways=[peer.address for peer in site.peers.values()])

@@ -11,12 +11,17 @@ from typing import Any
 
 from nebula._proto import nebula_pb2 as pb
 from nebula.errors import ConfigError, NebulaError, WireError
-from nebula.security.certs import parse_address
+from nebula.security.certs import parse_address, role_name
 from nebula.security.trust import TrustStore
-from nebula.wire import Limits, parse_envelope
+from nebula.wire import Kind, Limits, parse_envelope
 
 INTERNAL, EXTERNAL, PEER = "internal", "external", "peer"
 STORE_RECHECK = 1.0  # seconds between trust store stat()s on the message path
+# The protocol (docs/transport.md): a stage sends its peers TENSORS, CONTROL, ACK, HEARTBEAT and ERROR,
+# but a gateway only pings and `stats` requests (and the ACK a channel gives every reply); a gateway
+# speaking as itself sends only refusals, pongs and `stats` replies.
+TO_GATEWAY_KINDS = (Kind.HEARTBEAT, Kind.CONTROL, Kind.ACK)
+GATEWAY_KINDS = (Kind.ERROR, Kind.HEARTBEAT, Kind.CONTROL)
 
 
 class Refusal(Exception):
@@ -49,6 +54,7 @@ class Admission:
         self._check_sender(origin, prefix, env, sender)
         if origin != PEER:
             self._check_certificate(rest[0], sender, env)
+        self._check_kind(origin, env, sender)
         try:
             parse_address(env.dst)
         except ConfigError as exc:
@@ -81,9 +87,22 @@ class Admission:
         if _site_of(env.src) != _site_of(sender):
             raise Refusal("spoof", f"src {env.src!r} is not of site {_site_of(sender)}, the site of "
                                    f"the authenticated gateway {sender}", env)
+        if role_name(env.src) is not None and env.src != sender:  # e.g. b/gateway/7, from an older b
+            raise Refusal("spoof", f"src {env.src!r} has a name reserved for a role; only the authenticated "
+                                   f"gateway {sender} speaks as a gateway of site {_site_of(sender)}", env)
         if _site_of(env.dst) != self.site:
             raise Refusal("unroutable", f"dst {env.dst!r} is not of site {self.site}: gateways do not relay "
                                         "between other sites", env)
+
+    def _check_kind(self, origin: str, env: pb.Envelope, sender: str) -> None:
+        """Which kinds go where: a gateway takes from a stage only pings, `stats` and ACKs, and sends
+        as itself only refusals, pongs and `stats` replies (a forged kind must not reach a stage)."""
+        if origin == INTERNAL and role_name(env.dst) is not None and env.kind not in TO_GATEWAY_KINDS:
+            raise Refusal("kind", f"{Kind(env.kind).name} to {env.dst}: a stage sends a gateway only "
+                                  "HEARTBEAT, CONTROL and ACK; send data to a stage's address", env)
+        if origin != INTERNAL and env.src == sender and env.kind not in GATEWAY_KINDS:
+            raise Refusal("kind", f"{Kind(env.kind).name} from the gateway {sender} itself: a gateway sends "
+                                  "only ERROR, HEARTBEAT and CONTROL as itself", env)
 
     def _check_certificate(self, frame: Any, sender: str, env: pb.Envelope) -> None:
         """Revocation and expiry also cut connections admitted before them (ZAP runs only at handshake)."""

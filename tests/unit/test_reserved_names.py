@@ -10,6 +10,7 @@ import pytest
 
 from nebula import cli
 from nebula.errors import AuthError, ConfigError
+from nebula.runtime.job import parse_job
 from nebula.security.certs import RESERVED_NAMES, Certificate, address_filename, role_name
 from nebula.security.keyfile import write_json
 from nebula.security.keys import curve_public_raw, fingerprint, generate_identity
@@ -70,6 +71,15 @@ def test_admission_refuses_a_role_named_stage_certificate_issued_before_the_rule
         check_peer(trust, forged.curve_key_raw, {"stage"}, sites={"a"})
     gateway = next(c for c in store.certificates() if c.address == "a/gateway/0")
     assert check_peer(trust, gateway.curve_key_raw, {"gateway"}).address == "a/gateway/0"
+
+
+def test_a_job_file_naming_a_stage_like_a_role_is_refused_on_load(tmp_path):
+    raw = {"job": {"name": "t", "data": "d"}, "train": {"steps": 1, "batch_size": 4},
+           "stages": {"src": {"address": "a/src/0", "impl": "example-source"},
+                      "sink": {"address": "b/Gateway/0", "impl": "example-sink"}},
+           "links": [{"from": "src", "to": "sink", "tensors": ["features"]}]}
+    with pytest.raises(ConfigError, match=r"job.toml: \[stages.sink\].address: b/Gateway/0: .*reserved"):
+        parse_job(raw, source=tmp_path / "job.toml")
 
 
 def test_role_name_reads_the_stage_part_of_an_address():
