@@ -102,6 +102,15 @@ def gateway_families(record: dict[str, Any]) -> Iterator[Any]:
                     "reason", record.get("refusals", {}))
     yield _counters("nebula_gateway_dropped", "messages dropped because the next hop was full or down (the "
                     "sender resends), per next hop", "link", record.get("dropped", {}))
+    yield _counters("nebula_gateway_rate_limited", "messages dropped because their sender was over its rate limit "
+                    "(ERROR rate-limited), per sender", "sender", record.get("rate_limited", {}))
+    yield _counters("nebula_gateway_handshakes", "CURVE handshakes decided by the authenticator, per result",
+                    "result", record.get("handshakes", {}))
+    held = GaugeMetricFamily("nebula_gateway_queued_bytes", "bytes handed to ZeroMQ for a next hop and not yet "
+                             "written out (bounded by [gateway] queue_bytes)", labels=["hop"])
+    for hop, n in sorted(record.get("queued_bytes", {}).items()):
+        held.add_metric([hop], n)
+    yield held
     depth = GaugeMetricFamily("nebula_gateway_queue_depth", "messages the gateway found waiting on a socket at its "
                               "last turn (a lower bound when it hit its per-turn batch)", labels=["socket"])
     for sock, n in sorted(record.get("queues", {}).items()):

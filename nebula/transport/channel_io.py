@@ -217,8 +217,9 @@ class ChannelIO(threading.Thread):
 
     def _on_gateway_error(self, msg: Message) -> None:
         log.debug("%s: gateway error %s: %s", self.address, msg.error_code, msg.error_message)
-        if msg.error_code == "unreachable":
-            # The destination (msg.topic) is not connected yet, or its gateway is down: try again soon.
+        if msg.error_code in ("unreachable", "rate-limited"):
+            # The destination (msg.topic) is not connected yet, or its gateway is down, or this stage
+            # sent faster than its gateway takes from one sender: try again soon.
             stream = self.window.streams.get(msg.topic)
             if stream is not None and stream.retry_at is None:
                 stream.retry_at = time.monotonic() + self.config.retry_delay

@@ -96,6 +96,14 @@ class GatewayConfig:
     stats_interval: float = field(default=30.0, metadata=limits(at_least=0))  # stats log lines; 0 = never
     audit_max_bytes: int = field(default=64 << 20, metadata=limits(at_least=4096))  # then the log rotates
     audit_summary_interval: float = field(default=10.0, metadata=limits(above=0))  # ACK/heartbeat tallies
+    # Flood limits (docs/security.md, "Under a flood"): messages a second from one stage / peer gateway,
+    # and bytes held for next hops that do not read (ZeroMQ's HWM counts messages, not bytes).
+    rate_limit: float = field(default=1000.0, metadata=limits(above=0))  # more: ERROR "rate-limited"
+    rate_burst: int = field(default=2000, metadata=limits(at_least=1))
+    peer_rate_limit: float = field(default=20000.0, metadata=limits(above=0))
+    peer_rate_burst: int = field(default=40000, metadata=limits(at_least=1))
+    queue_bytes: int = field(default=256 << 20, metadata=limits(above=0))  # per next hop; more: "unreachable"
+    queue_bytes_total: int = field(default=1 << 30, metadata=limits(above=0))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,6 +169,12 @@ class _GatewayTable:
     stats_interval: float = 30.0
     audit_max_bytes: int = 64 << 20
     audit_summary_interval: float = 10.0
+    rate_limit: float = 1000.0
+    rate_burst: int = 2000
+    peer_rate_limit: float = 20000.0
+    peer_rate_burst: int = 40000
+    queue_bytes: int = 256 << 20
+    queue_bytes_total: int = 1 << 30
 
 
 @dataclass(frozen=True, kw_only=True)

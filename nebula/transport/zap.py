@@ -5,8 +5,11 @@ handshake on a server socket; the socket's ZAP domain names the policy (which ro
 The policy decision is `nebula.security.trust.check_peer`; this file only speaks ZAP (RFC 27).
 On admission the reply carries the certificate's address as User-Id (so a gateway can check that an
 envelope's `src` is its authenticated sender) and its serial, issuer and expiry as metadata (so revocation
-also cuts connections admitted before it). Every decision goes to the audit log; refusals from the
-same key are logged once per `REFUSAL_LOG_INTERVAL`, since a refused client retries every ~100 ms.
+also cuts connections admitted before it). Every decision goes to the audit log and is counted
+(`decisions`); since a refused client retries every ~100 ms, and a stranger can bring a fresh key to
+every connection, decisions are audited per source address, domain and kind of refusal (for
+admissions, per certified address) and summary interval: the first few in full, the rest counted into
+an `auth.*.summary` record (nebula.security.audit, AuditLog.repeated).
 
 The handler must be bound before any server socket of the context binds (libzmq admits everyone
 when no handler is listening), and must outlive them: `ZapHandler.start()` returns once bound.
@@ -16,7 +19,6 @@ from __future__ import annotations
 import logging
 import struct
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -27,7 +29,6 @@ from nebula.errors import AuthError, NebulaError
 from nebula.security.trust import TrustStore, check_peer
 
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"
-REFUSAL_LOG_INTERVAL = 10.0
 log = logging.getLogger("nebula.zap")
 
 
@@ -64,7 +65,7 @@ class ZapHandler:
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._error: BaseException | None = None
-        self._last_refusal_log: dict[tuple[bytes, str], float] = {}
+        self.decisions = {"admitted": 0, "refused": 0}  # handshakes decided, for the gateway's status
         self._thread = threading.Thread(target=self._run, name="nebula-zap", daemon=True)
 
     def start(self, timeout: float = 5.0) -> "ZapHandler":
@@ -114,8 +115,10 @@ class ZapHandler:
             log.exception("ZAP policy failed")
             self._refused(domain, credentials[0] if credentials else b"", peer, f"internal error: {exc!r}")
             return [b"1.0", request_id, b"500", b"internal error in the authenticator", b"", b""]
-        self._audit("auth.admitted", domain=domain.decode(), peer=peer, address=cert.address,
-                    role=cert.role, serial=cert.serial)
+        self.decisions["admitted"] += 1
+        if self.audit is not None:
+            self.audit.repeated("auth.admitted", {"domain": domain.decode(), "peer": peer, "address": cert.address},
+                                {"role": cert.role, "serial": cert.serial}, reason="admitted")
         metadata = encode_metadata({"Serial": str(cert.serial), "Issuer": cert.issuer_fingerprint,
                                     "Not-After": str(cert.not_after)})
         return [b"1.0", request_id, b"200", b"OK", cert.address.encode(), metadata]
@@ -131,15 +134,18 @@ class ZapHandler:
         return check_peer(self.store, key, set(policy.roles), sites=policy.sites(self.store))
 
     def _refused(self, domain: bytes, key: bytes, peer: str, reason: str) -> None:
-        now = time.monotonic()
-        slot = (key, domain.decode(errors="replace"))
-        if now - self._last_refusal_log.get(slot, -REFUSAL_LOG_INTERVAL) < REFUSAL_LOG_INTERVAL:
-            return
-        self._last_refusal_log[slot] = now
-        key_text = z85.encode(key).decode() if len(key) == 32 else key.hex()
-        log.warning("refused %s on %s: %s", peer, slot[1], reason)
-        self._audit("auth.refused", domain=slot[1], peer=peer, curve_key=key_text, reason=reason)
+        """Audit one refusal under its source address: a stranger may bring a fresh key each time."""
+        self.decisions["refused"] += 1
+        name = domain.decode(errors="replace")
+        key_text = z85.encode(key).decode() if len(key) == 32 else key.hex()[:128]
+        full = self.audit is None or self.audit.repeated(
+            "auth.refused", {"domain": name, "peer": peer, "reason_kind": reason_kind(reason)},
+            {"curve_key": key_text, "reason": reason}, reason=reason[:200], distinct=key_text)
+        if full:  # the log says what the audit log says in full, no more
+            log.warning("refused %s on %s: %s", peer, name, reason)
 
-    def _audit(self, event: str, **fields) -> None:
-        if self.audit is not None:
-            self.audit.append(event, **fields)
+
+def reason_kind(reason: str) -> str:
+    """What a summary counts a refusal under: its first two words before any colon ("unknown key",
+    "expired", "revoked serial"), never the key or serial that follows."""
+    return " ".join(reason.split(":", 1)[0].split()[:2])

@@ -14,6 +14,7 @@ from nebula.errors import ConfigError, NebulaError, WireError
 from nebula.security.certs import parse_address, role_name
 from nebula.security.trust import TrustStore
 from nebula.wire import Kind, Limits, parse_envelope
+from services.gateway.rates import SenderRates
 
 INTERNAL, EXTERNAL, PEER = "internal", "external", "peer"
 STORE_RECHECK = 1.0  # seconds between trust store stat()s on the message path
@@ -41,16 +42,19 @@ class Inbound:
 
 
 class Admission:
-    def __init__(self, site: str, store: TrustStore, limits: Limits, max_message_bytes: int) -> None:
+    def __init__(self, site: str, store: TrustStore, limits: Limits, max_message_bytes: int,
+                 rates: SenderRates | None = None) -> None:
         self.site, self.store, self.limits, self.max_message_bytes = site, store, limits, max_message_bytes
+        self.rates = rates  # None: no rate limit (tools and tests that ask for none)
         self._store_checked = 0.0
 
     def admit(self, origin: str, frames: list[Any], peer_gateway: str | None = None) -> Inbound:
         prefix, rest = (frames[:1], frames[1:]) if origin in (INTERNAL, EXTERNAL) else ([], frames)
         if not rest:
             raise Refusal("malformed", "an empty message: expected [envelope, payload...]")
-        env = self._envelope(rest)
         sender = peer_gateway if origin == PEER else _user_id(rest[0])
+        self._check_rate(origin, rest, sender)
+        env = self._envelope(rest)
         self._check_sender(origin, prefix, env, sender)
         if origin != PEER:
             self._check_certificate(rest[0], sender, env)
@@ -60,6 +64,16 @@ class Admission:
         except ConfigError as exc:
             raise Refusal("unroutable", f"dst {env.dst!r} is not an address site/stage/rank", env) from exc
         return Inbound(origin, prefix, rest, env, sender, sum(len(f) for f in rest))
+
+    def _check_rate(self, origin: str, rest: list[Any], sender: str) -> None:
+        """First, before any parsing: a flooding sender costs as little as possible (garbage counts too)."""
+        gateway = origin != INTERNAL
+        if self.rates is not None and not self.rates.take(sender, gateway):
+            try:
+                env = parse_envelope(rest[0], self.limits)  # only to address the ERROR reply
+            except WireError:
+                env = None
+            raise Refusal("rate-limited", self.rates.explain(sender, gateway), env)
 
     def _envelope(self, rest: list[Any]) -> pb.Envelope:
         try:

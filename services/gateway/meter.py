@@ -5,6 +5,8 @@ import time
 from collections import defaultdict
 
 PEER_COUNTERS = ("messages_in", "bytes_in", "messages_out", "bytes_out", "resend_requests")
+MAX_JOBS = 256  # jobs counted apart; a job id is the sender's choice, so later ones share OTHER_JOBS
+OTHER_JOBS = "(other)"
 
 
 class Meter:
@@ -17,9 +19,15 @@ class Meter:
         # peer (another site, or an address of this site's stages) -> counters both ways
         self.peers: dict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(PEER_COUNTERS, 0))
         self.queues: dict[str, int] = {}  # socket -> messages found waiting at the gateway's last turn on it
+        self.rate_limited: dict[str, int] = defaultdict(int)  # sender -> messages dropped over its rate limit
+        self.handshakes: dict[str, int] = {"admitted": 0, "refused": 0}  # the ZAP handler's decisions
+        self.queued_bytes: dict[str, int] = {}  # next hop -> bytes handed to ZeroMQ and not yet written out
 
     def count(self, link: str, job: str, nbytes: int) -> None:
-        for counter in (self.links[link], self.jobs[job or "-"]):
+        job = job or "-"
+        if job not in self.jobs and len(self.jobs) >= MAX_JOBS:
+            job = OTHER_JOBS
+        for counter in (self.links[link], self.jobs[job]):
             counter["messages"] += 1
             counter["bytes"] += nbytes
 
@@ -36,11 +44,13 @@ class Meter:
         totals = {f"{what}_{d}": sum(c[f"{what}_{d}"] for c in peers.values())
                   for what in ("messages", "bytes") for d in ("in", "out")}
         return {**totals, "peers": peers, "refusals": dict(self.refused), "dropped": dict(self.dropped),
-                "queues": dict(self.queues)}
+                "queues": dict(self.queues), "rate_limited": dict(self.rate_limited),
+                "handshakes": dict(self.handshakes), "queued_bytes": dict(self.queued_bytes)}
 
     def snapshot(self) -> dict:
         return {"uptime_s": round(time.time() - self.started, 3), "links": dict(self.links),
-                "jobs": dict(self.jobs), "refused": dict(self.refused), "dropped": dict(self.dropped)}
+                "jobs": dict(self.jobs), "refused": dict(self.refused), "dropped": dict(self.dropped),
+                "rate_limited": dict(self.rate_limited), "handshakes": dict(self.handshakes)}
 
     def summary(self) -> str:
         links = ", ".join(f"{name} {c['messages']} msgs/{c['bytes'] / 1e6:.1f} MB" for name, c in sorted(self.links.items()))

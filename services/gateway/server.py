@@ -32,10 +32,13 @@ from nebula.transport.zap import ZapHandler, external_policy, internal_policy
 from nebula.wire import Kind, Limits, Message, encode_message
 from services.gateway.admission import EXTERNAL, INTERNAL, PEER, Admission, Inbound, Refusal
 from services.gateway.meter import Meter
+from services.gateway.queues import HopQueues
+from services.gateway.rates import SenderRates
 
 log = logging.getLogger("nebula.gateway")
 BATCH = 64  # messages taken from one socket before the others get their turn
 SUMMARISED = (Kind.ACK, Kind.HEARTBEAT)  # audited as per-interval counts, not one record each
+CLIP = 256  # characters of a sender-chosen string (an address, a job id, a reason) kept in an audit record
 
 
 class Gateway:
@@ -49,7 +52,10 @@ class Gateway:
         self.identity = load_identity(credentials, self.address)  # refuses a readable ca.key
         self.store = TrustStore.load(credentials)
         limits = Limits(max_frames=site.gateway.max_frames)
-        self.admission = Admission(site.name, self.store, limits, site.gateway.max_message_bytes)
+        g = site.gateway
+        rates = SenderRates(g.rate_limit, g.rate_burst, g.peer_rate_limit, g.peer_rate_burst)
+        self.admission = Admission(site.name, self.store, limits, g.max_message_bytes, rates=rates)
+        self.queues = HopQueues(g.queue_bytes, g.queue_bytes_total)  # bytes held for next hops
         self.ctx = zmq.Context(io_threads=site.gateway.io_threads)
         self.zap: ZapHandler | None = None
         self.peers: dict[str, zmq.Socket] = {}
@@ -65,6 +71,7 @@ class Gateway:
             policies = {INTERNAL: internal_policy(self.site.name), EXTERNAL: external_policy(self.site.name)}
             # The ZAP handler first: libzmq admits everyone on a CURVE socket while none is bound.
             self.zap = ZapHandler(self.ctx, self.store, policies, self.audit).start()
+            self.meter.handshakes = self.zap.decisions
             self.internal = self._server(INTERNAL, self.site.gateway.internal)
             self.external = self._server(EXTERNAL, self.site.gateway.external)
             for name, peer in self.site.peers.items():
@@ -114,6 +121,8 @@ class Gateway:
                 for sock, _ in poller.poll(100):
                     origin, peer_gateway = origins[sock]
                     self.meter.queues[names[sock]] = self._drain(sock, origin, peer_gateway)
+                self.queues.settle()  # what the next hops took since the last turn
+                self.meter.queued_bytes = self.queues.status()
                 self._maybe_log_stats()
                 if self.observer is not None:
                     self.observer.tick()  # from the loop: a stuck loop shows as a stale status
@@ -158,16 +167,19 @@ class Gateway:
             self._audit_transfer("out", msg)
 
     def _send(self, sock: zmq.Socket, frames: list[Any], msg: Inbound, link: str) -> None:
+        hop = msg.env.dst if sock is self.internal else link
         try:
-            sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            sent = self.queues.send(sock, frames, hop, msg.nbytes)
         except zmq.Again:  # the next hop's queue is full or it is down: the sender's window resends
-            self.meter.dropped[link] += 1
-            raise Refusal("unreachable", f"{msg.env.dst} cannot take the message now (next hop {link} "
-                                         "full or not connected); it will be resent", msg.env) from None
+            sent = False
         except zmq.ZMQError as exc:
             if exc.errno != zmq.EHOSTUNREACH:
                 raise
             raise Refusal("unreachable", f"{msg.env.dst} is not connected to gateway {self.address}", msg.env) from None
+        if not sent:  # or the bytes it holds for that hop are at their budget (queues.py)
+            self.meter.dropped[link] += 1
+            raise Refusal("unreachable", f"{msg.env.dst} cannot take the message now (next hop {link} "
+                                         "full or not connected); it will be resent", msg.env)
         self.meter.count(link, msg.env.job, msg.nbytes)
         self.meter.passed(msg.env.dst if sock is self.internal else msg.env.dst.split("/", 1)[0], "out", msg.nbytes)
 
@@ -198,11 +210,17 @@ class Gateway:
         env = refusal.env
         prefix = frames[:1] if origin in (INTERNAL, EXTERNAL) else []
         sender = _peer_name(frames, origin)
+        if refusal.code == "rate-limited":
+            self.meter.rate_limited[sender] += 1
         if refusal.code != "unreachable":  # transient and frequent at start-up: counted, not audited
-            log.warning("refused a message from %s: %s", sender, refusal)
-            self.audit.append("gateway.refused", origin=origin, sender=sender, code=refusal.code,
-                              reason=refusal.message, job=env.job if env else "", src=env.src if env else "",
-                              dst=env.dst if env else "", kind=int(env.kind) if env else 0)
+            # A sender can repeat a refusal at will: the first few per sender, code and interval in full,
+            # the rest counted into a gateway.refused.summary (AuditLog.repeated).
+            reason = _clip(refusal.message)
+            fields = {"reason": reason, "job": _clip(env.job) if env else "", "src": _clip(env.src) if env else "",
+                      "dst": _clip(env.dst) if env else "", "kind": int(env.kind) if env else 0}
+            if self.audit.repeated("gateway.refused", {"origin": origin, "sender": sender, "code": refusal.code},
+                                   fields, reason=reason):
+                log.warning("refused a message from %s: %s", sender, refusal)
         if env is not None and env.kind == Kind.ERROR:
             return  # never answer an error with an error (no loops between gateways)
         error = Message(kind=Kind.ERROR, src=self.address, dst=env.src if env else sender,
@@ -218,12 +236,12 @@ class Gateway:
         interval and (direction, job, src, dst, kind), with its message and byte counts."""
         env = msg.env
         if env.kind in SUMMARISED:
-            self.audit.tally("transfer.summary", msg.nbytes, direction=direction, job=env.job, src=env.src,
-                             dst=env.dst, kind=Kind(env.kind).name)
+            self.audit.tally("transfer.summary", msg.nbytes, direction=direction, job=_clip(env.job),
+                             src=_clip(env.src), dst=_clip(env.dst), kind=Kind(env.kind).name)
             return
-        self.audit.append(f"transfer.{direction}", job=env.job, src=env.src, dst=env.dst,
+        self.audit.append(f"transfer.{direction}", job=_clip(env.job), src=_clip(env.src), dst=_clip(env.dst),
                           kind=Kind(env.kind).name, bytes=msg.nbytes, msg_seq=env.seq,
-                          codecs=sorted({t.codec for t in env.tensors}))
+                          codecs=sorted({_clip(t.codec, 64) for t in env.tensors})[:8])
 
     def _maybe_log_stats(self) -> None:
         interval = self.site.gateway.stats_interval
@@ -253,6 +271,11 @@ def _peer_name(frames: list[Any], origin: str) -> str:
         return first.get("User-Id") if origin != PEER else "peer gateway"
     except (zmq.ZMQError, IndexError):
         return "unknown"
+
+
+def _clip(text: str, limit: int = CLIP) -> str:
+    """A sender-chosen string as an audit record keeps it: at most `limit` characters, and says so."""
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text) - limit} more)"
 
 
 def _z85(key: bytes) -> bytes:

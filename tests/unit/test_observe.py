@@ -125,7 +125,9 @@ def test_the_environment_turns_observation_on_and_its_values_are_checked(tmp_pat
 def test_exporter_serves_the_status_record_and_names_a_busy_port(tmp_path):
     record = status_of(peers={"b": {"messages_in": 4, "bytes_in": 400, "messages_out": 2, "bytes_out": 90,
                                     "resend_requests": 1}},
-                       refusals={"spoof": 1}, dropped={"to:b": 2}, queues={"internal": 3})
+                       refusals={"spoof": 1}, dropped={"to:b": 2}, queues={"internal": 3},
+                       rate_limited={"a/enc/0": 7}, handshakes={"admitted": 2, "refused": 5},
+                       queued_bytes={"to:b": 4096})
     port = free_port()
     exporter = Exporter("127.0.0.1", port, lambda: record).start()
     try:
@@ -140,6 +142,9 @@ def test_exporter_serves_the_status_record_and_names_a_busy_port(tmp_path):
                  'nebula_gateway_refusals_total{reason="spoof"} 1.0',
                  'nebula_gateway_dropped_total{link="to:b"} 2.0',
                  'nebula_gateway_queue_depth{socket="internal"} 3.0',
+                 'nebula_gateway_rate_limited_total{sender="a/enc/0"} 7.0',
+                 'nebula_gateway_handshakes_total{result="refused"} 5.0',
+                 'nebula_gateway_queued_bytes{hop="to:b"} 4096.0',
                  'nebula_service_state{nebula_service_state="running"} 1.0',
                  'nebula_service_info{address="a/gateway/0",kind="gateway",service="gateway"} 1.0'):
         assert line in text, line
