@@ -48,6 +48,11 @@ def server_socket(ctx: zmq.Context, kind: int, identity: Any, zap_domain: str, h
     """
     sock = ctx.socket(kind)
     tune(sock, hwm)
+    # No heartbeats of its own: libzmq 4.3.5 aborts the process ("!_io_error", stream_engine_base.cpp:310;
+    # libzmq issues #3937, #4841) when the heartbeat timer fires on a connection whose input stopped on
+    # a full queue (a flood) and whose peer then hung up. Clients still ping with a TTL, so the server
+    # still drops a dead client after heartbeat_ttl, and answers its pings.
+    sock.heartbeat_ivl = 0
     identity.apply(sock, server=True)
     sock.zap_domain = zap_domain.encode()
     return sock
