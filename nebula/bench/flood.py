@@ -63,6 +63,9 @@ def _print_row(row: dict) -> None:
     print(f"{row['scenario']:<12}{row['sent']:>9}{a['records']:>11}{a['bytes']:>12}{b['records']:>9}"
           f"{b['bytes']:>11}{sum(status.get('rate_limited', {}).values()):>9}"
           f"{sum(status.get('dropped', {}).values()):>9}{row['rss_peak'] / 2**20:>8.0f}", flush=True)
+    for site, code in row["exits"].items():
+        if code != 0:
+            print(f"  gateway {site} exited with {code} (a crash: see its log)", flush=True)
 
 
 def flood(scenario: str, root: Path, seconds: float, extra_gateway: str = "",
@@ -82,7 +85,7 @@ def flood(scenario: str, root: Path, seconds: float, extra_gateway: str = "",
         time.sleep(2.5)  # the gateway writes its status every 2 s: let it show the end of the flood
         row["status"] = sites.status("a")
         row["rss_end"] = sites.rss("a")
-        sites.stop()
+        row["exits"] = sites.stop()  # 0 each: a gateway that died in the flood shows here
         row["rss_peak"] = peak[0]
         row["audit"] = {site: {k: v - before[site][k] for k, v in audit_size(sites.audit(site)).items()}
                         for site in ("a", "b")}
@@ -129,8 +132,9 @@ class Sites:
     def rss(self, site: str) -> int:
         return rss_bytes(self.procs[site].pid)
 
-    def stop(self) -> None:
-        """SIGTERM: each gateway writes its pending summaries and its `gateway.stopped` record."""
+    def stop(self) -> dict[str, int]:
+        """SIGTERM: each gateway writes its pending summaries and its `gateway.stopped` record;
+        -> site -> exit code (0 after a SIGTERM; an abort or a crash before it shows otherwise)."""
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.terminate()
@@ -140,6 +144,7 @@ class Sites:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        return {site: proc.returncode for site, proc in self.procs.items()}
 
 
 def _start_gateway(config: Path, log: Path, status: Path) -> subprocess.Popen:
@@ -169,16 +174,21 @@ def stage_socket(ctx: zmq.Context, site, address: str, rcvhwm: int = 1000) -> zm
     """A raw DEALER with `address`'s own certificate, connected to its gateway, handshake done."""
     from nebula.security.trust import TrustStore, load_identity, peer_curve_key
     from nebula.transport import sockets
+    from nebula.transport.routing_id import stage_routing_id
+    from nebula.wire import Kind, Message, encode_message
 
     credentials = site.credentials_for(address)
     sock = sockets.client_socket(ctx, zmq.DEALER, load_identity(credentials, address),
                                  peer_curve_key(TrustStore.load(credentials), site.gateway.address),
-                                 hwm=1000, routing_id=address)
+                                 hwm=1000, routing_id=stage_routing_id(address))
     sock.rcvhwm = rcvhwm
     monitor = sock.get_monitor_socket(sockets.MONITORED)
     try:
         sock.connect(site.gateway.internal_connect)
         sockets.await_handshake(monitor, address, site.gateway.internal_connect, timeout=10)
+        # as a channel does: the gateway sends a stage's messages only to a connection it has heard from
+        sock.send_multipart(encode_message(Message(kind=Kind.HEARTBEAT, src=address, dst=site.gateway.address,
+                                                   topic="ping")))
     except BaseException:
         sock.close(linger=0)
         raise

@@ -41,6 +41,7 @@ def counted(log: list[dict], event: str, **match) -> int:
 
 def test_a_message_flood_is_capped_before_it_costs_disk(tmp_path):
     row = flood("messages", tmp_path, SECONDS)
+    assert row["exits"] == {"a": 0, "b": 0}  # both gateways lived through it
     log_a = records(tmp_path, "a")
     forwarded = [r for r in log_a if r["event"] == "transfer.out" and r["kind"] == "TENSORS"]
     # The gateway may still work through what it had received for a moment after the flooder stops.
@@ -57,6 +58,7 @@ def test_a_message_flood_is_capped_before_it_costs_disk(tmp_path):
 
 def test_garbage_costs_a_few_records_per_interval_and_every_refusal_is_counted(tmp_path):
     row = flood("garbage", tmp_path, SECONDS)
+    assert row["exits"] == {"a": 0, "b": 0}  # both gateways lived through it
     assert row["sent"] > 5000
     assert row["audit"]["a"]["bytes"] <= 64_000, row["audit"]
     log_a = records(tmp_path, "a")
@@ -70,6 +72,7 @@ def test_garbage_costs_a_few_records_per_interval_and_every_refusal_is_counted(t
 
 def test_handshakes_with_fresh_keys_are_summarised_per_source_address(tmp_path):
     row = flood("handshakes", tmp_path, SECONDS)
+    assert row["exits"] == {"a": 0, "b": 0}  # both gateways lived through it
     assert row["refused"] > 300
     assert row["audit"]["a"]["bytes"] <= 32_000, row["audit"]
     log_a = records(tmp_path, "a")
@@ -85,6 +88,7 @@ def test_a_stage_that_never_reads_costs_its_gateway_bounded_memory(tmp_path):
     slack = 96 << 20  # the interpreter's own growth, inbound messages being handled, allocator slack
     # stop early when over the bound (as the code before the fix was), before the machine runs out of memory
     row = flood("stalled", tmp_path, 6.0, stop_when=lambda growth: growth > QUEUE_BYTES + 2 * slack)
+    assert row["exits"] == {"a": 0, "b": 0}
     growth = row["rss_peak"] - row["rss_start"]
     assert growth <= QUEUE_BYTES + slack, f"gateway RSS grew by {growth >> 20} MiB"
     sent_bytes = row["sent"] * (256 << 10)
