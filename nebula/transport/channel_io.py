@@ -264,6 +264,7 @@ class ChannelIO(threading.Thread):
         """The gateway restarted (or the connection broke): whatever it held is lost; resend and ask peers to."""
         log.info("%s: reconnected to %s; resending unacknowledged messages", self.address, self.gateway)
         self.heard[self.gateway] = time.monotonic()
+        self.last_ping = 0.0  # ping at the next tick: a restarted gateway sends us nothing until we speak
         for stream in self.window.snapshot():
             self.stats["resent"] += self.window.requeue(stream)
         for peer, stream in self.recv_streams.items():

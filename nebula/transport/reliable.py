@@ -25,6 +25,7 @@ from nebula.transport import sockets
 from nebula.transport.base import Channel
 from nebula.transport.channel_io import ChannelIO
 from nebula.transport.config import ChannelConfig, SiteConfig
+from nebula.transport.routing_id import stage_routing_id
 from nebula.transport.window import Window
 from nebula.wire import Message, encode_message
 
@@ -55,8 +56,9 @@ class ReliableChannel(Channel):
         self._io.start()
 
     def _connect(self, identity: Identity, endpoint: str, gateway_key: bytes) -> tuple[zmq.Socket, zmq.Socket]:
+        # address#secret: the gateway sends this stage's messages only to the connection that showed both
         sock = sockets.client_socket(self._ctx, zmq.DEALER, identity, gateway_key, self.config.hwm,
-                                     routing_id=self.address)
+                                     routing_id=stage_routing_id(self.address))
         sock.immediate = True  # queue only on a live connection: what a dead one held is resent anyway
         monitor = sock.get_monitor_socket(sockets.MONITORED)
         sock.connect(endpoint)

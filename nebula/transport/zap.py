@@ -100,6 +100,8 @@ class ZapHandler:
         """ZAP request frames -> reply frames; never raises (an internal error refuses the peer)."""
         if len(request) < 6:
             return [b"1.0", b"", b"500", b"malformed ZAP request", b"", b""]
+        # The identity frame is the *server* socket's own routing id (libzmq 4.3), not the peer's: a
+        # peer's routing id is bound to its certificate by the gateway, per message (gateway/live.py).
         version, request_id, domain, address, _routing_id, mechanism = request[:6]
         credentials = request[6:]
         peer = address.decode(errors="replace")

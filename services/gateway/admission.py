@@ -13,7 +13,9 @@ from nebula._proto import nebula_pb2 as pb
 from nebula.errors import ConfigError, NebulaError, WireError
 from nebula.security.certs import parse_address, role_name
 from nebula.security.trust import TrustStore
+from nebula.transport.routing_id import redacted, routing_address
 from nebula.wire import Kind, Limits, parse_envelope
+from services.gateway.live import Credential, credential_problem
 from services.gateway.rates import SenderRates
 
 INTERNAL, EXTERNAL, PEER = "internal", "external", "peer"
@@ -91,10 +93,11 @@ class Admission:
     def _check_sender(self, origin: str, prefix: list[Any], env: pb.Envelope, sender: str) -> None:
         """Anti-spoofing: a stage is exactly its certified address; a gateway speaks only for its site."""
         if origin == INTERNAL:
-            routing_id = bytes(prefix[0].bytes).decode(errors="replace")
-            if routing_id != sender:
-                raise Refusal("spoof", f"routing id {routing_id!r} is not the authenticated {sender}; "
-                                       "set ROUTING_ID to the service address", env)
+            routing_id = prefix[0].bytes
+            if routing_address(routing_id) != sender:  # the gateway sends sender's messages only to ids it bound
+                raise Refusal("spoof", f"routing id {redacted(routing_id)!r} is not the authenticated {sender} "
+                                       "with its socket's secret; set ROUTING_ID to "
+                                       "nebula.transport.routing_id.stage_routing_id(address)", env)
             if env.src != sender:
                 raise Refusal("spoof", f"src {env.src!r} is not the authenticated sender {sender}", env)
             return
@@ -121,13 +124,8 @@ class Admission:
     def _check_certificate(self, frame: Any, sender: str, env: pb.Envelope) -> None:
         """Revocation and expiry also cut connections admitted before them (ZAP runs only at handshake)."""
         self._refresh_store()
-        ca = self.store.cas.get(frame.get("Issuer"))
-        serial, not_after = int(frame.get("Serial")), int(frame.get("Not-After"))
-        if ca is None or serial in ca.revoked:
-            raise Refusal("auth", f"the certificate of {sender} (serial {serial}) is revoked or its CA is no "
-                                  "longer trusted", env)
-        if time.time() >= not_after:
-            raise Refusal("auth", f"the certificate of {sender} (serial {serial}) has expired; reissue it", env)
+        if why := credential_problem(self.store, Credential.of(frame)):
+            raise Refusal("auth", why, env)
 
     def _refresh_store(self) -> None:
         now = time.monotonic()

@@ -2,7 +2,7 @@
 
 Sockets, all CURVE servers checked by the ZAP handler, or CURVE clients pinning the server key:
 
-    internal ROUTER (bind)  <- this site's stages (DEALER, ROUTING_ID = their address)
+    internal ROUTER (bind)  <- this site's stages (DEALER, ROUTING_ID = address#secret, routing_id.py)
     external ROUTER (bind)  <- other sites' gateways (their DEALERs)
     one DEALER per peer site (connect) -> that site's external ROUTER
 
@@ -31,6 +31,7 @@ from nebula.transport.config import SiteConfig
 from nebula.transport.zap import ZapHandler, external_policy, internal_policy
 from nebula.wire import Kind, Limits, Message, encode_message
 from services.gateway.admission import EXTERNAL, INTERNAL, PEER, Admission, Inbound, Refusal
+from services.gateway.live import Credential, LiveConnections
 from services.gateway.meter import Meter
 from services.gateway.queues import HopQueues
 from services.gateway.rates import SenderRates
@@ -59,6 +60,7 @@ class Gateway:
         self.ctx = zmq.Context(io_threads=site.gateway.io_threads)
         self.zap: ZapHandler | None = None
         self.peers: dict[str, zmq.Socket] = {}
+        self.live = LiveConnections()  # which certificate each live connection speaks with
         self.internal = self.external = None
         self._last_stats = time.monotonic()
         # status file and Prometheus metrics, when the supervisor asks for them (nebula.observe)
@@ -97,6 +99,11 @@ class Gateway:
     def _server(self, domain: str, endpoint: str) -> zmq.Socket:
         sock = sockets.server_socket(self.ctx, zmq.ROUTER, self.identity, domain, self.site.gateway.hwm)
         sock.router_mandatory = True  # an unknown destination is an error we report, not a silent drop
+        # A connection that presents a routing id already held takes it over. Ids carry their socket's
+        # secret (routing_id.py), so only that socket can: a stage reconnecting over a half-open
+        # connection is heard at once. Without it libzmq ignores the newcomer for good (it read a
+        # squatter's victim as a duplicate and never looked at its messages again).
+        sock.router_handover = True
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
@@ -131,6 +138,26 @@ class Gateway:
             self.failure = exc
             raise
 
+    def _note_sender(self, msg: Inbound) -> None:
+        """Which certificate each live connection speaks with; a stage's messages go to the connection
+        that last proved it is that stage, never to one that only announces its routing id (live.py)."""
+        if msg.origin == PEER:
+            return  # our own link: its certificate is the one we pinned
+        cred = Credential.of(msg.frames[0])
+        if msg.origin == EXTERNAL:
+            self.live.saw_gateway(cred)
+        elif self.live.bind(msg.reply_prefix[0].bytes, cred):
+            log.info("gateway %s: %s speaks on a new connection (serial %d)", self.address, cred.address, cred.serial)
+            self.audit.append("gateway.bound", address=cred.address, serial=cred.serial)
+
+    def _stage_route(self, msg: Inbound) -> bytes:
+        """The routing id of the connection that proved it is msg.env.dst (see _note_sender)."""
+        binding = self.live.stages.get(msg.env.dst)
+        if binding is None:
+            raise Refusal("unreachable", f"{msg.env.dst} is not connected to gateway {self.address} with a valid "
+                                         "certificate; it will be resent", msg.env)
+        return binding.routing_id
+
     def _drain(self, sock: zmq.Socket, origin: str, peer_gateway: str | None) -> int:
         """Handle what waits on `sock` (at most BATCH); -> how many messages were waiting."""
         for taken in range(BATCH):
@@ -139,7 +166,9 @@ class Gateway:
             except zmq.Again:
                 return taken
             try:
-                self._forward(self.admission.admit(origin, frames, peer_gateway))
+                msg = self.admission.admit(origin, frames, peer_gateway)
+                self._note_sender(msg)
+                self._forward(msg)
             except Refusal as refusal:
                 self._refuse(sock, origin, frames, refusal)
             except Exception as exc:  # a bug must cost one message, not the site's only gateway
@@ -154,7 +183,7 @@ class Gateway:
         if msg.env.dst == self.address:
             self._answer_local(msg)
         elif dst_site == self.site.name:
-            self._send(self.internal, [msg.env.dst.encode(), *msg.frames], msg, "internal")
+            self._send(self.internal, [self._stage_route(msg), *msg.frames], msg, "internal")
         elif dst_site in self.peers and msg.origin == INTERNAL:
             self._send(self.peers[dst_site], msg.frames, msg, f"to:{dst_site}")
         else:

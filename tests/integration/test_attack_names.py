@@ -18,6 +18,7 @@ from nebula.errors import AuthError, ConfigError, RecvTimeout, RemoteError
 from nebula.runtime.graph import Graph, LinkConfig
 from nebula.transport import sockets
 from nebula.transport.reliable import open_channel
+from nebula.transport.routing_id import stage_routing_id
 from nebula.wire import Kind, Message, decode_message, encode_message
 from tests.integration.conftest import (FAST, GatewayProcess, audit_events, gateway_key, make_world, raw_identity,
                                         wait_for)
@@ -69,7 +70,7 @@ def test_role_named_stage_is_refused_and_cannot_kill_another_sites_channel(world
         enc.send(tensor_message("b/dec/0", 1), timeout=5)
         assert b.recv(timeout=10).step == 1  # the way from a to b is open
         attacker = RawPeer(raw_identity(a.store.dir, "a/gateway/7"), gateway_key(a),
-                           f"tcp://127.0.0.1:{a.ports['internal']}", "a/gateway/7")
+                           f"tcp://127.0.0.1:{a.ports['internal']}", stage_routing_id("a/gateway/7"))
         try:
             attacker.send(_forged_error("a/gateway/7", "b/dec/0"))
             with pytest.raises(RecvTimeout):
@@ -113,7 +114,7 @@ def test_a_peer_gateway_speaks_only_as_itself_and_only_as_a_gateway(world):
 def test_a_stage_may_send_a_gateway_only_pings_control_and_acks(world, gateways):
     a = world.site("a")
     stage = RawPeer(raw_identity(a.store.dir, "a/enc/0"), gateway_key(a), f"tcp://127.0.0.1:{a.ports['internal']}",
-                    "a/enc/0")
+                    stage_routing_id("a/enc/0"))
     try:
         for dst in ("a/gateway/0", "b/gateway/0"):
             msg = tensor_message(dst, 0)
@@ -171,7 +172,7 @@ def test_a_strangers_silence_does_not_kill_the_receiver(stranger_world, tmp_path
             enc.send(tensor_message("b/dec/0", 1), timeout=5)
             assert dec.recv(timeout=10).step == 1  # the way from a to b is open
             stranger = RawPeer(raw_identity(a.store.dir, "a/other/0"), gateway_key(a),
-                               f"tcp://127.0.0.1:{a.ports['internal']}", "a/other/0")
+                               f"tcp://127.0.0.1:{a.ports['internal']}", stage_routing_id("a/other/0"))
             message = tensor_message("b/dec/0", 7)
             message.src, message.seq, message.epoch = "a/other/0", 1, 1
             stranger.send(message)  # one unsolicited message, then silence

@@ -10,6 +10,7 @@ import zmq
 from nebula.errors import RemoteError
 from nebula.transport import sockets
 from nebula.transport.reliable import open_channel
+from nebula.transport.routing_id import stage_routing_id
 from nebula.wire import Kind, Message, TensorPayload, decode_message, encode_message
 from tests.integration.conftest import (FAST, GatewayProcess, audit_events, gateway_key, make_world, raw_identity,
                                         wait_for)
@@ -44,7 +45,7 @@ def raw_stage(world, gateways):
     site = world.site("a")
     ctx = zmq.Context()
     sock = sockets.client_socket(ctx, zmq.DEALER, raw_identity(site.store.dir, "a/enc/0"), gateway_key(site),
-                                 hwm=100, routing_id="a/enc/0")
+                                 hwm=100, routing_id=stage_routing_id("a/enc/0"))
     sock.rcvtimeo = 5000
     sock.connect(f"tcp://127.0.0.1:{site.ports['internal']}")
     yield sock

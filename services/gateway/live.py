@@ -1,0 +1,92 @@
+"""Which connection gets a stage's messages, and which certificate every live connection authenticated with.
+
+ZAP runs once per handshake; a certificate revoked or expiring later must still cut what was admitted
+before (issue 12). The ZAP handler stamps each connection's messages with the certificate's serial,
+issuer and expiry (zap.py); from them the gateway keeps, per address:
+
+- internal: the routing id of the stage connection that last proved it is that address (a message
+  whose ZAP User-Id, envelope `src` and routing id all name it, the id carrying its socket's secret
+  nonce, nebula/transport/routing_id.py). Messages to the address go there and nowhere else: a
+  connection that merely announces the address as its routing id is never sent anything.
+- external: the certificate of each peer gateway that sent us something.
+
+`sweep` re-checks them all against the trust store (after a reload, and every second for expiry)
+and forgets those no longer valid; the gateway audits each cut.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from nebula.security.trust import TrustStore
+
+RECENT = 4  # routing ids remembered per address: a stage that flaps between two sockets is audited once
+
+
+@dataclass(frozen=True)
+class Credential:
+    """What a connection authenticated with, as the ZAP handler put it in each message's metadata."""
+    address: str
+    serial: int
+    issuer: str
+    not_after: int
+
+    @classmethod
+    def of(cls, frame: Any) -> "Credential":
+        return cls(frame.get("User-Id"), int(frame.get("Serial")), frame.get("Issuer"), int(frame.get("Not-After")))
+
+
+def credential_problem(store: TrustStore, cred: Credential, now: float | None = None) -> str | None:
+    """Why `cred` no longer admits its connection, or None while it does."""
+    ca = store.cas.get(cred.issuer)
+    if ca is None or cred.serial in ca.revoked:
+        return (f"the certificate of {cred.address} (serial {cred.serial}) is revoked or its CA is no "
+                "longer trusted")
+    if (time.time() if now is None else now) >= cred.not_after:
+        return f"the certificate of {cred.address} (serial {cred.serial}) has expired; reissue it"
+    return None
+
+
+@dataclass(frozen=True)
+class Binding:
+    routing_id: bytes
+    cred: Credential
+
+
+class LiveConnections:
+    def __init__(self) -> None:
+        self.stages: dict[str, Binding] = {}  # address -> the connection its messages go to
+        self.gateways: dict[str, Credential] = {}  # peer gateway address -> what it last sent with
+        self._recent: dict[str, list[bytes]] = {}
+
+    def bind(self, routing_id: bytes, cred: Credential) -> bool:
+        """Send `cred.address`'s messages to `routing_id` from now on; -> True if that connection is new
+        for the address (worth an audit record), False if it was bound to it lately."""
+        self.stages[cred.address] = Binding(bytes(routing_id), cred)
+        recent = self._recent.setdefault(cred.address, [])
+        if routing_id in recent:
+            return False
+        recent[:] = [bytes(routing_id), *recent[:RECENT - 1]]
+        return True
+
+    def route(self, address: str) -> bytes | None:
+        binding = self.stages.get(address)
+        return binding.routing_id if binding else None
+
+    def saw_gateway(self, cred: Credential) -> None:
+        self.gateways[cred.address] = cred
+
+    def sweep(self, store: TrustStore, now: float | None = None) -> list[tuple[str, Credential, str]]:
+        """Forget every connection whose certificate is revoked or expired -> [(origin, credential, why)]."""
+        cut = []
+        for address, binding in list(self.stages.items()):
+            if why := credential_problem(store, binding.cred, now):
+                del self.stages[address]
+                self._recent.pop(address, None)
+                cut.append(("internal", binding.cred, why))
+        for address, cred in list(self.gateways.items()):
+            if why := credential_problem(store, cred, now):
+                del self.gateways[address]
+                cut.append(("external", cred, why))
+        return cut
