@@ -29,6 +29,11 @@ class RecvTimeout(TransportError):
     """No message arrived within a recv's timeout (the channel itself is fine)."""
 
 
+class LinkDown(TransportError):
+    """Another site stayed unreachable for longer than [channel] wan_timeout: the job stops (exit 3,
+    not restarted: the network must come back first) and resumes from its checkpoints when started again."""
+
+
 class RemoteError(NebulaError):
     """A remote service answered with an ERROR message."""
 
@@ -49,4 +54,4 @@ class DataError(NebulaError):
 # Exit codes of `nebula ...` commands and services, what supervisors act on.
 EXIT_ERROR = 2  # failed; running it again may succeed (a link or a peer failed)
 EXIT_FIX_FIRST = 3  # a service that fails the same way until its cause is fixed: supervisors do not restart it
-FIX_FIRST = (ConfigError, DataError, StageError)
+FIX_FIRST = (ConfigError, DataError, StageError, LinkDown)

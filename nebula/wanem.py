@@ -66,6 +66,7 @@ FRAME_BYTES = 1514  # what tbf counts for a full-size frame: 1500 MTU + 14 Ether
 TICK_S = 0.004  # one kernel tick at HZ=250
 QUEUE_S = 0.050  # queue, as time at the link rate...
 QUEUE_MIN_BYTES = 256 * 1024  # ...but never shorter than this (see the module docstring)
+BLACKHOLE_MAC = "02:00:00:00:de:ad"  # WanLink.cut: locally administered, on no interface
 _PREFIX_RE = re.compile(r"[a-z][a-z0-9_-]{0,40}")
 _SITE_RE = re.compile(r"[a-z0-9]{1,11}")  # 4 + 11 = 15 characters, Linux's longest interface name
 
@@ -222,6 +223,39 @@ class WanLink:
               "rate", f"{self.rate_mbit}mbit", "burst", str(tbf_burst_bytes(self.rate_mbit)),
               "limit", str(tbf_limit_bytes(self.rate_mbit))])
         _prioritise_small_packets(ns, dev, tbf_limit_bytes(self.rate_mbit))
+
+    # --- outages --------------------------------------------------------------------------
+    def cut(self, site: str | None = None, peer: str | None = None) -> None:
+        """The link between `site` and `peer` (default: every link) silently loses every packet, both
+        ways, as a WAN cut far from either site does: interfaces, addresses and routes stay up, so
+        the hosts learn of it only from silence (TCP retransmits, heartbeats), never from an error.
+
+        Each end's neighbour entry for the other is pinned to a MAC no interface has (BLACKHOLE_MAC):
+        frames still leave through tbf, and the far veth drops them as addressed to another host.
+        (This kernel has no netem, gact or matchall, and no nft/iptables is installed.)"""
+        for one, other in self._cut_pairs(site, peer):
+            for end, far in ((one, other), (other, one)):
+                _ip("-n", self.namespace(end), "neigh", "replace", self.address(far, end), "dev",
+                    self.device(end, far), "lladdr", BLACKHOLE_MAC, "nud", "permanent")
+
+    def restore(self, site: str | None = None, peer: str | None = None) -> None:
+        """Ends a cut: the pinned neighbour entries go, ARP finds the real ends again at the next packet."""
+        for one, other in self._cut_pairs(site, peer):
+            for end, far in ((one, other), (other, one)):
+                if self.is_cut(end, far):
+                    _ip("-n", self.namespace(end), "neigh", "del", self.address(far, end), "dev",
+                        self.device(end, far))
+
+    def is_cut(self, site: str, peer: str | None = None) -> bool:
+        """Whether `site` sends into the blackhole on its link to `peer`."""
+        ns, far = self.namespace(site), self.address(self._ends(site, peer)[1], site)
+        entries = json.loads(_run(["ip", "-n", ns, "-j", "neigh", "show", "to", far]) or "[]")
+        return any(e.get("lladdr") == BLACKHOLE_MAC for e in entries)
+
+    def _cut_pairs(self, site: str | None, peer: str | None) -> list[tuple[str, str]]:
+        if site is None:
+            return list(self.pairs)
+        return [self._ends(site, peer)]
 
     # --- inspection -----------------------------------------------------------------------
     def status(self) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib
 
 BENCHMARKS = [
+    "chaos",
     "codecs",
     "flood",
     "transport",

@@ -98,6 +98,9 @@ class MeteredChannel(Channel):
     def close(self) -> None:
         self.inner.close()
 
+    def outages(self) -> dict[str, float]:
+        return self.inner.outages()
+
     def _count(self, direction: str, msg: Message) -> None:
         with self._lock:
             self._counts[f"messages_{direction}"] += 1

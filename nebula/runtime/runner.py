@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from nebula.errors import DataError, RecvTimeout, RemoteError, StageError, TransportError
+from nebula.errors import DataError, LinkDown, RecvTimeout, RemoteError, StageError, TransportError
 from nebula.runtime import control as ctl
 from nebula.runtime.checkpoint import CheckpointDir
 from nebula.runtime.control import DataKind, DataTopic, Topic
@@ -116,6 +116,10 @@ class StageRunner(ResumeProtocol, InferencePasses):
                     self._recover(resync)
             self._final()
             return result
+        except LinkDown as exc:  # another site stayed unreachable: say where the job resumes from
+            raise LinkDown(f"{exc}; the job stops. Once the link is back, start its stages again: they resume "
+                           f"from the newest checkpoint every stage holds ({self.name}'s newest: "
+                           f"{self.checkpoints.file(max(self.good_checkpoints(), default=0))})") from exc
         except (TransportError, RemoteError):
             raise  # the link or a peer failed: there is nothing to tell the others
         except Exception as exc:  # not KeyboardInterrupt & co: an interrupted stage is restarted, not blamed
@@ -239,30 +243,36 @@ class StageRunner(ResumeProtocol, InferencePasses):
             self.handle(self.recv())
 
     def recv(self) -> Message:
-        started = time.monotonic()
+        started = clock = time.monotonic()  # self.timeout runs from `clock`, held while a site is unreachable
         while True:
             if self.ranks is not None:
                 self.ranks.raise_if_failed()
-            left = self.timeout - (time.monotonic() - started)
+            left = self.timeout - (time.monotonic() - clock)
             try:
                 msg = self.channel.recv(timeout=max(0.0, min(WAIT_NOTICE_S, left)))
                 break
             except RecvTimeout as exc:
-                if left <= WAIT_NOTICE_S:
+                outages = self.channel.outages()
+                if outages:  # a WAN outage: the channel's wan_timeout bounds it, not this wait
+                    clock = time.monotonic()
+                elif left <= WAIT_NOTICE_S:
                     raise RecvTimeout(f"{self.name}: no message within {self.timeout:g} s; it was waiting for "
                                       f"{self._awaited_text()}") from exc
-                self._waiting(time.monotonic() - started)
+                self._waiting(time.monotonic() - started, outages)
         if msg.kind == Kind.ERROR:  # gateways' refusals are handled by the channel: this is a stage's
             raise RemoteError(msg.error_code, f"{msg.src} failed: {msg.error_message}; fix the cause there, "
                                               "then restart the job's stages")
         return msg
 
-    def _waiting(self, waited: float) -> None:
-        """The line an operator sees while this stage gets nothing (a peer down, restarting, or slow)."""
+    def _waiting(self, waited: float, outages: dict[str, float]) -> None:
+        """The line an operator sees while this stage gets nothing (a peer down, restarting, or slow,
+        or a site unreachable)."""
         stages = self._awaited()
-        print(f"[{self.metrics.label}] waiting for {self._awaited_text(stages)} since {waited:.0f} s",
+        down = "".join(f"; site {site} unreachable for {s:.0f} s" for site, s in sorted(outages.items()))
+        print(f"[{self.metrics.label}] waiting for {self._awaited_text(stages)} since {waited:.0f} s{down}",
               file=sys.stderr, flush=True)
-        self.metrics.event("waiting", echo=False, stages=stages, since_s=round(waited, 1))
+        self.metrics.event("waiting", echo=False, stages=stages, since_s=round(waited, 1),
+                           **({"unreachable_s": {k: round(v, 1) for k, v in outages.items()}} if outages else {}))
 
     def _awaited_text(self, stages: list[str] | None = None) -> str:
         stages = self._awaited() if stages is None else stages

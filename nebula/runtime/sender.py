@@ -5,7 +5,7 @@ import queue
 import threading
 from typing import Callable
 
-from nebula.errors import NebulaError, TransportError
+from nebula.errors import LinkDown, NebulaError, TransportError
 from nebula.transport.base import Channel
 from nebula.wire import Message
 
@@ -65,6 +65,8 @@ class BackgroundSender:
         self._thread.join(timeout=self._timeout)
 
     def _raise_if_failed(self) -> None:
+        if isinstance(self._error, LinkDown):
+            raise LinkDown(str(self._error)) from self._error  # the job stops (exit 3), as on the stage's thread
         if self._error is not None:
             if isinstance(self._error, NebulaError):
                 raise TransportError(f"background send failed: {self._error}") from self._error

@@ -25,6 +25,11 @@ class Channel(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def outages(self) -> dict[str, float]:
+        """Other sites this endpoint's gateway cannot reach now -> seconds so far (a WAN outage, bounded
+        by [channel] wan_timeout); an in-process channel has none."""
+        return {}
+
     def __enter__(self) -> "Channel":
         return self
 

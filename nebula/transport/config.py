@@ -63,6 +63,9 @@ class ChannelConfig:
     heartbeat_interval: float = 1.0
     gateway_timeout: float = 10.0  # silence from our gateway that makes it dead
     peer_timeout: float = 30.0  # silence from a peer we talk to that makes it dead
+    # A peer's site our gateway cannot reach (WAN or that site's gateway down) is an outage, not a
+    # death: its stages are waited for this long, then LinkDown stops the job (docs/runtime.md).
+    wan_timeout: float = 600.0
     connect_timeout: float = 10.0  # first CURVE handshake with the gateway
     close_timeout: float = 5.0  # close() waits this long for outstanding ACKs
     io_threads: int = 1

@@ -19,6 +19,7 @@ from nebula.errors import AuthError, TransportError
 # Per-frame hard cap enforced by libzmq itself (a larger frame drops the connection); the softer
 # per-message limit, answered with an ERROR envelope, is the gateway's max_message_bytes.
 HARD_FRAME_LIMIT = (1 << 31) - 1
+CONNECT_TIMEOUT_MS = 3000  # one TCP connect attempt: two SYNs at TCP's initial 1 s RTO, then a fresh attempt
 
 HANDSHAKE_FAILURES = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused by the server's authenticator",
@@ -37,6 +38,9 @@ def tune(sock: zmq.Socket, hwm: int, tcp_buffer: int = 0) -> None:
     sock.maxmsgsize = HARD_FRAME_LIMIT
     sock.heartbeat_ivl, sock.heartbeat_timeout, sock.heartbeat_ttl = 1000, 5000, 6000
     sock.reconnect_ivl, sock.reconnect_ivl_max = 100, 1000
+    # A connect into a WAN cut hangs in TCP's SYN backoff (up to 127 s, retries 1, 3, 7, 15, 31, 63 s
+    # apart): give up on it and reconnect, so a link that comes back is used within seconds.
+    sock.connect_timeout = CONNECT_TIMEOUT_MS
     if tcp_buffer:  # 0 leaves the kernel's autotuning alone, which is the best choice on loopback
         sock.sndbuf = sock.rcvbuf = tcp_buffer
 

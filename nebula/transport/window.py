@@ -27,6 +27,7 @@ class Window:
         self.epoch = new_epoch()  # one incarnation for all of this channel's streams
         self.failure: NebulaError | None = None  # fatal: the channel is unusable
         self.dead: dict[str, str] = {}  # address (or "gateway") -> why it is considered dead
+        self.outage = False  # another site is unreachable now: waits for room are bounded by wan_timeout
 
     # --- user side -------------------------------------------------------------------------
     def push(self, dst: str, nbytes: int, encode: Callable[[int, int], list[Any]], timeout: float | None) -> None:
@@ -35,6 +36,8 @@ class Window:
         with self.cond:
             while not self._has_room(nbytes):
                 self.raise_if_failed(dst)
+                if self.outage and deadline is not None:  # the ACKs cannot come: not this send's time out
+                    deadline = time.monotonic() + timeout
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     raise TransportError(self._full_message(dst, timeout))
