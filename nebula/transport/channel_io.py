@@ -20,7 +20,7 @@ from typing import Any
 
 import zmq
 
-from nebula.errors import RemoteError, TransportError, WireError
+from nebula.errors import LinkDown, RemoteError, TransportError, WireError
 from nebula.security.certs import role_name
 from nebula.transport import sockets
 from nebula.transport.streams import RecvStream, SendStream, Verdict
@@ -45,6 +45,7 @@ class ChannelIO(threading.Thread):
         self.refusals_logged: dict[str, float] = {}
         self.recv_streams: dict[str, RecvStream] = {}
         self.heard: dict[str, float] = {}  # peer -> last time anything came from it (or first contact)
+        self.down_since: dict[str, float] = {}  # site -> when our gateway first said it cannot reach it
         self.acks_due: dict[str, tuple[int, bool]] = {}  # peer -> (epoch, ask it to go back)
         self.stop_requested = threading.Event()
         self.wake_r, self.wake_w = os.pipe()
@@ -164,6 +165,7 @@ class ChannelIO(threading.Thread):
                 continue
             if self._refused(msg):
                 continue
+            self._site_heard(msg.src)
             if msg.src in self.heard:  # only peers we talk to are watched; see _on_data, _flush_outbox
                 self.heard[msg.src] = time.monotonic()
             self._on_message(msg)
@@ -220,6 +222,10 @@ class ChannelIO(threading.Thread):
         if msg.error_code in ("unreachable", "rate-limited"):
             # The destination (msg.topic) is not connected yet, or its gateway is down, or this stage
             # sent faster than its gateway takes from one sender: try again soon.
+            site = self._site(msg.topic)
+            if msg.error_code == "unreachable" and msg.src == self.gateway and site != self._site(self.address):
+                self.down_since.setdefault(site, time.monotonic())  # the WAN or that site's gateway is down:
+                return  # resent when the site answers a ping again (_site_heard), not every retry_delay meanwhile
             stream = self.window.streams.get(msg.topic)
             if stream is not None and stream.retry_at is None:
                 stream.retry_at = time.monotonic() + self.config.retry_delay
@@ -279,8 +285,12 @@ class ChannelIO(threading.Thread):
         for stream in self.window.snapshot():
             self._check_stall(stream, now)
         self.window.set_dead(self._dead(now))
+        self.window.outage = bool(self.down_since)
+        self._check_outages(now)
 
     def _check_stall(self, stream: SendStream, now: float) -> None:
+        if self._site(stream.dst) in self.down_since:
+            return  # nothing is resent into an outage: all of it goes once the site answers (_site_heard)
         if stream.retry_at is not None and now >= stream.retry_at:
             stream.retry_at = None
             self.stats["resent"] += self.window.requeue(stream)
@@ -301,7 +311,40 @@ class ChannelIO(threading.Thread):
                                f"(gateway_timeout {self.config.gateway_timeout} s); is it running?")
         for peer, last in self.heard.items():
             silent = now - last
-            if peer != self.gateway and silent > self.config.peer_timeout:
+            if peer != self.gateway and silent > self.config.peer_timeout and self._site(peer) not in self.down_since:
                 dead[peer] = (f"peer {peer} has not answered for {silent:.1f} s (peer_timeout "
                               f"{self.config.peer_timeout} s); is it running and reachable?")
         return dead
+
+    # --- outages: another site unreachable (docs/runtime.md, "Faults: kills and WAN outages") -
+    @staticmethod
+    def _site(address: str) -> str:
+        return address.split("/", 1)[0]
+
+    def _site_heard(self, src: str) -> None:
+        """Anything from a site ends its outage; its stages' silence during it was the link's, not theirs."""
+        site = self._site(src)
+        if self.down_since.pop(site, None) is not None:
+            now = time.monotonic()
+            for peer in self.heard:
+                if self._site(peer) == site:
+                    self.heard[peer] = now
+            for stream in self.window.snapshot():
+                if self._site(stream.dst) == site:
+                    self.stats["resent"] += self.window.requeue(stream)
+            log.info("%s: site %s is reachable again; resending what it has not acknowledged", self.address, site)
+
+    def _check_outages(self, now: float) -> None:
+        """A site we talk to, unreachable past wan_timeout, fails this channel (and so the stage) for good."""
+        for site, since in self.down_since.items():
+            if now - since > self.config.wan_timeout and any(
+                    self._site(peer) == site for peer in self.heard if peer != self.gateway):
+                self.window.fail(LinkDown(
+                    f"{self.address}: site {site} has been unreachable for {now - since:.0f} s (its gateway "
+                    f"{self.gateway} cannot reach site {site}: the WAN link or that site's gateway is down; "
+                    f"[channel] wan_timeout {self.config.wan_timeout:g} s)"))
+
+    def outages(self) -> dict[str, float]:
+        """Site -> seconds it has been unreachable so far (for user threads: from a copy)."""
+        now = time.monotonic()
+        return {site: now - since for site, since in dict(self.down_since).items()}

@@ -108,6 +108,9 @@ class ReliableChannel(Channel):
         if peers:
             raise TransportError(f"{self.address}: {dead[peers[0]]}")
 
+    def outages(self) -> dict[str, float]:
+        return self._io.outages()
+
     def flush(self, timeout: float) -> bool:
         """Wait until every message sent so far is acknowledged; False on timeout."""
         return self._window.wait_empty(timeout)
