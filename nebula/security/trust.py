@@ -158,16 +158,28 @@ def _when(ts: int) -> str:
 def peer_curve_key(store: TrustStore, address: str, now: float | None = None) -> bytes:
     """z85 CURVE public key of `address` from a currently valid certificate: what a client sets as
     `curve_serverkey` before connecting to that service (e.g. another site's gateway)."""
+    return z85.encode(valid_certificate(store, address, now=now).curve_key_raw)
+
+
+def valid_certificate(store: TrustStore, address: str, pinned: bytes | None = None,
+                      now: float | None = None) -> Certificate:
+    """The newest currently valid certificate of `address` (of the `pinned` CURVE key, if given), or
+    AuthError naming why the newest candidate fails (`revoked serial N`, `expired`, ...)."""
     now = time.time() if now is None else now
+    pinned = curve_key_raw(pinned) if pinned is not None else None
+    first_error: AuthError | None = None
     for cert in sorted(store.certificates(), key=lambda c: c.not_after, reverse=True):
-        if cert.address != address:
+        if cert.address != address or (pinned is not None and cert.curve_key_raw != pinned):
             continue
         try:
             check_peer(store, cert.curve_key_raw, {cert.role}, now)
-        except AuthError:
+        except AuthError as exc:
+            first_error = first_error or exc
             continue
-        return z85.encode(cert.curve_key_raw)
-    raise AuthError(f"no valid certificate for {address} in {store.site_dir}; "
+        return cert
+    why = f" (newest: {first_error})" if first_error else ""
+    which = "the pinned key of " if pinned is not None else ""
+    raise AuthError(f"no valid certificate for {which}{address} in {store.site_dir}{why}; "
                     "import that site's fresh bundle (`nebula keys trust`)")
 
 

@@ -4,7 +4,7 @@ Sockets, all CURVE servers checked by the ZAP handler, or CURVE clients pinning 
 
     internal ROUTER (bind)  <- this site's stages (DEALER, ROUTING_ID = address#secret, routing_id.py)
     external ROUTER (bind)  <- other sites' gateways (their DEALERs)
-    one DEALER per peer site (connect) -> that site's external ROUTER
+    one DEALER per peer site (connect) -> that site's external ROUTER, while it is trusted (peers.py)
 
 It routes by the destination's site, reads only envelopes, meters and audits, and answers anything
 it cannot forward with an ERROR envelope on the socket it came from. It keeps no message state:
@@ -19,26 +19,26 @@ import time
 from typing import Any
 
 import zmq
-from zmq.utils import z85
 
-from nebula.errors import ConfigError
+from nebula.errors import ConfigError, NebulaError
 from nebula.observe.observer import Observer
 from nebula.security.audit import DEFAULT_MAX_BYTES, DEFAULT_SUMMARY_INTERVAL, AuditLog
-from nebula.security.keys import curve_key_raw
-from nebula.security.trust import TrustStore, load_identity, peer_curve_key
+from nebula.security.trust import TrustStore, load_identity
 from nebula.transport import sockets
 from nebula.transport.config import SiteConfig
 from nebula.transport.zap import ZapHandler, external_policy, internal_policy
 from nebula.wire import Kind, Limits, Message, encode_message
 from services.gateway.admission import EXTERNAL, INTERNAL, PEER, Admission, Inbound, Refusal
-from services.gateway.live import Credential, LiveConnections
+from services.gateway.live import Credential, LiveConnections, credential_problem
 from services.gateway.meter import Meter
+from services.gateway.peers import PeerLinks
 from services.gateway.queues import HopQueues
 from services.gateway.rates import SenderRates
 
 log = logging.getLogger("nebula.gateway")
 BATCH = 64  # messages taken from one socket before the others get their turn
 SUMMARISED = (Kind.ACK, Kind.HEARTBEAT)  # audited as per-interval counts, not one record each
+TRUST_RECHECK = 1.0  # seconds between re-checks of live connections against trust (and the clock)
 CLIP = 256  # characters of a sender-chosen string (an address, a job id, a reason) kept in an audit record
 
 
@@ -59,8 +59,9 @@ class Gateway:
         self.queues = HopQueues(g.queue_bytes, g.queue_bytes_total)  # bytes held for next hops
         self.ctx = zmq.Context(io_threads=site.gateway.io_threads)
         self.zap: ZapHandler | None = None
-        self.peers: dict[str, zmq.Socket] = {}
+        self.links = PeerLinks(self.ctx, self.identity, site, self.store, self.audit)
         self.live = LiveConnections()  # which certificate each live connection speaks with
+        self._next_recheck, self._rechecked, self._reload_error = 0.0, None, ""
         self.internal = self.external = None
         self._last_stats = time.monotonic()
         # status file and Prometheus metrics, when the supervisor asks for them (nebula.observe)
@@ -76,13 +77,9 @@ class Gateway:
             self.meter.handshakes = self.zap.decisions
             self.internal = self._server(INTERNAL, self.site.gateway.internal)
             self.external = self._server(EXTERNAL, self.site.gateway.external)
-            for name, peer in self.site.peers.items():
-                key = peer.curve_key.encode() if peer.curve_key else peer_curve_key(self.store, peer.address)
-                sock = sockets.client_socket(self.ctx, zmq.DEALER, self.identity, _z85(key),
-                                             self.site.gateway.hwm, routing_id=self.address)
-                sock.immediate = True  # never queue for a peer that is down: senders resend end to end
-                sock.connect(peer.endpoint)
-                self.peers[name] = sock
+            # A peer without a valid gateway certificate is isolated (audited), never fatal (issue 12, 3).
+            self.links.refresh()
+            self._rechecked = self.store.snapshot
             if self.observer is not None:
                 self.observer.start()  # a metrics port in use fails the start, naming the port
                 self.observer.set_state("running")
@@ -91,9 +88,11 @@ class Gateway:
             self.close()
             raise
         self.audit.append("gateway.started", address=self.address, internal=self.site.gateway.internal,
-                          external=self.site.gateway.external, peers=sorted(self.peers))
-        log.info("gateway %s up: internal %s, external %s, peers %s", self.address,
-                 self.site.gateway.internal, self.site.gateway.external, sorted(self.peers) or "none")
+                          external=self.site.gateway.external, peers=sorted(self.links.sockets),
+                          isolated=sorted(self.links.isolated))
+        log.info("gateway %s up: internal %s, external %s, peers %s%s", self.address,
+                 self.site.gateway.internal, self.site.gateway.external, sorted(self.links.sockets) or "none",
+                 f", isolated {sorted(self.links.isolated)}" if self.links.isolated else "")
         return self
 
     def _server(self, domain: str, endpoint: str) -> zmq.Socket:
@@ -115,15 +114,12 @@ class Gateway:
 
     # --- loop ------------------------------------------------------------------------------
     def run(self) -> None:
-        poller = zmq.Poller()
-        origins = {self.internal: (INTERNAL, None), self.external: (EXTERNAL, None)}
-        names = {self.internal: INTERNAL, self.external: EXTERNAL}
-        for name, sock in self.peers.items():
-            origins[sock], names[sock] = (PEER, self.site.peers[name].address), f"peer:{name}"
-        for sock in origins:
-            poller.register(sock, zmq.POLLIN)
+        generation = None
         try:
             while not self.stop_requested.is_set():
+                if generation != self.links.generation:  # a link to a peer opened or closed
+                    generation = self.links.generation
+                    poller, origins, names = self._poller()
                 self.meter.queues = dict.fromkeys(names.values(), 0)
                 for sock, _ in poller.poll(100):
                     origin, peer_gateway = origins[sock]
@@ -134,15 +130,52 @@ class Gateway:
                 if self.observer is not None:
                     self.observer.tick()  # from the loop: a stuck loop shows as a stale status
                 self.audit.flush_summaries(due_only=True)  # acks and heartbeats of the last interval
+                self._recheck_trust()
         except BaseException as exc:
             self.failure = exc
             raise
+
+    def _poller(self) -> tuple[zmq.Poller, dict, dict]:
+        poller = zmq.Poller()
+        origins = {self.internal: (INTERNAL, None), self.external: (EXTERNAL, None)}
+        names = {self.internal: INTERNAL, self.external: EXTERNAL}
+        for name, sock in self.links.sockets.items():
+            origins[sock], names[sock] = (PEER, self.site.peers[name].address), f"peer:{name}"
+        for sock in origins:
+            poller.register(sock, zmq.POLLIN)
+        return poller, origins, names
+
+    def _recheck_trust(self) -> None:
+        """Revocation and expiry reach live connections (ZAP ran only at their handshake): at most once
+        per TRUST_RECHECK, reload the trust store if a file changed, cut the connections whose
+        certificate no longer admits them, and relink peers when trust changed or a link expired."""
+        now = time.monotonic()
+        if now < self._next_recheck:
+            return
+        self._next_recheck = now + TRUST_RECHECK
+        try:
+            self.store.reload_if_changed()  # the ZAP thread and admission reload it too: compare snapshots
+            self._reload_error = ""
+        except NebulaError as exc:  # a half-written file: keep deciding on the last complete state
+            if str(exc) != self._reload_error:
+                self._reload_error = str(exc)
+                log.warning("gateway %s: trust store reload failed, keeping the previous state: %s",
+                            self.address, exc)
+        self._sweep()
+        if self.store.snapshot is not self._rechecked or self.links.due():
+            self._rechecked = self.store.snapshot
+            self.links.refresh()
+
+    def _sweep(self) -> None:
+        for origin, cred, why in self.live.sweep(self.store):
+            log.warning("gateway %s: cut the %s connection of %s: %s", self.address, origin, cred.address, why)
+            self.audit.append("gateway.cut", origin=origin, address=cred.address, serial=cred.serial, reason=why)
 
     def _note_sender(self, msg: Inbound) -> None:
         """Which certificate each live connection speaks with; a stage's messages go to the connection
         that last proved it is that stage, never to one that only announces its routing id (live.py)."""
         if msg.origin == PEER:
-            return  # our own link: its certificate is the one we pinned
+            return  # our own link: its certificate is the one PeerLinks pinned
         cred = Credential.of(msg.frames[0])
         if msg.origin == EXTERNAL:
             self.live.saw_gateway(cred)
@@ -153,10 +186,20 @@ class Gateway:
     def _stage_route(self, msg: Inbound) -> bytes:
         """The routing id of the connection that proved it is msg.env.dst (see _note_sender)."""
         binding = self.live.stages.get(msg.env.dst)
+        if binding is not None and credential_problem(self.store, binding.cred) is not None:
+            self._sweep()  # revoked or expired since the last sweep: cut now, audited
+            binding = None
         if binding is None:
             raise Refusal("unreachable", f"{msg.env.dst} is not connected to gateway {self.address} with a valid "
                                          "certificate; it will be resent", msg.env)
         return binding.routing_id
+
+    def _peer_link(self, site: str, msg: Inbound) -> zmq.Socket:
+        sock = self.links.link(site)
+        if sock is None:  # transient for the sender: trust may be fixed while its window resends
+            raise Refusal("unreachable", f"site {site} is isolated by gateway {self.address}: "
+                                         f"{self.links.isolated.get(site, 'no link')}", msg.env)
+        return sock
 
     def _drain(self, sock: zmq.Socket, origin: str, peer_gateway: str | None) -> int:
         """Handle what waits on `sock` (at most BATCH); -> how many messages were waiting."""
@@ -184,8 +227,8 @@ class Gateway:
             self._answer_local(msg)
         elif dst_site == self.site.name:
             self._send(self.internal, [self._stage_route(msg), *msg.frames], msg, "internal")
-        elif dst_site in self.peers and msg.origin == INTERNAL:
-            self._send(self.peers[dst_site], msg.frames, msg, f"to:{dst_site}")
+        elif dst_site in self.site.peers and msg.origin == INTERNAL:
+            self._send(self._peer_link(dst_site, msg), msg.frames, msg, f"to:{dst_site}")
         else:
             raise Refusal("unroutable", f"no route from {self.site.name} to site {dst_site!r}; configure "
                                         f"[peers.{dst_site}] in {self.site.source}", msg.env)
@@ -226,7 +269,9 @@ class Gateway:
     def _reply(self, msg: Inbound, reply: Message) -> None:
         reply.src, reply.dst, reply.job = self.address, msg.env.src, msg.env.job
         sock = {INTERNAL: self.internal, EXTERNAL: self.external}.get(msg.origin)
-        target = sock if sock is not None else self.peers[msg.sender.split("/", 1)[0]]
+        target = sock if sock is not None else self.links.link(msg.sender.split("/", 1)[0])
+        if target is None:
+            return  # the link was closed since (its peer isolated)
         try:
             target.send_multipart([*msg.reply_prefix, *encode_message(reply)], flags=zmq.NOBLOCK, copy=False)
         except zmq.ZMQError:
@@ -280,9 +325,10 @@ class Gateway:
 
     # --- shutdown --------------------------------------------------------------------------
     def close(self) -> None:
-        for sock in [self.internal, self.external, *self.peers.values()]:
+        for sock in [self.internal, self.external]:
             if sock is not None:
                 sock.close(linger=0)
+        self.links.close()
         if self.zap is not None:  # after the server sockets: never leave them without a handler
             self.zap.stop()
         self.ctx.term()
@@ -306,7 +352,3 @@ def _clip(text: str, limit: int = CLIP) -> str:
     """A sender-chosen string as an audit record keeps it: at most `limit` characters, and says so."""
     return text if len(text) <= limit else f"{text[:limit]}...({len(text) - limit} more)"
 
-
-def _z85(key: bytes) -> bytes:
-    """Pinned keys may be written in hex in the config; sockets want z85."""
-    return z85.encode(curve_key_raw(key))

@@ -61,10 +61,15 @@ class RecordingGateway(Gateway):
     record_path: Path  # set by main() before the gateway is built
 
     def start(self) -> "RecordingGateway":
-        super().start()
         self.record = open(self.record_path, "ab", buffering=0)  # unbuffered: a killed gateway loses nothing
-        for sock in self.peers.values():
-            _record_sends(sock, PEER, self.record)
+        open_link = self.links._open
+
+        def recording_open(name: str, cert: Any) -> None:  # links open at start and whenever trust changes
+            open_link(name, cert)
+            _record_sends(self.links.sockets[name], PEER, self.record)
+
+        self.links._open = recording_open
+        super().start()
         _record_sends(self.external, EXTERNAL, self.record)
         return self
 
