@@ -23,6 +23,7 @@ from nebula.errors import EXIT_FIX_FIRST, StageError
 from nebula.security.keyfile import write_atomic
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 8.0  # seconds: 0.5, 1, 2, 4, 8, 8, ...
+STABLE_S = 30.0  # a service up this long has recovered: its next crash starts the backoff over
 
 
 def free_port() -> int:
@@ -42,7 +43,8 @@ class Service:
     ranks: int = 1
     env: dict[str, str] = field(default_factory=dict)  # on top of the supervisor's environment
     procs: list[subprocess.Popen] = field(default_factory=list)
-    restarts: int = 0
+    restarts: int = 0  # in all
+    streak: int = 0  # crashes since it last ran STABLE_S: what the backoff and max_restarts count
     started: float = 0.0  # wall clock of the last start
     state: str = "new"  # running, backoff, done, failed, stopped
     exit_code: int | None = None
@@ -121,8 +123,11 @@ class Supervisor:
 
     def _failed(self, s: Service, code: int) -> None:
         s.exit_code = code
-        if s.restart and s.restarts < self.max_restarts and code != EXIT_FIX_FIRST:
-            s.state, s.retry_at = "backoff", time.monotonic() + min(BACKOFF_FIRST * 2 ** s.restarts, BACKOFF_MAX)
+        if time.time() - s.started >= STABLE_S:
+            s.streak = 0  # it had recovered: a crash now is a new incident, not the next of a series
+        if s.restart and s.streak < self.max_restarts and code != EXIT_FIX_FIRST:
+            s.state, s.retry_at = "backoff", time.monotonic() + min(BACKOFF_FIRST * 2 ** s.streak, BACKOFF_MAX)
+            s.streak += 1
             return
         s.state = "failed"
         self.save()
