@@ -267,8 +267,11 @@ def test_a_peer_without_a_valid_gateway_is_isolated_not_fatal(tmp_path, running,
         enc.send(note("c/dec/0", 2), timeout=5)
         assert notes([mate.recv(timeout=10)]) == [1] and notes([far.recv(timeout=10)]) == [2]
 
-    # Trust fixed (a new gateway key at b, its bundle imported at a): a links to b without a restart.
-    b.store.issue("b/gateway/0", "gateway", days=1)
+    # Trust fixed (revoked: a new gateway key at b; missing: b's bundle), imported at a: a links to b
+    # without a restart. Only the revoked case rotates the key: two valid certificates of one address
+    # issued within the same second would leave its clients to pick either.
+    if case == "revoked":
+        b.store.issue("b/gateway/0", "gateway", days=1)
     a.store.trust(b.store.export_bundle().to_dict(), "b.json")
     world.publish()
     running(world, "b")
