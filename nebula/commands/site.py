@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from nebula.errors import ConfigError
+from nebula.site.supervisor import tail
 
 
 def register(sub) -> None:
@@ -71,7 +72,7 @@ def _up(args) -> int:
     deadline = time.monotonic() + 30
     while not _up_by(state_file(site), proc.pid):
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise ConfigError(f"site {site.name} did not come up; {log}:\n{_tail(log, 15)}")
+            raise ConfigError(f"site {site.name} did not come up; {log}:\n{tail(log, 15)}")
         time.sleep(0.1)
     print(f"site {site.name} up (supervisor pid {proc.pid}); `nebula site status {args.config}`, "
           f"`nebula site logs {args.config}`, `nebula site down {args.config}`")
@@ -79,10 +80,8 @@ def _up(args) -> int:
 
 
 def _up_by(path: Path, pid: int) -> bool:
-    try:
-        return json.loads(path.read_text()).get("pid") == pid
-    except (OSError, ValueError):
-        return False
+    from nebula.site.status import read_json_or_empty
+    return read_json_or_empty(path).get("pid") == pid
 
 
 def _down(args) -> int:
@@ -91,6 +90,7 @@ def _down(args) -> int:
     import os
 
     from nebula.site.site import alive, read_pid
+    from nebula.site.status import read_json_or_empty
     from nebula.transport.config import load_site_config
 
     site = load_site_config(args.config)
@@ -105,7 +105,8 @@ def _down(args) -> int:
     while any(alive(pid) for pid in running.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
     left = [pid for pid in running.values() if alive(pid)]
-    states = [r for f in (site.run / "status").glob("supervisor*.json") for r in _read(f).get("services", [])]
+    states = [r for f in (site.run / "status").glob("supervisor*.json")
+              for r in read_json_or_empty(f).get("services", [])]
     left += [p for s in states for p in s.get("pids", []) if alive(p)]
     for pid in left:  # a supervisor that did not stop in time, or services it left behind
         try:
@@ -137,7 +138,7 @@ def _logs(args) -> int:
         if not logs:
             raise ConfigError(f"no log of {args.service!r} in {site.run / 'logs'}")
     for path in logs:
-        print(f"==> {path.name} <==\n{_tail(path, args.lines)}")
+        print(f"==> {path.name} <==\n{tail(path, args.lines)}")
     if args.follow:
         _follow(logs)
     return 0
@@ -156,18 +157,6 @@ def _follow(paths: list[Path]) -> None:
                 for line in chunk.decode(errors="replace").splitlines():
                     print(prefix + line, flush=True)
         time.sleep(0.5)
-
-
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _tail(path: Path, lines: int) -> str:
-    from nebula.site.supervisor import tail
-    return tail(path, lines)
 
 
 def _init(args) -> int:

@@ -23,10 +23,10 @@ def site_status(site: SiteConfig) -> dict:
     the service's state."""
     pid = read_pid(pid_file(site))
     up = pid is not None and alive(pid)
-    records = [r for f in sorted((site.run / "status").glob("supervisor*.json")) for r in _read(f).get("services", [])]
+    records = [r for f in sorted((site.run / "status").glob("supervisor*.json")) for r in read_json_or_empty(f).get("services", [])]
     services = []
     for s in records:
-        reported = _read(site.run / "status" / f"{s['name']}.json")
+        reported = read_json_or_empty(site.run / "status" / f"{s['name']}.json")
         fresh = time.time() - reported.get("updated", 0) < STALE_S
         state = (s["state"] if up or s["state"] in ("done", "failed")
                  else reported.get("state", "down") if fresh else "down")
@@ -73,7 +73,8 @@ def _bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def _read(path: Path) -> dict:
+def read_json_or_empty(path: Path) -> dict:
+    """A state or status file's record; {} while it is missing or being replaced."""
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):

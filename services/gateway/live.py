@@ -70,10 +70,6 @@ class LiveConnections:
         recent[:] = [bytes(routing_id), *recent[:RECENT - 1]]
         return True
 
-    def route(self, address: str) -> bytes | None:
-        binding = self.stages.get(address)
-        return binding.routing_id if binding else None
-
     def saw_gateway(self, cred: Credential) -> None:
         self.gateways[cred.address] = cred
 
