@@ -114,25 +114,26 @@ def _list(args) -> int:
 
     store = SiteKeyStore.open(args.dir, args.site)
     trust = TrustStore.load(store.dir)
-    rows = [("ADDRESS", "ROLE", "SERIAL", "EXPIRES", "STATUS")]
+    rows, now = [("ADDRESS", "ROLE", "SERIAL", "EXPIRES", "STATUS")], time.time()
     for cert in sorted(trust.certificates(), key=lambda c: (c.address, c.not_after)):
-        rows.append((cert.address, cert.role, str(cert.serial), _date(cert.not_after), _status(trust, cert)))
+        rows.append((cert.address, cert.role, str(cert.serial), _date(cert.not_after), _status(trust, cert, now)))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
     return 0
 
 
-def _status(trust, cert) -> str:
-    ca = trust.cas.get(cert.issuer_fingerprint)
-    now = time.time()
-    if ca is None:
-        return "untrusted CA"
-    if cert.serial in ca.revoked:
-        return "revoked"
-    if now >= cert.not_after:
-        return "expired"
-    return "not yet valid" if now < cert.not_before else "valid"
+def _status(trust, cert, now: float) -> str:
+    """The admission check itself (nebula.security.trust.check_certificate) in the certificate's role:
+    `valid`, or the check that refuses it (`bad signature`, `untrusted CA`, `revoked`, `expired`, ...)."""
+    from nebula.errors import AuthError
+    from nebula.security.trust import FAILED_CHECKS, check_certificate
+
+    try:
+        check_certificate(trust.snapshot, cert, {cert.role}, now)
+    except AuthError as exc:
+        return next((check for check in FAILED_CHECKS if str(exc).startswith(check)), "refused")
+    return "valid"
 
 
 def _date(ts: int) -> str:

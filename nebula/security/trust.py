@@ -120,15 +120,22 @@ def check_peer(store: TrustStore, curve_public_key: bytes, allowed_roles: set[st
     first_error: AuthError | None = None
     for cert in newest_first:
         try:
-            _check_one(snapshot, cert, allowed_roles, now, sites)
+            check_certificate(snapshot, cert, allowed_roles, now, sites)
             return cert
         except AuthError as exc:
             first_error = first_error or exc
     raise first_error
 
 
-def _check_one(snapshot: TrustSnapshot, cert: Certificate, roles: set[str], now: float,
-               sites: set[str] | None) -> None:
+# What a refusal of check_certificate starts with, one per check, in the order they are applied.
+FAILED_CHECKS = ("untrusted CA", "bad signature", "revoked", "not yet valid", "expired", "role", "reserved name",
+                 "site")
+
+
+def check_certificate(snapshot: TrustSnapshot, cert: Certificate, roles: set[str], now: float,
+                      sites: set[str] | None = None) -> None:
+    """Admission's rule for one certificate (issuer, signature, revocation, validity window, role,
+    reserved name, site), or AuthError whose message starts with one of FAILED_CHECKS."""
     ca = snapshot.cas.get(cert.issuer_fingerprint)
     if ca is None:
         raise AuthError(f"untrusted CA: {cert.address} is signed by {cert.issuer_site} "

@@ -1,6 +1,7 @@
 """`nebula keys` and `nebula audit` end to end through nebula.cli.main, in a temporary directory."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -86,3 +87,38 @@ def test_refusals_on_an_existing_site(nebula, tmp_path):
     (tmp_path / "junk.json").write_text("{}")
     code, _, err = nebula("keys", "trust", "junk.json")
     assert code == 2 and "neither a trust bundle nor a CA public key" in err
+
+
+def test_list_status_checks_the_signature_and_issuer_as_admission_does(nebula, tmp_path):
+    """A certificate whose signature is forged, or that another CA signed while naming site a's CA,
+    is never admitted: `keys list` must not show it as valid."""
+    from nebula.security.certs import Certificate, issue_certificate
+    from nebula.security.keyfile import write_json
+    from nebula.security.keys import generate_identity
+    from nebula.security.keystore import SiteKeyStore
+
+    for site in ("a", "b"):
+        nebula("keys", "init-site", site)
+        nebula("keys", "issue", f"{site}/gateway/0", "--role", "gateway", "--days", "30")
+    nebula("keys", "export", "--site", "b", "--out", "b.bundle.json")
+    nebula("keys", "trust", "--site", "a", "b.bundle.json")
+    store, b = SiteKeyStore.open(tmp_path / "keys", "a"), SiteKeyStore.open(tmp_path / "keys", "b")
+    (genuine,) = store.certificates()
+    now = int(genuine.not_before)
+    # The genuine certificate with its role changed after signing: the signature no longer covers it.
+    forged = Certificate.from_dict({**genuine.to_dict(), "address": "a/forged/0", "role": "admin"})
+    # Signed by a stranger's CA, claiming to be from site a's CA.
+    stranger = issue_certificate(generate_identity(), "a", "a/stranger/0", "stage", generate_identity().verify_key,
+                                 now, now + 86400, serial=7)
+    stranger = Certificate.from_dict({**stranger.to_dict(), "issuer": genuine.to_dict()["issuer"]})
+    # Signed by site b's CA, which site a trusts, for an address of site a.
+    unsigned = dataclasses.replace(b.certificates()[0], address="a/imposter/0", role="stage", signature="")
+    imposter = dataclasses.replace(unsigned, signature=b.ca_secret().sign(unsigned.signed_bytes()).signature.hex())
+    for cert in (forged, stranger, imposter):
+        write_json(store.dir / "certs" / f"{cert.address.replace('/', '.')}.{cert.serial:016x}.json", cert.to_dict())
+
+    code, out, _ = nebula("keys", "list", "--site", "a")
+    rows = {line.split()[0]: " ".join(line.split()[5:]) for line in out.splitlines()[1:]}
+    assert code == 0
+    assert rows == {"a/gateway/0": "valid", "b/gateway/0": "valid", "a/forged/0": "bad signature",
+                    "a/stranger/0": "bad signature", "a/imposter/0": "untrusted CA"}
