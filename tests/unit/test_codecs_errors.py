@@ -117,3 +117,17 @@ def test_any_meta_from_the_network_gives_a_tensor_or_a_codec_error(spec, meta, d
     except CodecError:
         return
     assert y.shape == payload.shape
+
+
+def test_topk_duplicate_indices_are_refused():
+    """Two values for one index would decode to whichever the scatter wrote last: undefined, so refused."""
+    values, indices = torch.tensor([1.0, 2.0]), torch.tensor([3, 3], dtype=torch.int32)
+    payload = dataclasses.replace(_payload("topk(0.5)", torch.randn(4)), parts=[values, indices])
+    with pytest.raises(CodecError, match="index 3 twice"):
+        unpack(payload)
+
+
+def test_topk_sends_its_indices_in_ascending_order():
+    """One selection, one encoding: the bytes a sender produces do not depend on topk's internal order."""
+    _, indices = _payload("topk(0.3)", torch.randn(1000)).parts
+    assert torch.equal(indices, indices.sort().values)
