@@ -30,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from nebula.errors import ConfigError, DataError
 from nebula.security.audit_series import archive_path, archives, last_record, series_base
@@ -85,12 +85,14 @@ class AuditLog:
     """`path` is the live file; `max_bytes` its size limit before rotation (a single larger record
     still goes in, alone); `summary_interval` the seconds one summary record of `tally()` or
     `repeated()` covers; `full_records` how many of one key's `repeated()` events per interval are
-    written in full."""
+    written in full; `clock` the unix time a record's `ts` (and a summary's times) is read from (a
+    fixed one makes a log's bytes reproducible: the examples of docs/protocol.md)."""
 
     def __init__(self, path: str | os.PathLike, fsync_interval: float | None = 1.0,
                  max_bytes: int = DEFAULT_MAX_BYTES, summary_interval: float = DEFAULT_SUMMARY_INTERVAL,
-                 full_records: int = DEFAULT_FULL_RECORDS):
+                 full_records: int = DEFAULT_FULL_RECORDS, clock: Callable[[], float] = time.time):
         self.path = Path(path)
+        self.clock = clock
         self.fsync_interval = fsync_interval
         self.max_bytes = _positive(max_bytes, "max_bytes", int)
         self.summary_interval = _positive(summary_interval, "summary_interval", (int, float))
@@ -114,7 +116,7 @@ class AuditLog:
     def tally(self, event: str, nbytes: int, **key: Any) -> None:
         """Count one message of `nbytes` under (event, key); `flush_summaries` writes one record per key:
         {event, **key, messages, bytes, first_ts, last_ts}. For routine traffic, never security events."""
-        now = time.time()
+        now = self.clock()
         with self._lock:
             slot = self._slot(self._tallies, event, key, RESERVED | SUMMARY_FIELDS)
             counts = self._tallies.get(slot)
@@ -136,7 +138,7 @@ class AuditLog:
         {**key, recorded (in full), suppressed (counted only), reasons: {reason: count} (MAX_REASONS,
         then OTHER), distinct (values of `distinct` seen, up to MAX_DISTINCT), first_ts, last_ts} of the
         suppressed ones. `reason` should name a kind of decision, not repeat the key. -> written in full."""
-        now = time.time()
+        now = self.clock()
         with self._lock:
             slot = self._slot(self._repeats, event, key, RESERVED | REPEAT_FIELDS)
             counts = self._repeats.setdefault(slot, _Repeats())
@@ -227,7 +229,7 @@ class AuditLog:
         return written
 
     def _next(self, event: str, fields: dict) -> tuple[dict, bytes]:
-        record = {"seq": self._seq + 1, "ts": time.time(), "event": event, **fields, "prev": self._hash}
+        record = {"seq": self._seq + 1, "ts": self.clock(), "event": event, **fields, "prev": self._hash}
         body = _encode(record)
         digest = hashlib.sha256(body).hexdigest()
         record["hash"] = digest

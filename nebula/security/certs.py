@@ -64,6 +64,12 @@ def address_filename(address: str) -> str:
     return address.replace("/", ".")
 
 
+def certificate_filename(address: str, serial: int) -> str:
+    """A key store's name for a certificate: a/gateway/0, serial 4660 -> a.gateway.0.0000000000001234.json.
+    The serial is 16 lower-case hex digits here, and decimal everywhere else (JSON, the CLI, ZAP)."""
+    return f"{address_filename(address)}.{serial:016x}.json"
+
+
 @dataclass(frozen=True)
 class Certificate:
     serial: int

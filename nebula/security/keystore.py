@@ -20,7 +20,8 @@ from nacl.signing import SigningKey, VerifyKey
 from nebula.errors import AuthError, ConfigError
 from nebula.security.audit import AuditLog
 from nebula.security.bundle import Bundle, ca_public_dict, parse_bundle, verify_bundle_certs
-from nebula.security.certs import Certificate, address_filename, check_site_name, issue_certificate, parse_address
+from nebula.security.certs import (Certificate, address_filename, certificate_filename, check_site_name,
+                                   issue_certificate, parse_address)
 from nebula.security.crl import RevocationList, sign_crl
 from nebula.security.keyfile import locked, read_json, read_secret_json, write_json
 from nebula.security.keys import fingerprint, generate_identity, signing_key_from_hex
@@ -117,7 +118,7 @@ class SiteKeyStore:
                                  start, start + int(days * DAY))
         if not (reuse_key and key_path.exists()):
             write_signing_key(key_path, key, address)
-        write_json(self.dir / "certs" / f"{address_filename(address)}.{cert.serial:016x}.json", cert.to_dict())
+        write_json(self.dir / "certs" / certificate_filename(address, cert.serial), cert.to_dict())
         self._audit("key.issued", address=address, role=role, serial=cert.serial,
                           not_after=cert.not_after, curve_key=cert.curve_key)
         return cert

@@ -92,7 +92,7 @@ def test_refusals_on_an_existing_site(nebula, tmp_path):
 def test_list_status_checks_the_signature_and_issuer_as_admission_does(nebula, tmp_path):
     """A certificate whose signature is forged, or that another CA signed while naming site a's CA,
     is never admitted: `keys list` must not show it as valid."""
-    from nebula.security.certs import Certificate, issue_certificate
+    from nebula.security.certs import Certificate, certificate_filename, issue_certificate
     from nebula.security.keyfile import write_json
     from nebula.security.keys import generate_identity
     from nebula.security.keystore import SiteKeyStore
@@ -115,7 +115,7 @@ def test_list_status_checks_the_signature_and_issuer_as_admission_does(nebula, t
     unsigned = dataclasses.replace(b.certificates()[0], address="a/imposter/0", role="stage", signature="")
     imposter = dataclasses.replace(unsigned, signature=b.ca_secret().sign(unsigned.signed_bytes()).signature.hex())
     for cert in (forged, stranger, imposter):
-        write_json(store.dir / "certs" / f"{cert.address.replace('/', '.')}.{cert.serial:016x}.json", cert.to_dict())
+        write_json(store.dir / "certs" / certificate_filename(cert.address, cert.serial), cert.to_dict())
 
     code, out, _ = nebula("keys", "list", "--site", "a")
     rows = {line.split()[0]: " ".join(line.split()[5:]) for line in out.splitlines()[1:]}
