@@ -33,13 +33,13 @@ from services.gateway.live import Credential, LiveConnections, credential_proble
 from services.gateway.meter import Meter
 from services.gateway.peers import PeerLinks
 from services.gateway.queues import HopQueues
+from services.gateway.records import clip, tally_key, transfer_fields
 from services.gateway.rates import SenderRates
 
 log = logging.getLogger("nebula.gateway")
 BATCH = 64  # messages taken from one socket before the others get their turn
 SUMMARISED = (Kind.ACK, Kind.HEARTBEAT)  # audited as per-interval counts, not one record each
 TRUST_RECHECK = 1.0  # seconds between re-checks of live connections against trust (and the clock)
-CLIP = 256  # characters of a sender-chosen string (an address, a job id, a reason) kept in an audit record
 
 
 class Gateway:
@@ -289,9 +289,9 @@ class Gateway:
         if refusal.code != "unreachable":  # transient and frequent at start-up: counted, not audited
             # A sender can repeat a refusal at will: the first few per sender, code and interval in full,
             # the rest counted into a gateway.refused.summary (AuditLog.repeated).
-            reason = _clip(refusal.message)
-            fields = {"reason": reason, "job": _clip(env.job) if env else "", "src": _clip(env.src) if env else "",
-                      "dst": _clip(env.dst) if env else "", "kind": int(env.kind) if env else 0}
+            reason = clip(refusal.message)
+            fields = {"reason": reason, "job": clip(env.job) if env else "", "src": clip(env.src) if env else "",
+                      "dst": clip(env.dst) if env else "", "kind": int(env.kind) if env else 0}
             if self.audit.repeated("gateway.refused", {"origin": origin, "sender": sender, "code": refusal.code},
                                    fields, reason=reason):
                 log.warning("refused a message from %s: %s", sender, refusal)
@@ -310,12 +310,9 @@ class Gateway:
         interval and (direction, job, src, dst, kind), with its message and byte counts."""
         env = msg.env
         if env.kind in SUMMARISED:
-            self.audit.tally("transfer.summary", msg.nbytes, direction=direction, job=_clip(env.job),
-                             src=_clip(env.src), dst=_clip(env.dst), kind=Kind(env.kind).name)
+            self.audit.tally("transfer.summary", msg.nbytes, **tally_key(direction, env))
             return
-        self.audit.append(f"transfer.{direction}", job=_clip(env.job), src=_clip(env.src), dst=_clip(env.dst),
-                          kind=Kind(env.kind).name, bytes=msg.nbytes, msg_seq=env.seq,
-                          codecs=sorted({_clip(t.codec, 64) for t in env.tensors})[:8])
+        self.audit.append(f"transfer.{direction}", **transfer_fields(env, msg.nbytes))
 
     def _maybe_log_stats(self) -> None:
         interval = self.site.gateway.stats_interval
@@ -346,9 +343,4 @@ def _peer_name(frames: list[Any], origin: str) -> str:
         return first.get("User-Id") if origin != PEER else "peer gateway"
     except (zmq.ZMQError, IndexError):
         return "unknown"
-
-
-def _clip(text: str, limit: int = CLIP) -> str:
-    """A sender-chosen string as an audit record keeps it: at most `limit` characters, and says so."""
-    return text if len(text) <= limit else f"{text[:limit]}...({len(text) - limit} more)"
 

@@ -237,18 +237,20 @@ def audit_writes() -> dict[str, set[str]]:
     """Every audit record the source writes: event -> its fields (besides seq, ts, event, prev, hash).
     Found by reading the calls: `<...>audit.append|tally|repeated(EVENT, ...)`, `<...>._audit(EVENT, ...)`
     and `audit(DIR, EVENT, ...)` (nebula.security.accounts.audit)."""
+    trees = [ast.parse(p.read_text()) for p in sorted([*ROOT.glob("nebula/**/*.py"), *ROOT.glob("services/**/*.py")])]
+    # module-level functions that build a record's fields: `**transfer_fields(env, n)` has their keys
+    builders = {f.name: f for tree in trees for f in tree.body if isinstance(f, ast.FunctionDef)}
     events: dict[str, set[str]] = {}
-    for path in sorted([*ROOT.glob("nebula/**/*.py"), *ROOT.glob("services/**/*.py")]):
-        for func in ast.walk(ast.parse(path.read_text())):
-            if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                for call in ast.walk(func):
-                    if isinstance(call, ast.Call):
-                        for event, fields in _audit_call(call, func):
-                            events.setdefault(event, set()).update(fields)
+    for func in (node for tree in trees for node in ast.walk(tree)):
+        if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for call in ast.walk(func):
+                if isinstance(call, ast.Call):
+                    for event, fields in _audit_call(call, func, builders):
+                        events.setdefault(event, set()).update(fields)
     return events
 
 
-def _audit_call(call: ast.Call, func: ast.AST) -> list[tuple[str, set[str]]]:
+def _audit_call(call: ast.Call, func: ast.AST, builders: dict) -> list[tuple[str, set[str]]]:
     f = call.func
     if isinstance(f, ast.Attribute) and f.attr in WRITERS and (f.attr == "_audit" or ast.unparse(f.value).endswith("audit")):
         kind, args = f.attr, call.args
@@ -259,13 +261,13 @@ def _audit_call(call: ast.Call, func: ast.AST) -> list[tuple[str, set[str]]]:
     names = _event_names(args[0]) if args else []
     fields = {k.arg for k in call.keywords if k.arg}
     for k in call.keywords:
-        if k.arg is None:  # **{k: v for ... if k in ("a", "b")}
-            fields |= _dict_keys(k.value, func)
+        if k.arg is None:  # **{k: v for ... if k in ("a", "b")}, **builder(...)
+            fields |= _dict_keys(k.value, func, builders)
     if kind == "tally":
         return [(name, fields | SUMMARY_FIELDS) for name in names]
     if kind == "repeated":
-        key = _dict_keys(args[1], func)
-        return [(name, key | _dict_keys(args[2], func)) for name in names] + \
+        key = _dict_keys(args[1], func, builders)
+        return [(name, key | _dict_keys(args[2], func, builders)) for name in names] + \
                [(f"{name}.summary", key | REPEAT_FIELDS) for name in names]
     return [(name, fields) for name in names]
 
@@ -280,7 +282,10 @@ def _event_names(node: ast.AST) -> list[str]:
     return []  # a wrapper passing its own argument on (AuditLog.append inside audit())
 
 
-def _dict_keys(node: ast.AST, func: ast.AST) -> set[str]:
+def _dict_keys(node: ast.AST, func: ast.AST, builders: dict) -> set[str]:
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in builders:
+        func = builders[node.func.id]  # the dict its `return` builds
+        node = next(sub.value for sub in ast.walk(func) if isinstance(sub, ast.Return))
     if isinstance(node, ast.Name):  # a local `fields = {...}`
         for sub in ast.walk(func):
             if isinstance(sub, ast.Assign) and any(isinstance(t, ast.Name) and t.id == node.id for t in sub.targets):
