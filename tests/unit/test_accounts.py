@@ -126,3 +126,17 @@ def test_a_site_config_without_a_ca_store_says_where_users_live(nebula, tmp_path
     config.write_text(config.read_text().replace('ca = "keys/a"\n', ""))
     code, _, err = nebula("user", "list", "--site-config", str(config))
     assert code == 2 and "names no [site].ca" in err
+
+
+def test_a_secret_hash_holds_the_parameters_docs_security_states():
+    """docs/security.md, "Accounts": argon2id, 2 passes over 64 MiB, 8 characters or more."""
+    from pathlib import Path
+
+    from nebula.security.accounts import hash_secret
+
+    params = hash_secret("correct horse").split("$")[3]  # $argon2id$v=19$m=65536,t=2,p=1$salt$hash
+    assert params == "m=65536,t=2,p=1"
+    doc = " ".join((Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text().split())
+    assert "2 passes over 64 MiB per check" in doc and "A secret (8 characters or more)" in doc
+    with pytest.raises(ConfigError, match="at least 8"):
+        hash_secret("7 chars")
