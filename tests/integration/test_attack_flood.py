@@ -4,7 +4,8 @@ nebula.bench.flood's (`nebula bench flood` runs them for 20 s each and prints th
 
 Stated bounds, with the defaults (docs/security.md, "Under a flood"):
 - a stage's messages: at most `rate_burst` + `rate_limit` x t forwarded (2,000 + 1,000/s), so at most that
-  many transfer records, each under 1.6 KB; the rest is refused "rate-limited" and summarised;
+  many transfer records, each 1,767 bytes at most (tests/unit/test_audit_bounds.py); the rest is refused
+  "rate-limited" and summarised;
 - refusals and handshakes: per source (and code) per 10 s interval, 5 records in full and one summary;
 - memory: what the gateway holds for one next hop that does not read is at most `queue_bytes` (256 MiB).
 Every refusal and every handshake decision is still in the audit log: in full, or counted in a summary.
@@ -19,7 +20,7 @@ from nebula.bench.flood import flood
 SECONDS = 3.0
 RATE, BURST = 1000, 2000  # the defaults of [gateway] rate_limit and rate_burst
 QUEUE_BYTES = 256 << 20  # the default of [gateway] queue_bytes
-TRANSFER_RECORD = 400  # bytes of one transfer record with this test's names (the limit is 1.6 KB)
+TRANSFER_RECORD = 400  # bytes of one transfer record with this test's names (at most 1,767: test_audit_bounds)
 
 
 def records(root: Path, site: str) -> list[dict]:
