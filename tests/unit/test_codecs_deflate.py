@@ -7,6 +7,7 @@ import json
 import tracemalloc
 import zlib
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
@@ -33,8 +34,9 @@ def through_wire(payload):
 
 
 def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
-    return x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.reshape(-1).view(torch.uint8),
-                                                                     y.reshape(-1).view(torch.uint8))
+    if x.dtype != y.dtype or x.shape != y.shape:
+        return False
+    return x.numel() == 0 or torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8))
 
 
 def special_floats(dtype: torch.dtype) -> torch.Tensor:
@@ -57,6 +59,9 @@ TENSORS = {
     "empty": torch.empty(0, dtype=torch.int32),
     "empty (0, 128)": torch.empty(0, 128, dtype=torch.int64),
     "empty (4, 0) bool": torch.empty(4, 0, dtype=torch.bool),
+    # no elements, with stride 0 (torch.from_numpy of an empty array): viewing them as bytes for the byte
+    # shuffle raised RuntimeError
+    "empty float32, stride 0": torch.from_numpy(np.zeros(0, np.float32)),
 }
 
 
