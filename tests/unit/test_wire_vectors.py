@@ -1,6 +1,6 @@
 """The wire conformance vectors (tests/vectors/wire/): the code decodes each exactly, re-encodes the decoded
 message to the same bytes, refuses each reject with the error it names, and reproduces every vector from
-its input as far as its `encoder` says (regenerate: python -m tests.wire_vectors_support --regenerate)."""
+its input as far as its `encoder` says (regenerate: python -m tests.vectors.make_wire --regenerate)."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +12,7 @@ import torch
 
 from nebula.codecs import unpack
 from nebula.wire import decode_message, dtype_names, with_base
-from tests.wire_vectors_support import (EXACT, FACTORS, ROOT, ZLIB, frames_of, generate, refusal, tensor_bytes,
+from tests.vectors.make_wire import (EXACT, FACTORS, ROOT, ZLIB, frames_of, generate, refusal, tensor_bytes,
                                         values)
 
 STORED = {path.name: json.loads(path.read_text()) for path in sorted(ROOT.glob("*.json"))}

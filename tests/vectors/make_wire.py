@@ -1,7 +1,8 @@
 """The wire conformance vectors (tests/vectors/wire/*.json): how each is built from the code, and how a
 vector is printed in docs/protocol.md's worked examples.
 
-    python -m tests.wire_vectors_support --regenerate     # rewrite tests/vectors/wire/ from the code
+    .venv/bin/python -m tests.vectors.make_wire --regenerate    # rewrites tests/vectors/wire/ from the code
+    .venv/bin/python -m tests.vectors.make_wire                 # says which files differ from the code
 
 A vector is one message: its frames in hex, the envelope as proto3 JSON, and per tensor the input the
 encoder was given (if it was), how far an encoder must reproduce the frames (`encoder`), and the decoded
@@ -26,7 +27,7 @@ from nebula.codecs import pack, unpack
 from nebula.errors import CodecError, WireError
 from nebula.wire import Kind, Message, TensorPayload, decode_message, dtype_names, encode_message, with_base
 
-ROOT = Path(__file__).resolve().parent / "vectors" / "wire"
+ROOT = Path(__file__).resolve().parent / "wire"
 # every vector's envelope fields: few and small, so the hex stays readable
 HEAD = {"job": "demo", "src": "a/enc/0", "dst": "b/dec/0", "seq": 1, "step": 1, "epoch": 1}
 # how far a conformant encoder reproduces a vector from its input: bit for bit; factors that decode to
@@ -131,6 +132,8 @@ VECTORS: dict[str, list[Vector]] = {
                 torch.tensor([[127.0, 2.5, 3.5], [-0.5, 0.0, 0.0]])),
         encoded("int8-one-block", "the default block of 64 holds the whole tensor; q = rint(x * fl(1/s))", "int8",
                 f32(0.3, -1.0, 0.05, 0.7)),
+        encoded("int8-reciprocal", "x / s = 5.5 would round to 6; the encoder rounds x * fl(1/s) = 5.4999995 to 5",
+                "int8", f32(1.0, 0.04330708459019661)),
         encoded("int8-bf16-scales", "bfloat16 scales, blocks of 2", "int8(block=2, scale=bf16)",
                 f32(0.3, -1.0, 100.0, 7.0)),
         encoded("int8-float16-input", "a float16 tensor: decoded in float32, then rounded to the header's float16",
@@ -372,7 +375,7 @@ def stored_vector(name: str) -> dict[str, Any]:
         for vector in json.loads(path.read_text()).get("vectors", []):
             if vector["name"] == name:
                 return vector
-    raise KeyError(f"no wire vector named {name!r}; regenerate: python -m tests.wire_vectors_support --regenerate")
+    raise KeyError(f"no wire vector named {name!r}; regenerate: python -m tests.vectors.make_wire --regenerate")
 
 
 def main() -> int:
