@@ -3,10 +3,12 @@ part's bytes and values, the decoded tensor), an envelope annotated field by fie
 sizes of a 25 MB activation per codec."""
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import textwrap
 import zlib
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -152,13 +154,27 @@ def longest_envelope(frames: list) -> int:
     return len(env.SerializeToString())
 
 
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Encode 25 MB tensors on one thread: on a loaded 2-core machine two threads make lowrank 20x slower,
+    and sizes do not depend on speed."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+@functools.cache
 def envelope_sizes() -> list[dict[str, Any]]:
     """Per codec: the envelope of `nebula bench codecs`'s activation message, at most, and what it is of
     the tensor's 25 MB and of the payload."""
     x = torch.randn(ACTIVATION, generator=torch.Generator().manual_seed(0))
     rows = []
     for spec in SIZE_CODECS:
-        payload = pack("activation", "activation", x, spec)
+        with one_thread():
+            payload = pack("activation", "activation", x, spec)
         envelope = longest_envelope(encode_message(wire_message(payload)))
         rows.append({"codec": payload.codec, "parts": len(payload.parts), "meta": len(payload.meta),
                      "envelope": envelope, "of_tensor": 100 * envelope / (x.numel() * 4),
