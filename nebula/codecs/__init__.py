@@ -3,7 +3,8 @@
     payload = pack("h", "activation", x, "fp16(svd(0.6))", state=codec_state.slot(link, "h"))
     x2 = unpack(payload)
 
-Spec grammar, wire layouts and measurements: docs/codecs.md.
+Spec grammar, wire layouts and measurements: docs/codecs.md; the normative layouts and arithmetic,
+with worked examples: docs/protocol.md §3.
 """
 from nebula.codecs.base import CODECS, Codec, register_codec
 # importing a codec module registers it

@@ -2,7 +2,8 @@
 
 Before zlib, a transform that lines the bytes up for it:
 - integers wider than a byte (int32, int64): zigzag LEB128 varints, 7 bits per byte, low group first
-  (byte bit 7 = another byte follows): an id below 128 is one byte, below 16384 two; with a
+  (byte bit 7 = another byte follows): an id below 64 is one byte, below 8192 two (zigzag doubles
+  non-negative values); with a
   frequency-ordered vocabulary most tokens are one or two bytes before zlib even starts. Where the
   varints would be longer than the raw bytes (64-bit hashes), the byte shuffle instead, and meta
   says so ("shuffle": true);

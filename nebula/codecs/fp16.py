@@ -15,7 +15,8 @@ FP16_MAX = 65504.0
 @register_codec("fp16")
 @dataclass(frozen=True)
 class Fp16(Codec):
-    """Values beyond +-65504 would become Inf: refused (use bf16, whose range is float32's)."""
+    """Values that round beyond +-65504 (|x| >= 65520) would become Inf: refused (use bf16, whose range
+    is float32's)."""
 
     def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
         require_float("fp16", x)

@@ -2,8 +2,9 @@
 
 The flattened tensor is cut into blocks of `block` consecutive elements (the last one may be short);
 each block b gets scale_b = absmax_b / 127 in the scale dtype (round to nearest) and
-q = clamp(round(x / scale_b), -127, 127): the clamp matters when a 2-byte scale rounded down, and it
-keeps any value from wrapping around.
+q = clamp(rint(x * fl32(1 / scale_b)), -127, 127), ties to even, with the reciprocal taken as 0 where it
+overflows (an all-zero block): not round(x / scale_b), which differs at ties (docs/protocol.md §3.3).
+The clamp matters when a 2-byte scale rounded down, and it keeps any value from wrapping around.
 Wire: part 0 = q, int8, the input's shape; part 1 = scales, (ceil(numel / block),) in `scale` dtype.
 Bytes = numel + ceil(numel / block) * sizeof(scale): 0.2656 of float32 at block 64 with fp32 scales,
 0.2578 with bf16 scales. fp32 is the default: measured on a Gaussian 25 MB activation it is both more
