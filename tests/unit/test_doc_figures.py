@@ -11,9 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import zmq
 
 from nebula.codecs import pack
+from nebula.security.audit import DEFAULT_FULL_RECORDS, DEFAULT_SUMMARY_INTERVAL
 from nebula.transport.config import ChannelConfig, _GatewayTable
+from nebula.transport.sockets import HARD_FRAME_LIMIT, tune
+from services.gateway.admission import STORE_RECHECK
 from tests.unit.test_codecs_deflate import token_ids
 from tests.wire_doc_support import envelope_sizes, one_thread
 
@@ -123,6 +127,18 @@ def test_the_defaults_docs_transport_md_states_are_the_codes():
     units = {"": 1, " MiB": 1 << 20, " s": 1}
     for name, value, unit in re.findall(r"`(\w+)` \((\d+)( MiB| s)?\)", doc):
         assert channel[name] == int(value) * units[unit], name
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        tune(sock, hwm=10)
+        heartbeat = (sock.heartbeat_ivl / 1000, sock.heartbeat_timeout / 1000)
+        assert sock.maxmsgsize == HARD_FRAME_LIMIT == (2 << 30) - 1 and sock.reconnect_ivl == 100
+    finally:
+        sock.close(linger=0)
+    flat = " ".join(doc.split())
+    assert f"ZMTP heartbeats ({heartbeat[0]:.0f} s / {heartbeat[1]:.0f} s), `maxmsgsize` 2 GiB − 1" in flat
+    assert "a refused client retries every ~100 ms" in flat
+    assert STORE_RECHECK == 1.0 and "re-reading the store at most once a second" in flat
+    assert f"the first {DEFAULT_FULL_RECORDS} in each {DEFAULT_SUMMARY_INTERVAL:.0f} s" in flat
 
 
 def test_the_prose_of_docs_transport_md_quotes_its_table():
