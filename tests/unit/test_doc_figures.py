@@ -158,5 +158,6 @@ def test_the_retired_figures_are_gone(name):
     """The figures issue 14 found wrong or produced by nothing."""
     doc = text(name)
     for stale in ("about 160 bytes", "234 bytes", "~100 bytes", "0.0565", "< 0.001%", "~60 bytes", "~20–30%",
-                  "35 ms", "1.67 bytes", "once in 130 calls", "3000 fuzzed", "120-250", "hivemind's blockwise"):
+                  "35 ms", "1.67 bytes", "once in 130 calls", "3000 fuzzed", "120-250", "hivemind's blockwise",
+                  "one run in five", "4 MiB buffers"):
         assert stale not in doc, stale
