@@ -90,6 +90,10 @@ class InferencePasses:
                              f"{batch.ids.shape[0]} examples")
         return list(results)
 
+    def forget_examples(self, split: str) -> None:
+        """The source's `split` changed (e.g. `nebula translate`'s next input): read its ids again."""
+        self._hashes.pop(split, None)
+
     def _example_hashes(self, split: str) -> torch.Tensor:
         if split not in self._hashes:
             self._hashes[split] = id_hashes(self.stage.examples(split))

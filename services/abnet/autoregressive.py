@@ -77,15 +77,24 @@ def _not(token: int, vocab: int) -> torch.Tensor:
 
 @torch.no_grad()
 def beam_search(dec: ArDecoder, hidden: torch.Tensor, src_mask: torch.Tensor, beam: int = 4,
-                max_len: int | None = None) -> list[list[int]]:
+                max_len: int | None = None, max_len_a: float | None = None, max_len_b: int = 0,
+                no_repeat_ngram: int = 0) -> list[list[int]]:
     """hidden (B, S, H_E), src_mask (B, S) -> B lists of target content ids (no [CLS]/[SEP]).
 
-    ``max_len`` caps the content length; by default source length + the decoder's ``max_delta``.
+    ``max_len`` caps the content length; else, as fairseq, ``max_len_a * source length + max_len_b``
+    when ``max_len_a`` is given; by default source length + the decoder's ``max_delta``.
+    ``no_repeat_ngram`` n > 0: no hypothesis repeats an n-gram (fairseq's --no-repeat-ngram-size).
     Rows are ``B * beam`` hypotheses, source-major; the decoder state follows them through
     ``reorder`` so each step costs one token's compute.
     """
     b, sp = hidden.shape[0], dec.specials
-    limit = src_mask.sum(1) + dec.max_delta if max_len is None else torch.full((b,), max_len)
+    src_len = src_mask.sum(1)
+    if max_len is not None:
+        limit = torch.full((b,), max_len)
+    elif max_len_a is not None:
+        limit = (max_len_a * src_len + max_len_b).ceil().long().clamp(min=1)
+    else:
+        limit = src_len + dec.max_delta
     state = dec.start_decoding(hidden.repeat_interleave(beam, 0), src_mask.bool().repeat_interleave(beam, 0))
     prefix = torch.full((b * beam, 1), sp.bos, dtype=torch.long)
     # Only the first beam of each source is live at the start, so step 1 picks k distinct tokens.
@@ -93,7 +102,10 @@ def beam_search(dec: ArDecoder, hidden: torch.Tensor, src_mask: torch.Tensor, be
     scores[:, 0] = 0.0
     finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
     for t in range(1, int(limit.max()) + 2):
-        logp = _next_logp(dec, state, prefix[:, -1:]).view(b, beam, -1)  # (B, k, V)
+        logp = _next_logp(dec, state, prefix[:, -1:])  # (B*k, V)
+        if no_repeat_ngram:
+            _ban_repeats(logp, prefix[:, 1:], no_repeat_ngram)
+        logp = logp.view(b, beam, -1)  # (B, k, V)
         at_cap = t > limit  # (B,): these sources must end now
         logp[at_cap] = logp[at_cap].masked_fill(_not(sp.eos, logp.shape[-1]), float("-inf"))
         top, flat = (scores[..., None] + logp).view(b, -1).topk(2 * beam, dim=1)  # (B, 2k)
@@ -104,6 +116,17 @@ def beam_search(dec: ArDecoder, hidden: torch.Tensor, src_mask: torch.Tensor, be
         state.reorder(index)
         prefix = torch.cat([prefix[index], torch.tensor([[tok] for _, tok in rows])], 1)
     return [max(f, key=lambda h: h[0])[1] if f else [] for f in finished]
+
+
+def _ban_repeats(logp: torch.Tensor, words: torch.Tensor, n: int) -> None:
+    """In place: -inf for every token that would complete an n-gram already in its row's words (N, t)."""
+    if words.shape[1] < n - 1 or n < 1:
+        return
+    for row, seq in enumerate(words.tolist()):
+        tail = seq[len(seq) - (n - 1):] if n > 1 else []
+        banned = [seq[i + n - 1] for i in range(len(seq) - n + 1) if seq[i:i + n - 1] == tail]
+        if banned:
+            logp[row, banned] = float("-inf")
 
 
 def _select(top, flat, vocab, beam, prefix, finished, eos):

@@ -23,22 +23,20 @@ def _arguments(group) -> list:
 
 
 def demo(args) -> int:
+    from services.abnet import report
     scores = run_demo(args.job or DEFAULT_JOB, args.run_dir, args.steps, args.hot_start)
-    print(f"\ncross-site BLEU on {scores['n']} held-out test sentences: {scores['bleu']:.2f} "
-          f"(sacrebleu, case-insensitive) in {scores['wall_s']:.0f} s")
-    # The references never left site b; the demo runs both sites here, so it reads them from b's workdir.
-    refs = _lines(args.run_dir / "decoder" / "test.ref")
-    for i, hyp in enumerate(scores.get("samples", [])[:3]):
-        print(f"  hyp: {hyp}\n  ref: {refs[i] if i < len(refs) else '(at site b)'}")
-    print(f"loss curve: {args.run_dir / 'loss.png'}; logs: {args.run_dir / 'logs'}")
+    run, raw = args.run_dir, scores.pop("job")
+    forward = report.traffic(run / scores["source"] / "link.jsonl", "forward")
+    backward = report.traffic(run / scores["sink"] / "link.jsonl", "backward")
+    lines = report.summary_lines(scores, scores["steps"], scores["train_s"], scores["wall_s"], forward, backward)
+    rows = report.examples(run, scores["source"], scores["sink"])
+    print(f"\n{report.EXAMPLES} held-out sentences, evenly spaced over the {scores['n']} evaluated:\n")
+    report.print_examples(rows)
+    for line in lines:
+        print(line)
+    out = report.write_report(run / "report.md", f"nebula demo: {raw['job']['name']} across two sites", lines, rows, raw)
+    print(f"report: {out}, loss curve: {run / 'loss.png'}; logs: {run / 'logs'}")
     return 0
-
-
-def _lines(path: Path) -> list[str]:
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return []
 
 
 # `nebula demo [abnet]` (services/demo.py; the entry-point group nebula.demos)
@@ -54,10 +52,13 @@ def ensure_data(job_data: Path, pair: str) -> None:
     prepare(PrepareConfig(pairs=(pair,), out=job_data.parent))
 
 
-def watch(group, run: Path, total: int, driver: str, sink: str) -> None:
+def watch(group, run: Path, total: int, driver: str, sink: str) -> float:
+    """A progress bar over the training steps, then a line while the sites evaluate; -> the
+    monotonic time the last step was seen."""
     from tqdm import tqdm
 
     from nebula.runtime.metrics import read_records
+    trained = None
     with tqdm(total=total, desc="training", unit="step") as bar:
         while not group.services[driver].finished():
             group.poll()
@@ -65,7 +66,12 @@ def watch(group, run: Path, total: int, driver: str, sink: str) -> None:
             if steps and steps[-1]["step"] != bar.n:  # redraw only on progress (logs stay short)
                 bar.set_postfix(loss=f"{steps[-1]['loss']:.3f}", refresh=False)
                 bar.update(steps[-1]["step"] - bar.n)
+            if bar.n >= total and trained is None:
+                trained = time.monotonic()
+                bar.close()
+                print("translating the held-out sample across the sites (beam search) ...", flush=True)
             time.sleep(0.5)
+    return trained or time.monotonic()
 
 
 def codecs_label(job) -> str:
@@ -98,6 +104,7 @@ def run_demo(job_file: Path, run: Path, steps: int | None, hot: Path | None = No
     from nebula.launch import hot_start, start_sites
     from nebula.plots import metric_curve, plot_curves
 
+    begun = time.monotonic()  # the whole demo, corpus preparation included
     raw, job = check(job_file, run, steps, hot)
     fresh_run_dir(run)
     driver, sink = job.graph.coordinator, job.graph.sinks[0]
@@ -108,7 +115,7 @@ def run_demo(job_file: Path, run: Path, steps: int | None, hot: Path | None = No
     started = time.monotonic()
     group = start_sites(run, job_file)
     try:
-        watch(group, run, job.train.steps, driver, sink)
+        trained = watch(group, run, job.train.steps, driver, sink)
     finally:
         group.stop()
     scores_file = run / driver / "scores.json"
@@ -117,5 +124,6 @@ def run_demo(job_file: Path, run: Path, steps: int | None, hot: Path | None = No
     scores = json.loads(scores_file.read_text())
     plot_curves({codecs_label(job): metric_curve(run / sink / "metrics.jsonl")}, run / "loss.png",
                 f"{job.name} across two sites", "training loss")
-    scores["wall_s"] = round(time.monotonic() - started, 1)
+    scores.update(wall_s=round(time.monotonic() - begun, 1), train_s=round(trained - started, 1),
+                  steps=job.train.steps, source=driver, sink=sink, job=raw)
     return scores

@@ -35,6 +35,8 @@ class AbnetConfig:
     label_smoothing: float = 0.1
     length_loss_weight: float = 0.1
     objective: str = "cmlm"  # or "ar": services/abnet/objective.py
+    adapter_layers: int | None = None  # adapters after the top n PLM layers only; None: all (the paper)
+    cross_init_std: float = 0.02  # the cross-attention output projection's initial weights (adapters.py)
 
     def __post_init__(self):
         check_objective(self.objective)
@@ -44,6 +46,20 @@ def _trainable(module: nn.Module) -> list[nn.Parameter]:
     return [p for p in module.parameters() if p.requires_grad]
 
 
+def _adapted(layers: int, cfg: AbnetConfig, make) -> nn.ModuleList:
+    """One module per PLM layer: `make()` for the top `cfg.adapter_layers` layers (all when None),
+    NoAdapter below them, so checkpoints keep one entry per layer index."""
+    top = layers if cfg.adapter_layers is None else min(cfg.adapter_layers, layers)
+    return nn.ModuleList(make() if i >= layers - top else NoAdapter() for i in range(layers))
+
+
+class NoAdapter(nn.Module):
+    """A PLM layer without an adapter: its output passes unchanged (the decoder's context is ignored)."""
+
+    def forward(self, h: torch.Tensor, *context) -> torch.Tensor:
+        return h
+
+
 class SourceEncoder(nn.Module):
     """Site a: frozen source PLM, an EncoderAdapter after each layer: H_{l+1} = A(PLM_l(H_l))."""
 
@@ -51,8 +67,8 @@ class SourceEncoder(nn.Module):
         super().__init__()
         self.plm = plm.freeze().set_dropout(cfg.plm_dropout)
         h = plm.cfg.hidden_size
-        self.adapters = nn.ModuleList(EncoderAdapter(h, cfg.enc_adapter_dim, cfg.adapter_dropout)
-                                      for _ in plm.layers)
+        self.adapters = _adapted(len(plm.layers), cfg,
+                                 lambda: EncoderAdapter(h, cfg.enc_adapter_dim, cfg.adapter_dropout))
         self.hidden_size = h
 
     def forward(self, src_ids: torch.Tensor, src_mask: torch.Tensor) -> torch.Tensor:
@@ -91,9 +107,8 @@ class TargetDecoder(Objective, nn.Module):
         self.plm = plm.freeze().set_dropout(cfg.plm_dropout)
         self.cfg, self.specials, self.max_delta = cfg, specials, cfg.max_length_delta
         h = plm.cfg.hidden_size
-        self.adapters = nn.ModuleList(
-            DecoderAdapter(h, enc_hidden, cfg.dec_adapter_heads, cfg.dec_adapter_ffn,
-                           cfg.adapter_dropout) for _ in plm.layers)
+        self.adapters = _adapted(len(plm.layers), cfg, lambda: DecoderAdapter(
+            h, enc_hidden, cfg.dec_adapter_heads, cfg.dec_adapter_ffn, cfg.adapter_dropout, cfg.cross_init_std))
         if cfg.objective == "cmlm":
             self.length = LengthPredictor(enc_hidden, cfg.max_length_delta)
         emb = plm.embeddings.word_embeddings.weight  # (V, H)
@@ -114,7 +129,8 @@ class TargetDecoder(Objective, nn.Module):
 
     def start_decoding(self, hidden: torch.Tensor, src_mask: torch.Tensor) -> DecodeState:
         """Autoregressive decoding state: H_E's cross-attention keys/values, computed once."""
-        layers = [dict(zip(("ck", "cv"), a.attn.project(hidden))) for a in self.adapters]
+        layers = [dict(zip(("ck", "cv"), a.attn.project(hidden))) if isinstance(a, DecoderAdapter) else {}
+                  for a in self.adapters]
         return DecodeState(hidden, src_mask.bool(), layers)
 
     def next_features(self, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor:
@@ -123,7 +139,7 @@ class TargetDecoder(Objective, nn.Module):
         at the last position, in time linear rather than quadratic in the length."""
         x = self.plm.embeddings(tokens, start=state.pos)
         for layer, adapter, cache in zip(self.plm.layers, self.adapters, state.layers):
-            x = adapter(layer(x, None, cache), state.hidden, state.src_mask, (cache["ck"], cache["cv"]))
+            x = adapter(layer(x, None, cache), state.hidden, state.src_mask, (cache.get("ck"), cache.get("cv")))
         state.pos += 1
         return x[:, -1]
 

@@ -44,10 +44,11 @@ class Objective:
 
     @torch.no_grad()
     def decode(self, hidden: torch.Tensor, src_mask: torch.Tensor, iterations: int = 10,
-               beam: int = 4) -> list[list[int]]:
+               beam: int = 4, **search) -> list[list[int]]:
         """-> target content ids per source. ``beam``: hypotheses (ar) or lengths (cmlm) kept;
-        ``iterations``: mask-predict passes (cmlm only)."""
+        ``iterations``: mask-predict passes (cmlm only); ``search``: beam_search's length cap and
+        repeat ban (ar only)."""
         hidden = hidden.float()
         if self.autoregressive:
-            return beam_search(self, hidden, src_mask, beam=beam)
+            return beam_search(self, hidden, src_mask, beam=beam, **search)
         return mask_predict(self, hidden, src_mask, iterations=iterations, length_beam=beam)

@@ -17,13 +17,26 @@ from services.abnet.vocab import build_vocab_map, count_ids
 SPLITS = ("train", "valid", "test")
 
 
-def adam_with_warmup(params: list, lr: float, warmup_steps: int) -> tuple[torch.optim.Optimizer, Any]:
-    """Adam(0.9, 0.98, 1e-8) as the paper; linear warm-up then inverse square-root decay."""
+def adam_with_warmup(params: list, lr: float, warmup_steps: int, schedule: str = "inverse-sqrt",
+                     total_steps: int = 0) -> tuple[torch.optim.Optimizer, Any]:
+    """Adam(0.9, 0.98, 1e-8) as the paper; a linear warm-up, then the learning rate decays as
+    `schedule`: "inverse-sqrt" (the paper's, open-ended) or "linear" (to zero at `total_steps`, for a
+    run of known length: docs/abnet.md, "A demo that translates")."""
     opt = torch.optim.Adam(params, lr=lr, betas=(0.9, 0.98), eps=1e-8)
-    warm = max(1, warmup_steps)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warm, math.sqrt(warm / (s + 1))))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_factor(warmup_steps, schedule, total_steps))
     return opt, sched
+
+
+def lr_factor(warmup_steps: int, schedule: str, total_steps: int):
+    """-> step (0-based) -> the factor of the peak learning rate."""
+    warm = max(1, warmup_steps)
+    if schedule == "inverse-sqrt":
+        return lambda s: min((s + 1) / warm, math.sqrt(warm / (s + 1)))
+    if schedule == "linear":
+        if total_steps <= warm:
+            raise ValueError(f"lr_schedule 'linear' needs more steps ({total_steps}) than warmup_steps ({warm})")
+        return lambda s: min((s + 1) / warm, max(0.0, (total_steps - s) / (total_steps - warm)))
+    raise ValueError(f"unknown lr_schedule {schedule!r}: 'inverse-sqrt' or 'linear'")
 
 
 class TokenizedSide:
@@ -46,10 +59,21 @@ class TokenizedSide:
     def add_split(self, split: str, lines: list[str], ids: list[str], pre: Pretrained, max_len: int) -> None:
         """Tokenize `lines` (truncated to max_len with a closing special) under the name `split`."""
         rows = [enc.ids for enc in pre.tokenizer.encode_batch(lines)]
+        lengths = [len(r) for r in rows]  # before truncation
         rows = [r[:max_len - 1] + [pre.specials.eos] if len(r) > max_len else r for r in rows]
         hashes = [id_hash(i) for i in ids]
-        self.splits[split] = {"ids": ids, "rows": rows, "hashes": hashes,
+        self.splits[split] = {"ids": ids, "rows": rows, "hashes": hashes, "lengths": lengths,
                               "index": {h: k for k, h in enumerate(hashes)}, "text": lines}
+
+    def keep(self, split: str, kept: list[bool]) -> None:
+        """Only the sentences of `split` whose entry in `kept` is true (the vocabulary stays as it is)."""
+        part = self.splits[split]
+        chosen = [k for k, keep in enumerate(kept) if keep]
+        if not chosen:
+            raise DataError(f"no sentence of the {split} split is left to train on")
+        for key in ("ids", "rows", "hashes", "lengths", "text"):
+            part[key] = [part[key][k] for k in chosen]
+        part["index"] = {h: k for k, h in enumerate(part["hashes"])}
 
     def batch(self, split: str, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """-> (token ids (B, S) in the cut vocabulary, mask (B, S), id hashes (B,))."""

@@ -14,14 +14,15 @@ from typing import Literal
 import torch
 
 from nebula.config import limits
-from nebula.errors import StageError
+from nebula.errors import ConfigError, StageError
 from nebula.runtime.registry import register_stage
 from nebula.runtime.stage import FLOAT, Batch, Output, Port, Stage
 from services.abnet.baseline import BaselineConfig
 from services.abnet.model import AbnetConfig
 from services.abnet.sides import TokenizedSide, adam_with_warmup
 
-INPUT_SPLIT = "input"  # sentences given to `nebula translate`: translated, not scored
+INPUT_SPLIT = "input"
+BOOTSTRAP = 1000  # resamples for BLEU's interval  # sentences given to `nebula translate`: translated, not scored
 BOUNDARY = (Port("hidden", FLOAT, rank=3, role="activation"),  # H_E (B, S, H)
             Port("mask", "bool", rank=2, role="mask"))  # source positions (B, S)
 
@@ -31,6 +32,10 @@ class _Options:
     model: Literal["abnet", "transformer"] = "abnet"  # transformer: from scratch, paper Table 2's baseline
     lr: float = field(default=5e-4, metadata=limits(above=0, below=1))
     warmup_steps: int = field(default=50, metadata=limits(at_least=0))
+    lr_schedule: Literal["inverse-sqrt", "linear"] = "inverse-sqrt"  # linear: to zero at the last step
+    # adapters after the top `adapter_layers` PLM layers only (None: every layer); the frozen layers
+    # below the first adapter build no autograd graph, so fewer adapters make the backward cheaper
+    adapter_layers: int | None = field(default=None, metadata=limits(at_least=1))
     max_len: int = field(default=32, metadata=limits(at_least=2, hint="tokens per sentence, after truncation"))
     max_train_examples: int | None = field(default=None, metadata=limits(at_least=1))
     adapter_dropout: float = field(default=0.1, metadata=limits(at_least=0, below=1))
@@ -42,6 +47,9 @@ class EncoderOptions(_Options):
     enc_adapter_dim: int = field(default=512, metadata=limits(at_least=1))
     eval_examples: int = field(default=500, metadata=limits(at_least=0, hint="0: no evaluation"))
     eval_batch_size: int = field(default=32, metadata=limits(at_least=1))
+    # "skip": train only on sentences of at most max_len source tokens, and evaluate on test sentences
+    # that fit (the model reads no more); "truncate": cut every sentence to max_len
+    long_sentences: Literal["truncate", "skip"] = "truncate"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,21 +59,33 @@ class DecoderOptions(_Options):
     dec_adapter_ffn: int = field(default=1024, metadata=limits(at_least=1))
     dec_adapter_heads: int = field(default=12, metadata=limits(at_least=1))
     max_length_delta: int = field(default=32, metadata=limits(at_least=0))
+    cross_init_std: float = field(default=0.02, metadata=limits(at_least=0))
     label_smoothing: float = field(default=0.1, metadata=limits(at_least=0, below=1))
     length_loss_weight: float = field(default=0.1, metadata=limits(at_least=0))
     decode_iterations: int = field(default=10, metadata=limits(at_least=1))
     beam: int = field(default=4, metadata=limits(at_least=1))
+    # ar decoding, as fairseq: at most max_len_a * source tokens + max_len_b target tokens (None:
+    # source length + max_length_delta), and no n-gram twice in a translation (0: allowed)
+    max_len_a: float | None = field(default=None, metadata=limits(above=0))
+    max_len_b: int = field(default=0, metadata=limits(at_least=0))
+    no_repeat_ngram: int = field(default=0, metadata=limits(at_least=0))
 
 
 def _abnet_config(options: _Options, **extra) -> AbnetConfig:
-    return AbnetConfig(adapter_dropout=options.adapter_dropout, plm_dropout=options.plm_dropout, **extra)
+    return AbnetConfig(adapter_dropout=options.adapter_dropout, plm_dropout=options.plm_dropout,
+                       adapter_layers=options.adapter_layers, **extra)
 
 
 def _place(stage: Stage) -> None:
     """The stage's module on its device, with the optimiser both halves train with."""
     stage.module.to(stage.device)
-    stage.optimizer, stage.scheduler = adam_with_warmup(stage.module.trainable_parameters(), stage.options.lr,
-                                                        stage.options.warmup_steps)
+    options = stage.options
+    try:
+        stage.optimizer, stage.scheduler = adam_with_warmup(stage.module.trainable_parameters(), options.lr,
+                                                            options.warmup_steps, options.lr_schedule,
+                                                            stage.context.job.train.steps)
+    except ValueError as exc:
+        raise ConfigError(f"[stages.{stage.context.name}]: {exc}") from None
 
 
 def spread(total: int, n: int) -> list[int]:
@@ -95,14 +115,21 @@ class AbnetEncoder(Stage):
         else:
             self.module = build_source_encoder(self.pre, _abnet_config(options, enc_adapter_dim=options.enc_adapter_dim),
                                                self.data.vmap)
+        if options.long_sentences == "skip":  # the decoder needs no filter: it looks targets up by id
+            self.data.keep("train", self._fits("train"))
         _place(self)
 
     def examples(self, split: str) -> list[str]:
         return self.data.splits[split]["ids"]
 
-    def add_input(self, lines: list[str]) -> None:
-        """Sentences to translate (not from the corpus): tokenized with the same vocabulary."""
-        ids = [f"{INPUT_SPLIT}:{i}" for i in range(len(lines))]
+    def _fits(self, split: str) -> list[bool]:
+        """Per sentence of `split`: does its source fit in max_len tokens, untruncated?"""
+        return [n <= self.options.max_len for n in self.data.splits[split]["lengths"]]
+
+    def add_input(self, lines: list[str], first: int = 0) -> None:
+        """Sentences to translate (not from the corpus), numbered from `first` (each id is used once):
+        they replace the previous input, tokenized with the same vocabulary."""
+        ids = [f"{INPUT_SPLIT}:{first + i}" for i in range(len(lines))]
         self.data.add_split(INPUT_SPLIT, lines, ids, self.pre, self.options.max_len)
 
     def forward(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> Output:
@@ -114,7 +141,13 @@ class AbnetEncoder(Stage):
         """Evaluate on `eval_examples` test sentences across the sites; scores.json here."""
         if not self.options.eval_examples:
             return
-        test = spread(len(self.data.splits["test"]["rows"]), self.options.eval_examples)
+        candidates = list(range(len(self.data.splits["test"]["rows"])))
+        if self.options.long_sentences == "skip":
+            candidates = [i for i, fits in zip(candidates, self._fits("test")) if fits]
+        test = [candidates[i] for i in spread(len(candidates), self.options.eval_examples)]
+        # the sources of the sample, here at site a, where they are (the demo shows them beside the translations)
+        (self.context.workdir / "test.src").write_text(
+            "".join(f"{self.data.splits['test']['text'][i]}\n" for i in test), encoding="utf-8")
         scores = runner.evaluate("test", test, self.options.eval_batch_size)
         (self.context.workdir / "scores.json").write_text(
             json.dumps(single(scores), indent=1, ensure_ascii=False))
@@ -149,7 +182,8 @@ class AbnetDecoder(Stage):
                                    dec_adapter_heads=options.dec_adapter_heads,
                                    max_length_delta=options.max_length_delta,
                                    label_smoothing=options.label_smoothing,
-                                   length_loss_weight=options.length_loss_weight)
+                                   length_loss_weight=options.length_loss_weight,
+                                   cross_init_std=options.cross_init_std)
             self.module = build_target_decoder(self.pre, config, options.enc_hidden, self.data.vmap)
         _place(self)
 
@@ -176,7 +210,10 @@ class AbnetDecoder(Stage):
         [translation, reference] per sentence (no reference for `nebula translate`'s input)."""
         from services.abnet.decoding import detokenize
         hidden, src_mask = self.boundary(inputs)
-        rows = self.module.decode(hidden, src_mask, iterations=self.options.decode_iterations, beam=self.options.beam)
+        o = self.options
+        search = ({"max_len_a": o.max_len_a, "max_len_b": o.max_len_b, "no_repeat_ngram": o.no_repeat_ngram}
+                  if o.objective == "ar" else {})
+        rows = self.module.decode(hidden, src_mask, iterations=o.decode_iterations, beam=o.beam, **search)
         hyps = [detokenize(r, self.pre.tokenizer, self.data.vmap) for r in rows]
         if batch.split == INPUT_SPLIT:
             return [[h, ""] for h in hyps]
@@ -189,10 +226,13 @@ class AbnetDecoder(Stage):
         hyps = [h for h, _ in results]
         if split == INPUT_SPLIT:
             return {"split": split, "n": len(hyps), "translations": hyps}
-        from sacrebleu import corpus_bleu
+        from sacrebleu.metrics import BLEU
         refs = [r for _, r in results]
         for ext, lines in (("hyp", hyps), ("ref", refs)):
             (self.context.workdir / f"{split}.{ext}").write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")
-        bleu = corpus_bleu(hyps, [refs], lowercase=True).score if hyps else 0.0
+        if not hyps:
+            return {"split": split, "bleu": 0.0, "n": 0, "samples": []}
+        # 1000 bootstrap resamples of the sentences (sacrebleu's, seeded): the half-width of the 95% interval
+        bleu = BLEU(lowercase=True).corpus_score(hyps, [refs], n_bootstrap=BOOTSTRAP)
         # The scores go to the driver at the other site: hypotheses only, never a line of the references.
-        return {"split": split, "bleu": bleu, "n": len(hyps), "samples": hyps[:5]}
+        return {"split": split, "bleu": bleu.score, "bleu_ci": bleu._ci, "n": len(hyps), "samples": hyps[:5]}

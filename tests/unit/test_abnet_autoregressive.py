@@ -146,3 +146,20 @@ def test_unknown_objective_is_a_config_error():
         AbnetConfig(objective="ctc")
     with pytest.raises(ConfigError, match="\"ar\""):
         BaselineConfig(objective="left-to-right")
+
+
+def test_length_cap_follows_the_source_and_no_ngram_repeats(ar_small):
+    enc, dec, batch = ar_small
+    dec = copy.deepcopy(dec).eval()
+    with torch.no_grad():  # a decoder that loves one token: repeats are what it would say
+        dec.head.bias[dec.specials.as_list()[-1] + 1] = 8.0
+        hidden = enc.eval()(batch.src_ids, batch.src_mask)
+        free = beam_search(dec, hidden, batch.src_mask, beam=2)
+        capped = beam_search(dec, hidden, batch.src_mask, beam=2, max_len_a=0.5, max_len_b=1)
+        no_repeat = beam_search(dec, hidden, batch.src_mask, beam=2, no_repeat_ngram=2)
+    src_len = batch.src_mask.sum(1).tolist()
+    assert any(len(row) > 0.5 * n + 1 for row, n in zip(free, src_len))  # the cap bites
+    assert all(len(row) <= -(-n // 2) + 1 for row, n in zip(capped, src_len))  # ceil(0.5 n) + 1
+    assert any(len(set(zip(row, row[1:]))) < len(row) - 1 for row in free)  # bigrams repeat without the ban
+    for row in no_repeat:
+        assert len(set(zip(row, row[1:]))) == len(row) - 1  # every bigram once
