@@ -30,7 +30,7 @@ USERS_FORMAT = "nebula-users/1"
 MIN_SECRET = 8
 SECRET_ENV = "NEBULA_SECRET"
 _USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
-# libsodium's interactive limits: about 70 ms and 64 MiB per check here, and the parameters are
+# libsodium's interactive limits: 2 passes over 64 MiB per check, and the parameters are
 # stored inside each hash, so raising them later leaves old hashes verifiable.
 _OPS, _MEM = nacl.pwhash.argon2id.OPSLIMIT_INTERACTIVE, nacl.pwhash.argon2id.MEMLIMIT_INTERACTIVE
 
