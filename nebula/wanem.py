@@ -41,7 +41,11 @@ reach at 10, 60 and 170 Mbit/s.
   of the rate; with the priority both directions keep 0.95-0.99 (60 Mbit/s: 0.94 both ways).
 - Offloads stay on: tbf cuts GSO super-packets larger than `burst` into frames before queueing
   them, and turning gso/tso/gro off (ethtool) gained nothing measurable while costing CPU.
-Propagation delay is not emulated (netem is missing from this kernel); see docs/wan.md.
+Propagation delay (`rtt_ms`): netem is missing from this kernel, so each end of a link sends what
+it sends to the peer through a user-space delay line (nebula/delayline.py) that holds every packet
+rtt_ms / 2 before it enters the tbf: in a site's namespace a /32 route to the peer's address leads
+into the TUN device `dly-<peer>`, and the `python -m nebula.delayline` process reading it sends each
+packet out of `wan-<peer>` rtt_ms / 2 later. docs/wan.md has the measurements.
 """
 from __future__ import annotations
 
@@ -51,6 +55,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -61,6 +66,9 @@ from nebula.errors import ConfigError, NebulaError
 DEFAULT_SITES = ("a", "b")
 DEFAULT_SUBNET = "10.213.0.0/24"  # 64 links: up to 11 sites; its first /30 is the two-site link
 DEVICE_PREFIX = "wan-"  # in a site's namespace, the end of its link to `peer` is `wan-<peer>`
+DELAY_PREFIX = "dly-"  # ... and with a delay, the TUN device its delay line reads is `dly-<peer>`
+DELAY_MODULE = "nebula.delayline"
+MAX_RTT_MS = 10_000.0
 LINK_PREFIXLEN = 30  # each link: a /30, its two hosts the two ends
 FRAME_BYTES = 1514  # what tbf counts for a full-size frame: 1500 MTU + 14 Ethernet header
 TICK_S = 0.004  # one kernel tick at HZ=250
@@ -94,14 +102,18 @@ class WanLink:
     """
 
     def __init__(self, name_prefix: str = "nebula", rate_mbit: float = 60.0,
-                 subnet: str = DEFAULT_SUBNET, sites: tuple[str, ...] = DEFAULT_SITES):
+                 subnet: str = DEFAULT_SUBNET, sites: tuple[str, ...] = DEFAULT_SITES, rtt_ms: float = 0.0):
         if not _PREFIX_RE.fullmatch(name_prefix):
             raise ConfigError(f"WAN name prefix {name_prefix!r} is invalid: use 1-41 lowercase "
                               "letters, digits, '-' or '_', starting with a letter")
         if not 0.1 <= rate_mbit <= 10_000:
             raise ConfigError(f"WAN rate {rate_mbit} Mbit/s is out of range: use 0.1 to 10000")
+        if not 0 <= rtt_ms <= MAX_RTT_MS:
+            raise ConfigError(f"WAN round-trip delay {rtt_ms} ms is out of range: use 0 (none) to {MAX_RTT_MS:g}")
         self.prefix = name_prefix
         self.rate_mbit = float(rate_mbit)
+        self.rtt_ms = float(rtt_ms)  # added propagation delay, rtt_ms / 2 each way; 0: none
+        self._delay_procs: list[subprocess.Popen] = []
         self.sites = _check_sites(sites)
         self.pairs = tuple(itertools.combinations(self.sites, 2))  # one link each
         self._addresses = _link_addresses(self.pairs, subnet)
@@ -120,7 +132,9 @@ class WanLink:
         unknown = WanError(f"WAN mesh {name_prefix} is not laid out as `nebula wan up` lays it out: run "
                            f"`nebula wan down --prefix {name_prefix}` and bring it up again")
         try:
-            link = cls(name_prefix, status[sites[0]]["qdisc"]["rate_mbit"], subnet, order)
+            delays = {end["delay_ms"] for site in sites for end in status[site]["links"].values()}
+            rtt_ms = 2 * delays.pop() if len(delays) == 1 and None not in delays else 0.0
+            link = cls(name_prefix, status[sites[0]]["qdisc"]["rate_mbit"], subnet, order, rtt_ms)
         except ConfigError as exc:  # e.g. an address that is neither host of its /30
             raise unknown from exc
         if link._addresses != {(site, peer): end["address"] for site in sites
@@ -187,13 +201,18 @@ class WanLink:
             self._create(created)
         except BaseException:
             for name in created:  # leave nothing half-built, and never touch what we did not make
+                _stop_delay_lines(name)
                 _ip("netns", "delete", name)
             raise
         return self
 
     def down(self) -> None:
         for name in self.exists():
+            _stop_delay_lines(name)  # a process in a namespace keeps it (and its links) alive
             _ip("netns", "delete", name)  # deleting a namespace destroys its ends of the links too
+        for proc in self._delay_procs:
+            proc.wait()
+        self._delay_procs.clear()
 
     def __enter__(self) -> "WanLink":
         return self.up()
@@ -212,6 +231,8 @@ class WanLink:
             _ip("-n", self.namespace(site), "link", "set", "lo", "up")
             for peer in self.peers(site):
                 self._shape(site, peer)
+                if self.rtt_ms:
+                    self._delay(site, peer)
 
     def _shape(self, site: str, peer: str) -> None:
         """Address and shape the site's end of its link to `peer`: each end shapes what it sends, so
@@ -223,6 +244,25 @@ class WanLink:
               "rate", f"{self.rate_mbit}mbit", "burst", str(tbf_burst_bytes(self.rate_mbit)),
               "limit", str(tbf_limit_bytes(self.rate_mbit))])
         _prioritise_small_packets(ns, dev, tbf_limit_bytes(self.rate_mbit))
+
+    def _delay(self, site: str, peer: str) -> None:
+        """Route what the site sends to `peer` through a delay line of rtt_ms / 2 (nebula/delayline.py).
+        The TUN device is persistent: should its process die, the route still leads into it and the
+        link goes silent, rather than quietly losing its delay."""
+        ns, tun, far = self.namespace(site), DELAY_PREFIX + peer, self.address(peer, site)
+        _ip("-n", ns, "tuntap", "add", "dev", tun, "mode", "tun")
+        _ip("-n", ns, "link", "set", tun, "up")
+        proc = self.popen(site, [sys.executable, "-m", DELAY_MODULE, tun, self.device(site, peer), far,
+                                 repr(self.rtt_ms / 2000)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self._delay_procs.append(proc)
+        said = proc.stdout.readline()
+        if said.strip() != "ready":
+            proc.kill()
+            raise WanError(f"delay line {site} -> {peer} failed to start: {said}{proc.stderr.read()}".strip())
+        proc.stdout.close()
+        proc.stderr.close()
+        _ip("-n", ns, "route", "add", f"{far}/32", "dev", tun, "src", self.address(site, peer))
 
     # --- outages --------------------------------------------------------------------------
     def cut(self, site: str | None = None, peer: str | None = None) -> None:
@@ -274,8 +314,32 @@ def remove_mesh(name_prefix: str) -> list[str]:
     """Deletes every namespace of mesh `name_prefix`, also of a half-removed one; returns their names."""
     names = [f"{name_prefix}-{site}" for site in sites_up(name_prefix)]
     for name in names:
+        _stop_delay_lines(name)
         _ip("netns", "delete", name)
     return names
+
+
+def _delay_lines(ns: str) -> dict[str, tuple[int, float]]:
+    """The delay-line processes running in namespace `ns`: TUN device -> (pid, one-way delay in s)."""
+    found = {}
+    for pid in _run(["ip", "netns", "pids", ns]).split():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:  # gone meanwhile
+            continue
+        if DELAY_MODULE in argv and len(argv) >= argv.index(DELAY_MODULE) + 5:
+            tun, _, _, delay_s = argv[argv.index(DELAY_MODULE) + 1: argv.index(DELAY_MODULE) + 5]
+            found[tun] = (int(pid), float(delay_s))
+    return found
+
+
+def _stop_delay_lines(ns: str) -> None:
+    for pid, _ in _delay_lines(ns).values():
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
 
 
 def mesh_status(name_prefix: str, sites: tuple[str, ...]) -> dict:
@@ -293,10 +357,14 @@ def _site_status(ns: str, peers: list[str]) -> dict:
     qdiscs = json.loads(_run(["tc", "-n", ns, "-s", "-j", "qdisc", "show"]))
     devices = {i["ifname"]: [f"{a['local']}/{a['prefixlen']}" for a in i["addr_info"]] for i in addrs}
     tbfs = {q["dev"]: _tbf_status(q) for q in qdiscs if q.get("kind") == "tbf"}
+    delays = _delay_lines(ns)
     links = {peer: None if DEVICE_PREFIX + peer not in devices else {
         "device": DEVICE_PREFIX + peer,
         "address": next((a.split("/")[0] for a in devices[DEVICE_PREFIX + peer]), None),
         "qdisc": tbfs.get(DEVICE_PREFIX + peer),
+        # one-way delay added to what the site sends to the peer; None: none (or its delay line died)
+        "delay_ms": round(delays[DELAY_PREFIX + peer][1] * 1000, 3) if DELAY_PREFIX + peer in delays else None,
+        "delay_pid": delays[DELAY_PREFIX + peer][0] if DELAY_PREFIX + peer in delays else None,
     } for peer in peers}
     return {
         "namespace": ns,
@@ -475,6 +543,30 @@ def measure_goodput(link: WanLink, nbytes: int, src: str = "a", dst: str = "b",
     return result["bytes"] * 8 / result["seconds"] / 1e6
 
 
+def measure_rtt(link: WanLink, src: str = "a", dst: str = "b", count: int = 5) -> list[float]:
+    """Round trips from `src` to `dst` over their link, in ms: each the time a TCP connect to port 9
+    (discard, closed) of dst's end takes to be refused, i.e. SYN out, RST back. Measure on an idle link:
+    under a transfer the tbf queue adds its delay."""
+    out = link.run(src, [sys.executable, "-m", "nebula.wanem", "rtt", link.address(dst, peer=src), str(count)],
+                   capture_output=True, text=True, timeout=30 + count * (link.rtt_ms / 1000 + 3))
+    if out.returncode != 0:
+        raise WanError(f"round-trip measurement {src} -> {dst} failed: {out.stderr.strip()}")
+    return json.loads(out.stdout)
+
+
+def _round_trips(host: str, count: int) -> None:
+    samples = []
+    for _ in range(count):
+        start = time.perf_counter()
+        try:
+            socket.create_connection((host, 9), timeout=10).close()
+        except ConnectionRefusedError:
+            samples.append((time.perf_counter() - start) * 1000)
+        else:
+            sys.exit(f"port 9 of {host} accepted a connection: cannot time a refusal")
+    print(json.dumps([round(ms, 3) for ms in samples]), flush=True)
+
+
 def _read_ready_port(proc: subprocess.Popen) -> int:
     line = proc.stdout.readline()
     if not line.startswith("ready "):
@@ -513,5 +605,7 @@ if __name__ == "__main__":
         _receive(sys.argv[2], float(sys.argv[3]))
     elif sys.argv[1:2] == ["send"]:
         _send(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    elif sys.argv[1:2] == ["rtt"]:
+        _round_trips(sys.argv[2], int(sys.argv[3]))
     else:
-        sys.exit("usage: python -m nebula.wanem recv HOST TIMEOUT_S | send HOST PORT NBYTES")
+        sys.exit("usage: python -m nebula.wanem recv HOST TIMEOUT_S | send HOST PORT NBYTES | rtt HOST COUNT")

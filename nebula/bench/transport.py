@@ -7,7 +7,9 @@ Paths (one row per path and message size):
   on each of the three hops, the reliable channel end to end (seq/ACK/window, checksums);
 - wan (root only): the same as curve-gateways with each site in its own network namespace, joined by
   a tbf-shaped 60 Mbit/s veth (nebula.wanem); goodput as a fraction of the link rate, next to a plain
-  TCP stream over the same link (`tcp_mbit`, the most a single TCP connection gets through tbf).
+  TCP stream over the same link (`tcp_mbit`, the most a single TCP connection gets through tbf);
+  with `--rtt-ms 20,80,200`, one such row per round-trip delay added on the link (nebula/delayline.py),
+  with the round trip measured on the idle link (`rtt_measured_ms`, median of 5).
 
 Stage processes time the transfer: the sender after a warm-up message was acknowledged, the receiver
 at the last message; both read the same host clock.
@@ -39,6 +41,12 @@ def register(sub) -> None:
     parser.add_argument("--quick", action="store_true", help="fewer messages, one repeat")
     parser.add_argument("--repeat", type=int, default=3, help="repeats per local measurement (median)")
     parser.add_argument("--no-wan", action="store_true", help="skip the emulated WAN measurement")
+    parser.add_argument("--wan-only", action="store_true", help="only the emulated WAN measurement(s)")
+    parser.add_argument("--rtt-ms", default="0",
+                        help="comma-separated round-trip delays to add on the emulated link, one WAN row "
+                             "each (default 0: none)")
+    parser.add_argument("--messages", type=int, default=None,
+                        help=f"25 MB messages per WAN row (default {WAN_COUNT}, quick: {WAN_COUNT // 2})")
     parser.set_defaults(func=run)
 
 
@@ -49,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"{'path':<16}{'size':>8}{'MB/s':>10}{'vs plain':>10}  notes", flush=True)
     with tempfile.TemporaryDirectory(prefix="nebula-bench-") as tmp:
-        for size in SIZES:
+        for size in () if args.wan_only else SIZES:
             count = COUNTS[size] // (4 if args.quick else 1)
             plain = _median(repeat, lambda: _direct(size, count, curve=False))
             for path, mb_s in [("zmq-plain", plain),
@@ -58,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
                 rows.append({"path": path, "size_bytes": size, "mb_per_s": round(mb_s, 2),
                              "fraction_of_plain": round(mb_s / plain, 4)})
                 emit(rows[-1])
-        if not args.no_wan:
-            wan = _wan(Path(tmp), 25 * MB, WAN_COUNT // (2 if args.quick else 1), notes)
+        wan_count = args.messages or WAN_COUNT // (2 if args.quick else 1)
+        for rtt_ms in () if args.no_wan else [float(ms) for ms in args.rtt_ms.split(",")]:
+            wan = _wan(Path(tmp), 25 * MB, wan_count, notes, rtt_ms)
             if wan:
                 rows.append(wan)
                 emit(wan)
@@ -73,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
 def _print_row(row: dict) -> None:
     extra = ""
     if row["path"] == "wan":
-        extra = (f"{row['fraction_of_link']:.1%} of {row['link_mbit']:.0f} Mbit/s "
+        extra = (f"{row['fraction_of_link']:.1%} of {row['link_mbit']:.0f} Mbit/s, RTT {row['rtt_measured_ms']:.0f} ms "
                  f"(plain TCP on the same link: {row['tcp_mbit']:.1f} Mbit/s)")
     plain = f"{row['fraction_of_plain']:.1%}" if "fraction_of_plain" in row else "-"
     print(f"{row['path']:<16}{row['size_bytes'] // MB:>6}MB{row['mb_per_s']:>10.1f}{plain:>10}  {extra}", flush=True)
@@ -180,16 +189,17 @@ def _spawn(argv: list[str], log: Path, wait_for: str, timeout: float = 60.0,
 
 
 # --- over the emulated WAN -----------------------------------------------------------------------
-def _wan(tmp: Path, size: int, count: int, notes: list[str]) -> dict | None:
+def _wan(tmp: Path, size: int, count: int, notes: list[str], rtt_ms: float = 0.0) -> dict | None:
     if os.geteuid() != 0:
         notes.append("wan skipped: network namespaces need root")
         return None
     from nebula.transport.testbed import make_sites
-    from nebula.wanem import WanError, WanLink, measure_goodput
+    from nebula.wanem import WanError, WanLink, measure_goodput, measure_rtt
 
     root = Path(tempfile.mkdtemp(dir=tmp))
     try:
-        with WanLink(name_prefix=f"nbt{os.getpid()}", rate_mbit=WAN_MBIT, sites=SITES) as link:
+        with WanLink(name_prefix=f"nbt{os.getpid()}", rate_mbit=WAN_MBIT, sites=SITES, rtt_ms=rtt_ms) as link:
+            rtt_measured = statistics.median(measure_rtt(link, "a", "b"))
             tcp_mbit = measure_goodput(link, 64 * MB, src="a", dst="b")
             # Each gateway listens on its end of the a-b link, where the other site's gateway connects.
             endpoints = {site: ("tcp://127.0.0.1:5601", f"tcp://{link.address(site, peer)}:5600")
@@ -201,7 +211,8 @@ def _wan(tmp: Path, size: int, count: int, notes: list[str]) -> dict | None:
         notes.append(f"wan skipped: {exc}")
         return None
     mbit = result["mb_per_s"] * 8
-    return {"path": "wan", "size_bytes": size, "mb_per_s": round(result["mb_per_s"], 3), "link_mbit": WAN_MBIT,
+    return {"path": "wan", "size_bytes": size, "messages": count, "mb_per_s": round(result["mb_per_s"], 3),
+            "link_mbit": WAN_MBIT, "rtt_ms": rtt_ms, "rtt_measured_ms": round(rtt_measured, 1),
             "fraction_of_link": round(mbit / WAN_MBIT, 4), "tcp_mbit": round(tcp_mbit, 2),
             "fraction_of_tcp": round(mbit / tcp_mbit, 4)}
 
