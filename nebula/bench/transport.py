@@ -9,7 +9,9 @@ Paths (one row per path and message size):
   a tbf-shaped 60 Mbit/s veth (nebula.wanem); goodput as a fraction of the link rate, next to a plain
   TCP stream over the same link (`tcp_mbit`, the most a single TCP connection gets through tbf);
   with `--rtt-ms 20,80,200`, one such row per round-trip delay added on the link (nebula/delayline.py),
-  with the round trip measured on the idle link (`rtt_measured_ms`, median of 5).
+  with the round trip measured on the idle link (`rtt_measured_ms`, median of 5). `fraction_of_link`
+  counts every message from the sender's start, so TCP's start-up (several RTTs) is included;
+  `resent` counts the messages the channel sent twice (go-back-N), wire time wasted.
 
 Stage processes time the transfer: the sender after a warm-up message was acknowledged, the receiver
 at the last message; both read the same host clock.
@@ -159,9 +161,11 @@ def _stream(prefix: dict[str, list[str]], paths: dict[str, Path], size: int, cou
         if sender.returncode != 0:
             raise RuntimeError(f"bench sender failed:\n{sender.stderr[-2000:]}")
         receiver.wait(60)
-        start = json.loads(sender.stdout.strip().splitlines()[-1])["start"]
+        sent = json.loads(sender.stdout.strip().splitlines()[-1])
+        start = sent["start"]
         end = json.loads((root / "recv.log").read_text().strip().splitlines()[-1])["end"]
-        return {"mb_per_s": size * count / (end - start) / 1e6, "seconds": end - start}
+        return {"mb_per_s": size * count / (end - start) / 1e6, "seconds": end - start,
+                "resent": sent["resent"]}
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -214,6 +218,7 @@ def _wan(tmp: Path, size: int, count: int, notes: list[str], rtt_ms: float = 0.0
     return {"path": "wan", "size_bytes": size, "messages": count, "mb_per_s": round(result["mb_per_s"], 3),
             "link_mbit": WAN_MBIT, "rtt_ms": rtt_ms, "rtt_measured_ms": round(rtt_measured, 1),
             "fraction_of_link": round(mbit / WAN_MBIT, 4), "tcp_mbit": round(tcp_mbit, 2),
+            "resent": result["resent"],  # messages the channel sent again (go-back-N): wasted wire time
             "fraction_of_tcp": round(mbit / tcp_mbit, 4)}
 
 
@@ -234,7 +239,8 @@ def _stage_send(config: str, address: str, dst: str, size: int, count: int) -> N
             tensor = TensorPayload("hidden", "activation", "float32", tuple(data.shape), "none", b"", [data])
             channel.send(Message(kind=Kind.TENSORS, dst=dst, step=step, tensors=[tensor]), timeout=120)
         channel.flush(300)
-    print(json.dumps({"start": start}), flush=True)
+        resent = channel.stats["resent"]
+    print(json.dumps({"start": start, "resent": resent}), flush=True)
 
 
 def _stage_recv(config: str, address: str, count: int) -> None:

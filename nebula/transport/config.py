@@ -59,6 +59,9 @@ class ChannelConfig:
     window_bytes: int = 512 << 20  # ... and their bytes (one larger message still passes alone)
     inbox_messages: int = 64  # delivered but not yet recv()'d; beyond, data is dropped unacked
     resend_timeout: float = 5.0  # no ACK progress for this long: go back N (grows with ack spacing)
+    # ... nor before the oldest unacked message's wire time at this rate (25 MB: 21 s at 10 Mbit/s), so
+    # a large message crossing a slow or far link is not sent twice before its first ACK can come.
+    slowest_link_mbit: float = 10.0
     retry_delay: float = 0.25  # after an "unreachable" reply (peer not connected yet)
     heartbeat_interval: float = 1.0
     gateway_timeout: float = 10.0  # silence from our gateway that makes it dead

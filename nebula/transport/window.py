@@ -116,11 +116,16 @@ class Window:
             pending.sent_at = now
 
     def stalled(self, stream: SendStream, now: float) -> bool:
-        """No ACK progress for longer than the stream's current resend timeout (adaptive, backed off)."""
+        """No ACK progress for longer than the stream's current resend timeout (adaptive, backed off):
+        at least resend_timeout, 4 ACK spacings, and the oldest message's wire time at slowest_link_mbit.
+        Before the first ACK there is no spacing to go by, and a 25 MB message's ACK cannot come before
+        its 3.4 s on a 60 Mbit/s wire plus TCP's start-up (several round trips: > 5 s at 200 ms)."""
         with self.cond:
-            if not stream.sent():
+            sent = stream.sent()
+            if not sent:
                 return False
-            timeout = max(self.config.resend_timeout, 4 * stream.ack_gap) * stream.backoff
+            wire_s = sent[0].nbytes * 8 / (self.config.slowest_link_mbit * 1e6)
+            timeout = max(self.config.resend_timeout, 4 * stream.ack_gap, wire_s) * stream.backoff
             return now - stream.last_progress > timeout
 
     def base(self, stream: SendStream) -> int:
