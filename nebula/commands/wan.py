@@ -19,6 +19,9 @@ def register(sub) -> None:
     up.add_argument("--sites", default=sites,
                     help=f"comma-separated site names, lowercase letters and digits (default {sites})")
     up.add_argument("--rate-mbit", type=float, default=60.0, help="rate of each link, each way (default 60)")
+    up.add_argument("--rtt-ms", type=float, default=0.0,
+                    help="round-trip propagation delay to add on each link, half each way, by a user-space "
+                         "delay line (default 0: none)")
     up.add_argument("--subnet", default=DEFAULT_SUBNET,
                     help=f"private IPv4 subnet, one /30 per pair of sites (default {DEFAULT_SUBNET})")
 
@@ -44,13 +47,14 @@ def _up(args) -> int:
     from nebula.wanem import WanLink
 
     sites = tuple(site.strip() for site in args.sites.split(","))
-    link = WanLink(name_prefix=args.prefix, rate_mbit=args.rate_mbit, subnet=args.subnet, sites=sites).up()
+    link = WanLink(name_prefix=args.prefix, rate_mbit=args.rate_mbit, subnet=args.subnet, sites=sites,
+                   rtt_ms=args.rtt_ms).up()
     for site in link.sites:
         ends = ", ".join(f"{link.address(site, peer)} on {link.device(site, peer)} (to {peer})"
                          for peer in link.peers(site))
         print(f"site {site}: namespace {link.namespace(site)}, address {ends}, "
               f"run inside with: {' '.join(link.exec_prefix(site))} CMD")
-    print(f"links: {len(link.pairs)}, {link.rate_mbit:g} Mbit/s each way; "
+    print(f"links: {len(link.pairs)}, {link.rate_mbit:g} Mbit/s each way, {link.rtt_ms:g} ms added RTT; "
           f"remove with: nebula wan down --prefix {args.prefix}")
     return 0
 
@@ -100,9 +104,14 @@ def _format_qdisc(q: dict | None) -> str:
 
 
 def _measure(args) -> int:
-    from nebula.wanem import WanLink, measure_goodput
+    import statistics
+
+    from nebula.wanem import WanLink, measure_goodput, measure_rtt
 
     link = WanLink.attach(args.prefix)
+    rtts = measure_rtt(link, src=args.src, dst=args.dst)  # first, on the idle link
+    print(f"round trip {args.src} -> {args.dst}: median {statistics.median(rtts):.1f} ms "
+          f"(min {min(rtts):.1f}, max {max(rtts):.1f}, {len(rtts)} TCP connects; {link.rtt_ms:g} ms added)")
     mbit = measure_goodput(link, int(args.mbytes * 1e6), src=args.src, dst=args.dst)
     print(f"goodput {args.src} -> {args.dst}: {mbit:.2f} Mbit/s = {mbit / link.rate_mbit:.1%} "
           f"of the {link.rate_mbit:g} Mbit/s link")

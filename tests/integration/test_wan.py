@@ -16,7 +16,8 @@ import sys
 import pytest
 
 from nebula.errors import ConfigError
-from nebula.wanem import WanError, WanLink, check_host, measure_goodput, tbf_burst_bytes, tbf_limit_bytes
+from nebula.wanem import (WanError, WanLink, check_host, measure_goodput, measure_rtt, tbf_burst_bytes,
+                          tbf_limit_bytes)
 
 _serial = itertools.count()
 
@@ -242,3 +243,24 @@ def test_cli_up_status_measure_down(needs_root, sites, shown, route, direction):
     removed = ", ".join(f"{prefix}-{site}" for site in sites.split(","))
     assert down.returncode == 0 and f"removed {removed}" in down.stdout
     assert nebula("status").returncode == 1
+
+
+@pytest.mark.root
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_delay_line_adds_the_round_trip_and_keeps_the_cut(needs_root):
+    """rtt_ms = 80 on a 20 Mbit/s link: a TCP connect's refusal comes back after 80 ms (+ a few ms of
+    scheduling), attach reads the delay back, a cut still silences the link, and down() leaves no
+    delay-line process and no namespace behind."""
+    with WanLink(name_prefix=unique_prefix(), rate_mbit=20, rtt_ms=80) as link:
+        rtts = measure_rtt(link, "a", "b")
+        assert all(80 <= ms < 100 for ms in rtts), rtts
+        assert WanLink.attach(link.prefix).rtt_ms == 80
+        pids = [end["delay_pid"] for site in link.sites for end in link.status()[site]["links"].values()]
+        assert all(pids) and len(set(pids)) == 2
+        link.cut()
+        assert reached_from(link, "a", [link.address("b")]) == [False]
+        link.restore()
+        assert reached_from(link, "a", [link.address("b")]) == [True]
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+    assert not {f"{link.prefix}-a", f"{link.prefix}-b"} & host_namespaces()
