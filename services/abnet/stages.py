@@ -33,8 +33,8 @@ class _Options:
     lr: float = field(default=5e-4, metadata=limits(above=0, below=1))
     warmup_steps: int = field(default=50, metadata=limits(at_least=0))
     lr_schedule: Literal["inverse-sqrt", "linear"] = "inverse-sqrt"  # linear: to zero at the last step
-    # adapters after the top `adapter_layers` PLM layers only (None: every layer); the frozen layers
-    # below the first adapter build no autograd graph, so fewer adapters make the backward cheaper
+    # adapters after the top `adapter_layers` PLM layers only (None: every layer, the paper's); the
+    # frozen layers below the first adapter build no autograd graph (docs/abnet.md, "A demo that translates")
     adapter_layers: int | None = field(default=None, metadata=limits(at_least=1))
     max_len: int = field(default=32, metadata=limits(at_least=2, hint="tokens per sentence, after truncation"))
     max_train_examples: int | None = field(default=None, metadata=limits(at_least=1))
