@@ -20,13 +20,19 @@ from nebula.wire import DEFAULT_LIMITS, ITEMSIZE, TensorPayload, dtype_names, to
 
 
 def pack(name: str, role: str, x: torch.Tensor, codec: Codec | str,
-         state: dict[str, Any] | None = None) -> TensorPayload:
-    """Encode `x` for the wire. `state`: this stream's slot, `CodecState.slot(link, name)`."""
+         state: dict[str, Any] | None = None, ids: torch.Tensor | None = None) -> TensorPayload:
+    """Encode `x` for the wire. `state`: this stream's slot, `CodecState.slot(link, name)`;
+    `ids`: the (B,) int64 example-id hashes of x's rows, which `delta` needs."""
     codec = parse(codec) if isinstance(codec, str) else codec
     if x.dtype not in dtype_names():
         raise CodecError(f"tensor {name!r}: dtype {x.dtype} cannot travel (allowed: "
                          f"{', '.join(ITEMSIZE)}); cast it to float32 first")
-    parts, meta = codec.encode(x, claim(state, codec.spec))
+    state = claim(state, codec.spec)
+    if state is not None and ids is not None:
+        state["ids"] = ids  # taken by `delta`'s encoder
+    parts, meta = codec.encode(x, state)
+    if state is not None:
+        state.pop("ids", None)
     parts = [part.contiguous() for part in parts]  # a no-op unless a kernel left a transposed layout
     meta_bytes = encode_meta(meta)
     if len(meta_bytes) > DEFAULT_LIMITS.max_meta_bytes:
@@ -36,8 +42,10 @@ def pack(name: str, role: str, x: torch.Tensor, codec: Codec | str,
                          codec=codec.spec, meta=meta_bytes, parts=parts)
 
 
-def unpack(payload: TensorPayload) -> torch.Tensor:
-    """Decode a received payload into a tensor of payload.dtype and payload.shape.
+def unpack(payload: TensorPayload, state: dict[str, Any] | None = None) -> torch.Tensor:
+    """Decode a received payload into a tensor of payload.dtype and payload.shape. `state`: the
+    receiver's slot for this stream (`CodecState.slot(link, name)` at the receiving end), which `delta`
+    needs for its cached rows; every other codec decodes without one.
 
     With codec `none` (and a matching dtype) the result is the zero-copy, read-only view of the
     received frame: clone it before writing to it.
@@ -50,7 +58,7 @@ def unpack(payload: TensorPayload) -> torch.Tensor:
     except ConfigError as exc:
         raise CodecError(f"{where}: {exc}") from exc
     try:
-        x = codec.decode(list(payload.parts), decode_meta(payload.meta))
+        x = codec.decode_with_state(list(payload.parts), decode_meta(payload.meta), claim(state, codec.spec))
     except NebulaError as exc:
         raise CodecError(f"{where}: {exc}") from exc
     except (RuntimeError, ValueError, TypeError, IndexError, KeyError, OverflowError, MemoryError) as exc:

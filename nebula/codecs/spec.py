@@ -98,7 +98,18 @@ def parse(spec: str) -> Codec:
     tree = parser.call(0)
     if parser.peek()[0] != "end":
         raise parser.fail(f"unexpected {_describe(parser.peek())} after the codec")
+    _delta_outermost(spec, tree, top=True)
     return _build(spec, tree)
+
+
+def _delta_outermost(text: str, node: _Call, top: bool) -> None:
+    """`delta` keeps per-example rows at both ends: only the outermost codec may be it."""
+    if node.name == "delta" and not top:
+        raise ConfigError(f"codec spec {text!r}: 'delta' at column {node.at + 1} must be the outermost codec, "
+                          "e.g. delta(int8(lowrank(0.5)))")
+    for arg in node.args:
+        if isinstance(arg, _Call):
+            _delta_outermost(text, arg, top=False)
 
 
 def canonical(spec: str) -> str:

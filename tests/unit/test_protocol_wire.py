@@ -129,9 +129,13 @@ def _signature(cls) -> str:
 def test_each_leaf_codec_has_its_section_and_parameter_table():
     text = subsection("### 3.3 Leaf codecs")
     headings = re.findall(r"^#### `(.+)`$", text, re.M)
-    leaves = [cls for name, cls in CODECS.items() if name != "ef"]
+    leaves = [cls for name, cls in CODECS.items() if name not in ("ef", "delta")]
     assert sorted(headings) == sorted(_signature(cls) for cls in leaves)
-    assert "### 3.4 `ef(inner)`" in wire_sections() and set(CODECS) - {cls.name for cls in leaves} == {"ef"}
+    assert "### 3.4 `ef(inner)`" in wire_sections() and set(CODECS) - {cls.name for cls in leaves} == {"ef", "delta"}
+    assert "### 3.7 `delta(inner, mb=1024)`" in wire_sections()
+    rows = table_rows(subsection("### 3.7 `delta(inner, mb=1024)`"))
+    assert rows[0][:2] == ["`mb`", "1024"] and rows[0][2].startswith("integer 1..1048576")
+    _check_range(CODECS["delta"], dataclasses.fields(CODECS["delta"])[1], rows[0][2])
     for cls in leaves:
         body = subsection(f"#### `{_signature(cls)}`")
         rows = table_rows(body)
