@@ -7,7 +7,9 @@ or an emulated WAN of network namespaces, nebula.wanem).
 """
 from __future__ import annotations
 
+import contextlib
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -91,6 +93,24 @@ def start_stage(group: Supervisor, run: Path, job_file: Path, name: str, site_co
         argv += ["--steps", str(steps)]
     return group.start(Service(name, [*(prefix or []), *argv], run / "logs" / f"{name}.log", restart=restart,
                                ranks=ranks))
+
+
+@contextlib.contextmanager
+def interrupted_by_sigterm():
+    """Inside: SIGTERM raises KeyboardInterrupt, as Ctrl-C does, so a command that started local sites
+    (`nebula demo`, `nebula translate`) stops them in its `finally` instead of dying and leaving its
+    gateways and stages running. The previous handler comes back on the way out."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave the signal alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def start_sites(run: Path, job_file: Path, wan: Any = None, restart: bool = True,

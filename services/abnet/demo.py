@@ -110,7 +110,7 @@ def check(job_file: Path, run: Path, steps: int | None, hot: Path | None) -> tup
 
 
 def run_demo(job_file: Path, run: Path, steps: int | None, hot: Path | None = None) -> dict:
-    from nebula.launch import hot_start, start_sites
+    from nebula.launch import hot_start, interrupted_by_sigterm, start_sites
     from nebula.plots import metric_curve, plot_curves
 
     begun = time.monotonic()  # the whole demo, corpus preparation included
@@ -122,11 +122,12 @@ def run_demo(job_file: Path, run: Path, steps: int | None, hot: Path | None = No
     if hot:
         hot_start(run, hot, list(job.stages))
     started = time.monotonic()
-    group = start_sites(run, job_file)
-    try:
-        trained = watch(group, run, job.train.steps, driver, sink)
-    finally:
-        group.stop()
+    with interrupted_by_sigterm():
+        group = start_sites(run, job_file)
+        try:
+            trained = watch(group, run, job.train.steps, driver, sink)
+        finally:
+            group.stop()
     scores_file = run / driver / "scores.json"
     if not scores_file.exists():
         raise StageError(f"the job ended without scores; see the logs in {run / 'logs'}")

@@ -72,19 +72,26 @@ def typed_lines() -> Iterator[list[str]]:
 def serve(args, batches: Iterator[list[str]]) -> int:
     """Start site b's services, run the encoder here, translate each batch as one evaluation pass."""
     from nebula.errors import ConfigError
-    from nebula.launch import start_sites
+    from nebula.launch import interrupted_by_sigterm
     from nebula.runtime.job import load_job
-    from nebula.runtime.service import build_stage, make_runner
-    from nebula.transport.config import load_site_config
-    from nebula.transport.reliable import open_channel
     from services.abnet.demo import DEFAULT_JOB
-    from services.abnet.stages import INPUT_SPLIT, single
 
     job_file = args.job or (args.run_dir / "job.toml" if (args.run_dir / "job.toml").exists() else DEFAULT_JOB)
     job = load_job(job_file)
     driver = job.graph.coordinator
     if not (args.run_dir / f"site-{job.stage(driver).site}.toml").exists():
         raise ConfigError(f"{args.run_dir} has no site configs: run `nebula demo --run-dir {args.run_dir}` first")
+    with interrupted_by_sigterm():
+        return _serve(args, job, job_file, driver, batches)
+
+
+def _serve(args, job, job_file: Path, driver: str, batches: Iterator[list[str]]) -> int:
+    from nebula.launch import start_sites
+    from nebula.runtime.service import build_stage, make_runner
+    from nebula.transport.config import load_site_config
+    from nebula.transport.reliable import open_channel
+    from services.abnet.stages import INPUT_SPLIT, single
+
     group = start_sites(args.run_dir, job_file, skip=(driver,), keys=False)
     try:
         stage = build_stage(job, driver, args.run_dir / driver, quiet=True)

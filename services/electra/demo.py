@@ -149,15 +149,18 @@ class Progress:
 
 
 def supervise(group: Any, services: list[str], progress: Progress, workdir: Path, phase: str) -> None:
-    """Poll (restarts, errors with the log tail) and draw progress until every one of `services` exited 0."""
-    try:
-        while not all(group.services[name].finished() for name in services):
-            group.poll()
+    """Poll (restarts, errors with the log tail) and draw progress until every one of `services` exited 0;
+    a SIGTERM stops them as Ctrl-C does."""
+    from nebula.launch import interrupted_by_sigterm
+    with interrupted_by_sigterm():
+        try:
+            while not all(group.services[name].finished() for name in services):
+                group.poll()
+                progress.update(workdir, phase)
+                time.sleep(0.5)
             progress.update(workdir, phase)
-            time.sleep(0.5)
-        progress.update(workdir, phase)
-    finally:
-        group.stop()
+        finally:
+            group.stop()
 
 
 def one_site_phase(run: Path, job_file: Path, until: int, progress: Progress) -> float:
