@@ -32,6 +32,7 @@ from nebula.errors import ConfigError
 from nebula.wire import TensorPayload
 
 ROLES = {"forward": "activation", "backward": "gradient"}
+DIRECTIONS = {role: direction for direction, role in ROLES.items()}
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,9 @@ class LinkMeter:
 
 class LinkCodecs:
     """Packs tensors for one link (e.g. src->sink), both directions; keeps the sender-side codec
-    state (error-feedback residuals, low-rank warm starts), which checkpoints save and resumes restore."""
+    state (error-feedback residuals, low-rank warm starts), which checkpoints save and resumes restore,
+    and the receiver-side state of `delta` streams (their cached rows), which a resume empties at both
+    ends instead (see load_state_dict)."""
 
     def __init__(self, policy: "codecs.CompressionPolicy | Sequence[Phase]", link: str,
                  meter: LinkMeter | None = None):
@@ -104,6 +107,7 @@ class LinkCodecs:
             raise ConfigError(f"link {link}: at least one compression phase is required")
         self.link, self.meter = link, meter
         self.state = codecs.CodecState()
+        self.received = codecs.CodecState()  # receiver side: one slot per (link:direction, tensor)
         self._bytes: Counter = Counter()
         self.raw_bytes: Counter = Counter()
         self._meter_lock = threading.Lock()  # pack runs on sender threads, take_bytes on the stage's
@@ -116,34 +120,52 @@ class LinkCodecs:
     def policy_for(self, step: int) -> "codecs.CompressionPolicy":
         return phase_at(self.phases, step).policy
 
-    def pack(self, direction: str, name: str, tensor: torch.Tensor, step: int) -> TensorPayload:
+    def pack(self, direction: str, name: str, tensor: torch.Tensor, step: int,
+             ids: torch.Tensor | None = None) -> TensorPayload:
+        """`ids`: the (B,) example-id hashes of the tensor's rows, for `delta` (None on gradients)."""
         tensor = tensor.detach().cpu()  # the wire carries CPU frames; a no-op for CPU tensors
         # token ids and masks get the link's codec only if it is exact (deflate), else go as they are
         codec = self.policy_for(step).codec_for(direction, name, tensor.numel(), step, dtype=tensor.dtype)
         started = time.perf_counter()
         payload = codecs.pack(name, ROLES.get(direction, direction), tensor.contiguous(), codec,
-                              state=self.state.slot(f"{self.link}:{direction}", name))
+                              state=(slot := self.state.slot(f"{self.link}:{direction}", name)), ids=ids)
         encode_s = time.perf_counter() - started
         raw = tensor.numel() * tensor.element_size()
         with self._meter_lock:
             self._bytes[direction] += payload.wire_bytes
             self.raw_bytes[direction] += raw
         if self.meter:
+            cache = {"cache": slot["cache"].stats()} if "cache" in slot else {}  # delta: hits, misses, bytes
             self.meter.record(step=step, link=self.link, dir=direction, name=name, codec=str(codec), raw=raw,
-                              wire=payload.wire_bytes, encode_s=round(encode_s, 6))
+                              wire=payload.wire_bytes, encode_s=round(encode_s, 6), **cache)
         return payload
 
     def unpack(self, payload: TensorPayload) -> torch.Tensor:
-        return codecs.unpack(payload)
+        direction = DIRECTIONS.get(payload.role, payload.role)
+        return codecs.unpack(payload, state=self.received.slot(f"{self.link}:{direction}", payload.name))
 
     def state_dict(self) -> dict[str, Any]:
-        return self.state.state_dict()
+        """The sender's codec state without `delta` streams: their caches are not checkpointed."""
+        saved = self.state.state_dict()
+        return {"slots": [s for s in saved["slots"] if not str(s[2].get("spec", "")).startswith("delta(")]}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        """Replace the codec state (the sender must not be packing: see BackgroundSender.discard)."""
+        """Replace the codec state (the sender must not be packing: see BackgroundSender.discard).
+        Every site restores at a resume, so both ends of every `delta` stream start empty together
+        (first visits then go direct), whatever messages the abandoned generation had in flight."""
         state = codecs.CodecState()
         state.load_state_dict(saved)
-        self.state = state
+        self.state, self.received = state, codecs.CodecState()
+
+    def cache_stats(self) -> dict[str, dict[str, int]]:
+        """`delta` caches, sender's and receiver's, by "send|recv link:direction/tensor": hits, misses,
+        evictions, entries, bytes, cap_bytes."""
+        out = {}
+        for side, state in (("send", self.state), ("recv", self.received)):
+            for link, name, slot in state.state_dict()["slots"]:
+                if "cache" in slot:
+                    out[f"{side} {link}/{name}"] = slot["cache"].stats()
+        return out
 
     def take_bytes(self, direction: str) -> int:
         """Wire bytes sent in `direction` since the last call."""

@@ -387,7 +387,7 @@ class StageRunner(ResumeProtocol, InferencePasses):
         generation = self.generation if generation is None else generation
 
         def build() -> Message:
-            payloads = [codecs.pack(direction, name, tensor, step) for name, tensor in tensors.items()]
+            payloads = [codecs.pack(direction, name, tensor, step, ids=ids) for name, tensor in tensors.items()]
             if ids is not None:
                 payloads.append(codecs.pack(direction, IDS, ids, step))
             return Message(kind=Kind.TENSORS, job=self.job.name, dst=dst, step=step, micro_batch=micro_batch,
