@@ -62,7 +62,7 @@ class CompressionPolicy:
         if unknown:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         return cls(forward=_codec(f"{where}.forward", table.get("forward", "none")),
-                   backward=_codec(f"{where}.backward", table.get("backward", "none")),
+                   backward=_gradients(f"{where}.backward", _codec(f"{where}.backward", table.get("backward", "none"))),
                    start_step=_count(f"{where}.start_step", table.get("start_step", 0),
                                      "set 0 to compress from the first step"),
                    min_numel=_count(f"{where}.min_numel", table.get("min_numel", 0),
@@ -104,6 +104,15 @@ def _codec(where: str, spec: Any) -> Codec:
         raise ConfigError(f"{where}: {exc}") from exc
 
 
+def _gradients(where: str, codec: Codec) -> Codec:
+    """A backward codec: not `delta`, whose per-example bases need the example ids only activations carry."""
+    from nebula.codecs.delta import Delta
+    if isinstance(codec, Delta):
+        raise ConfigError(f"{where} = {codec.spec!r}: delta compresses activations per example and gradients "
+                          "carry no example ids; use it forward, and e.g. \"ef(int8)\" backward")
+    return codec
+
+
 def _count(where: str, value: Any, hint: str) -> int:
     if type(value) is not int or value < 0:
         raise ConfigError(f"{where}: expected a non-negative integer, got {value!r} ({hint})")
@@ -123,5 +132,8 @@ def _overrides(where: str, table: Any) -> tuple[Override, ...]:
         if not isinstance(value, Mapping) or not value or set(value) - set(DIRECTIONS):
             raise ConfigError(f"{at}: expected a codec spec or a table with forward and/or backward, "
                               f"e.g. {{ forward = \"none\" }}, got {value!r}")
-        overrides.append(Override(pattern=pattern, **{d: _codec(f"{at}.{d}", s) for d, s in value.items()}))
+        codecs = {d: _codec(f"{at}.{d}", s) for d, s in value.items()}
+        if "backward" in codecs:
+            _gradients(f"{at}.backward", codecs["backward"])
+        overrides.append(Override(pattern=pattern, **codecs))
     return tuple(overrides)

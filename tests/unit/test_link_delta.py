@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from nebula.errors import CodecError
+from nebula.errors import CodecError, ConfigError
 from nebula.runtime.link import LinkCodecs
 
 TABLE = {"forward": "delta(int8)", "backward": "ef(int8)"}
@@ -35,9 +35,11 @@ def test_forward_deltas_decode_at_the_other_end_and_are_metered(tmp_path):
 
 
 def test_gradients_without_ids_are_refused_with_a_hint():
-    link = LinkCodecs.from_table({"backward": "delta(int8)"}, "a->b")
-    with pytest.raises(CodecError, match="example ids"):
-        link.pack("backward", "h", activation(1), 1)
+    with pytest.raises(ConfigError, match="example ids"):  # when the job is read, not at the first send
+        LinkCodecs.from_table({"backward": "delta(int8)"}, "a->b")
+    link = LinkCodecs.from_table({"forward": "delta(int8)"}, "a->b")
+    with pytest.raises(CodecError, match="example ids"):  # a forward tensor sent without ids
+        link.pack("forward", "h", activation(1), 1)
 
 
 def test_a_resume_empties_both_ends_and_the_next_visit_goes_direct():

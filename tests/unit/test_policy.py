@@ -70,3 +70,11 @@ def test_invalid_tables_say_which_key_and_how_to_fix_it(change, words):
 def test_unknown_direction_is_refused():
     with pytest.raises(ConfigError, match="forward"):
         CompressionPolicy.from_dict(TABLE).codec_for("sideways", "h", 1, 1)
+
+
+@pytest.mark.parametrize("table", [{"forward": "delta(int8)", "backward": "delta(int8)"},
+                                   {"overrides": {"hidden": {"backward": "delta(fp16)"}}}])
+def test_delta_backward_is_refused_when_the_job_is_read(table):
+    """Gradients carry no example ids: delta backward used to fail only at the first send, in the sender thread."""
+    with pytest.raises(ConfigError, match=r"backward = 'delta\(.*gradients carry no example ids"):
+        CompressionPolicy.from_dict(table, "links[0].compression")
