@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 from nebula.wire import Message
+
+if TYPE_CHECKING:
+    from nebula.transport.goodput import Goodput
 
 
 class Channel(ABC):
@@ -29,6 +33,11 @@ class Channel(ABC):
         """Other sites this endpoint's gateway cannot reach now -> seconds so far (a WAN outage, bounded
         by [channel] wan_timeout); an in-process channel has none."""
         return {}
+
+    def goodput(self, dst: str, message_bytes: int = 0) -> "Goodput | None":
+        """What the path to `dst` delivered lately, from ACK timing (nebula.transport.goodput); None where
+        nothing is measured, e.g. in process, where no link is a bottleneck."""
+        return None
 
     def __enter__(self) -> "Channel":
         return self

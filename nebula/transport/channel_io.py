@@ -52,6 +52,7 @@ class ChannelIO(threading.Thread):
         os.set_blocking(self.wake_w, False)
         self.blocked = False  # the socket refused a send (HWM or no connection): wait for POLLOUT
         self.next_tick = self.last_ping = 0.0
+        self.pinged: dict[str, float] = {}  # peer -> when the last ping went, for the round trip at its pong
         self.stats = {"sent": 0, "resent": 0, "delivered": 0, "duplicates": 0, "gaps": 0, "dropped_full": 0,
                       "bad": 0, "disconnects": 0, "refused": 0}
 
@@ -214,6 +215,8 @@ class ChannelIO(threading.Thread):
     def _on_heartbeat(self, msg: Message) -> None:
         if msg.topic == "ping":
             self._send_control(Message(kind=Kind.HEARTBEAT, dst=msg.src, topic="pong"))
+        elif msg.topic == "pong" and msg.src in self.pinged:
+            self.window.round_trip(msg.src, time.monotonic() - self.pinged.pop(msg.src))
         elif msg.topic == "bye":  # a peer that closed cleanly is not dead: stop watching it
             self.heard.pop(msg.src, None)
 
@@ -282,6 +285,7 @@ class ChannelIO(threading.Thread):
             self.last_ping = now
             for peer in list(self.heard):
                 self._send_control(Message(kind=Kind.HEARTBEAT, dst=peer, topic="ping"))
+                self.pinged.setdefault(peer, now)  # the oldest unanswered: a late pong never reads short
         for stream in self.window.snapshot():
             self._check_stall(stream, now)
         self.window.set_dead(self._dead(now))

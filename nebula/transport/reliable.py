@@ -25,6 +25,7 @@ from nebula.transport import sockets
 from nebula.transport.base import Channel
 from nebula.transport.channel_io import ChannelIO
 from nebula.transport.config import ChannelConfig, SiteConfig
+from nebula.transport.goodput import Goodput
 from nebula.transport.routing_id import stage_routing_id
 from nebula.transport.window import Window
 from nebula.wire import Message, encode_message
@@ -110,6 +111,9 @@ class ReliableChannel(Channel):
 
     def outages(self) -> dict[str, float]:
         return self._io.outages()
+
+    def goodput(self, dst: str, message_bytes: int = 0) -> Goodput | None:
+        return self._window.goodput(dst, message_bytes)
 
     def flush(self, timeout: float) -> bool:
         """Wait until every message sent so far is acknowledged; False on timeout."""

@@ -13,6 +13,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from nebula.transport.goodput import GoodputMeter
+
 
 def new_epoch() -> int:
     return time.time_ns() // 1000
@@ -36,6 +38,7 @@ class SendStream:
     retry_at: float | None = None  # a resend requested for later ("unreachable": peer not up yet)
     ack_gap: float = 0.0  # smoothed time between ACK advances: how long one message takes to drain
     backoff: float = 1.0  # doubles with each go-back-N without progress in between
+    goodput: GoodputMeter = field(default_factory=GoodputMeter)  # this path's bytes/s, from ACK timing
 
     def push(self, frames: list[Any], nbytes: int) -> Pending:
         pending = Pending(self.next_seq, frames, nbytes)

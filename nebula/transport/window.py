@@ -13,6 +13,7 @@ from typing import Any, Callable
 
 from nebula.errors import NebulaError, TransportError
 from nebula.transport.config import ChannelConfig
+from nebula.transport.goodput import Goodput
 from nebula.transport.streams import Pending, SendStream, new_epoch
 
 
@@ -90,11 +91,24 @@ class Window:
                 return False
             self.in_flight -= len(freed)
             self.in_flight_bytes -= sum(p.nbytes for p in freed)
+            stream.goodput.on_ack(sum(p.nbytes for p in freed), freed[0].sent_at, now)
             gap = now - stream.last_progress
             stream.ack_gap = gap if stream.ack_gap == 0 else 0.8 * stream.ack_gap + 0.2 * gap
             stream.last_progress, stream.backoff = now, 1.0
             self.cond.notify_all()
             return True
+
+    def round_trip(self, dst: str, seconds: float) -> None:
+        with self.cond:
+            if (stream := self.streams.get(dst)) is not None:
+                stream.goodput.on_rtt(seconds)
+
+    def goodput(self, dst: str, message_bytes: int = 0) -> Goodput | None:
+        """What the path to `dst` delivered lately, for messages of about `message_bytes` (None: nothing
+        acknowledged yet)."""
+        with self.cond:
+            stream = self.streams.get(dst)
+            return None if stream is None else stream.goodput.estimate(message_bytes)
 
     def requeue(self, stream: SendStream, after: int = 0) -> int:
         """Go back N: queue again, ahead of everything, each sent-but-unacked message past `after`."""
