@@ -13,6 +13,7 @@ Built once from the job file's table for a link: the [links.compression] table t
     backward = "int8"            # gradients, back on a two-way link
     start_step = 2000            # uncompressed before this step (Figure 10)
     min_numel = 4096             # smaller tensors go uncompressed
+    # forward = "auto" (or the link's `compression = "auto"`): picked while training (nebula.codecs.auto)
     [links.compression.overrides]
     "labels" = "none"                                   # both directions
     "*.attention_mask" = { forward = "none" }           # fnmatch pattern, one direction
@@ -29,6 +30,7 @@ from typing import Any, Mapping
 
 import torch
 
+from nebula.codecs.auto import AUTO, AutoSettings
 from nebula.codecs.base import FLOAT_DTYPES, Codec
 from nebula.codecs.none import NoCodec
 from nebula.codecs.spec import parse
@@ -52,22 +54,25 @@ class CompressionPolicy:
     start_step: int = 0
     min_numel: int = 0
     overrides: tuple[Override, ...] = field(default=())
+    auto: AutoSettings = field(default_factory=AutoSettings)  # the ladders where a direction is "auto"
 
     @classmethod
     def from_dict(cls, table: Mapping[str, Any], where: str = "compression") -> "CompressionPolicy":
         if not isinstance(table, Mapping):
             raise ConfigError(f"{where}: expected a table, got {type(table).__name__}")
-        known = {"forward", "backward", "start_step", "min_numel", "overrides"}
+        known = {"forward", "backward", "start_step", "min_numel", "overrides", "auto"}
         unknown = sorted(set(table) - known)
         if unknown:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-        return cls(forward=_codec(f"{where}.forward", table.get("forward", "none")),
-                   backward=_gradients(f"{where}.backward", _codec(f"{where}.backward", table.get("backward", "none"))),
+        return cls(forward=_codec(f"{where}.forward", table.get("forward", "none"), may_be_auto=True),
+                   backward=_gradients(f"{where}.backward", _codec(f"{where}.backward", table.get("backward", "none"),
+                                                                   may_be_auto=True)),
                    start_step=_count(f"{where}.start_step", table.get("start_step", 0),
                                      "set 0 to compress from the first step"),
                    min_numel=_count(f"{where}.min_numel", table.get("min_numel", 0),
                                     "set 0 to compress tensors of every size"),
-                   overrides=_overrides(f"{where}.overrides", table.get("overrides", {})))
+                   overrides=_overrides(f"{where}.overrides", table.get("overrides", {})),
+                   auto=AutoSettings.from_dict(table.get("auto", {}), f"{where}.auto"))
 
     def codec_for(self, direction: str, name: str, numel: int, step: int,
                   dtype: torch.dtype | None = None) -> Codec:
@@ -88,16 +93,21 @@ class CompressionPolicy:
         overrides = {o.pattern: {d: getattr(o, d).spec for d in DIRECTIONS if getattr(o, d) is not None}
                      for o in self.overrides}
         return {"forward": self.forward.spec, "backward": self.backward.spec, "start_step": self.start_step,
-                "min_numel": self.min_numel, "overrides": overrides}
+                "min_numel": self.min_numel, "overrides": overrides, "auto": self.auto.to_dict()}
 
     def _override(self, name: str) -> Override | None:
         exact = next((o for o in self.overrides if o.pattern == name), None)
         return exact or next((o for o in self.overrides if fnmatch.fnmatchcase(name, o.pattern)), None)
 
 
-def _codec(where: str, spec: Any) -> Codec:
+def _codec(where: str, spec: Any, may_be_auto: bool = False) -> Codec:
     if not isinstance(spec, str):
         raise ConfigError(f"{where}: expected a codec spec string such as \"fp16(svd(0.6))\", got {spec!r}")
+    if spec.strip() == "auto":
+        if not may_be_auto:
+            raise ConfigError(f"{where}: \"auto\" applies to a whole direction, not to single tensors; "
+                              "name a codec here")
+        return AUTO
     try:
         return parse(spec)
     except ConfigError as exc:

@@ -7,7 +7,7 @@ stage's options. Every mistake is a ConfigError naming the file and the key, bef
     [stages.src]   address = "a/src/0"   impl = "example-source"   lr = 1e-2   # + its options
     [stages.sink]  address = "b/sink/0"  impl = "example-sink"     ranks = 2
     [[links]]    from = "src"   to = "sink"   tensors = ["hidden"]   backward = true
-    [links.compression]   forward = "fp16"   backward = "int8"     # the link just above
+    [links.compression]   forward = "fp16"   backward = "int8"     # the link just above (or: compression = "auto")
 
 See docs/runtime.md for every key.
 """
@@ -204,7 +204,7 @@ def _check_addresses(configs: dict[str, StageConfig], where: str) -> None:
 class _LinkTable:
     tensors: tuple[str, ...]
     backward: bool
-    compression: dict[str, Any] = field(default_factory=dict)
+    compression: dict[str, Any] | str = field(default_factory=dict)  # a table, or "auto"
 
 
 def _link(i: int, table: dict, where: str) -> LinkConfig:

@@ -18,20 +18,25 @@ its policy stays in force (evaluation after training uses the last step's codec)
 from __future__ import annotations
 
 import json
+import statistics
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from nebula import codecs
+from nebula.codecs.auto import AUTO
 from nebula.errors import ConfigError
+from nebula.runtime.autocodec import AutoChoice
+from nebula.transport.goodput import Goodput
 from nebula.wire import TensorPayload
 
 ROLES = {"forward": "activation", "backward": "gradient"}
+COMPUTE_STEPS = 5  # `auto` takes the sender's compute per step as the median of the last few
 DIRECTIONS = {role: direction for direction, role in ROLES.items()}
 
 
@@ -42,8 +47,13 @@ class Phase:
     policy: "codecs.CompressionPolicy"
 
 
-def parse_phases(table: Mapping[str, Any], where: str = "compression") -> tuple[Phase, ...]:
-    """One phase per entry of `table["phases"]`, or a single open-ended phase without that key."""
+def parse_phases(table: Mapping[str, Any] | str, where: str = "compression") -> tuple[Phase, ...]:
+    """One phase per entry of `table["phases"]`, or a single open-ended phase without that key;
+    `compression = "auto"` is short for both directions "auto" (nebula.codecs.auto)."""
+    if table == "auto":
+        table = {"forward": "auto", "backward": "auto"}
+    elif isinstance(table, str):
+        raise ConfigError(f"{where}: expected a table or \"auto\", got {table!r}")
     if not isinstance(table, Mapping):
         raise ConfigError(f"{where}: expected a table, got {type(table).__name__}")
     defaults = {k: v for k, v in table.items() if k != "phases"}
@@ -111,6 +121,10 @@ class LinkCodecs:
         self._bytes: Counter = Counter()
         self.raw_bytes: Counter = Counter()
         self._meter_lock = threading.Lock()  # pack runs on sender threads, take_bytes on the stage's
+        self.auto: dict[str, AutoChoice] = {}  # direction -> its `auto` choice, where the policy says "auto"
+        self._goodput: Callable[[str, int], Goodput | None] = lambda direction, size: None
+        self._on_switch: Callable[..., None] = lambda **event: None
+        self._compute: deque[float] = deque(maxlen=COMPUTE_STEPS)  # the sending stage's recent compute_s
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any], link: str, meter_path: str | Path | None = None) -> "LinkCodecs":
@@ -120,12 +134,43 @@ class LinkCodecs:
     def policy_for(self, step: int) -> "codecs.CompressionPolicy":
         return phase_at(self.phases, step).policy
 
+    def attach(self, goodput: Callable[[str, int], Goodput | None], on_switch: Callable[..., None]) -> None:
+        """What `auto` goes by: the goodput of the path each direction's messages take (by direction and
+        message size, nebula.transport.goodput),
+        and who hears of every switch (keyword fields, see AutoChoice._decide)."""
+        self._goodput, self._on_switch = goodput, on_switch
+
+    def observe_step(self, compute_s: float) -> None:
+        """The sending stage's compute in the step it just applied (for `auto`)."""
+        self._compute.append(compute_s)
+
+    def _compute_s(self) -> float | None:
+        recent = list(self._compute)  # appended on the stage's thread, read on the sender's
+        return statistics.median(recent) if recent else None
+
+    def _resolve(self, policy: "codecs.CompressionPolicy", direction: str, name: str, tensor: torch.Tensor,
+                 step: int) -> tuple["codecs.Codec", AutoChoice | None]:
+        codec = policy.codec_for(direction, name, tensor.numel(), step, dtype=tensor.dtype)
+        if codec != AUTO:
+            return codec, None
+        choice = self.auto.get(direction)
+        if choice is None or choice.settings is not policy.auto:  # first use, or a phase with other ladders
+            choice = self.auto[direction] = AutoChoice(self.link, direction, policy.auto,
+                                                       lambda size: self._goodput(direction, size),
+                                                       self._compute_s, self._switched)
+        return choice.codec(step, name, tensor), choice
+
+    def _switched(self, **event: Any) -> None:
+        if self.meter:
+            self.meter.record(kind="auto", **event)
+        self._on_switch(**event)
+
     def pack(self, direction: str, name: str, tensor: torch.Tensor, step: int,
              ids: torch.Tensor | None = None) -> TensorPayload:
         """`ids`: the (B,) example-id hashes of the tensor's rows, for `delta` (None on gradients)."""
         tensor = tensor.detach().cpu()  # the wire carries CPU frames; a no-op for CPU tensors
         # token ids and masks get the link's codec only if it is exact (deflate), else go as they are
-        codec = self.policy_for(step).codec_for(direction, name, tensor.numel(), step, dtype=tensor.dtype)
+        codec, choice = self._resolve(self.policy_for(step), direction, name, tensor, step)
         started = time.perf_counter()
         payload = codecs.pack(name, ROLES.get(direction, direction), tensor.contiguous(), codec,
                               state=(slot := self.state.slot(f"{self.link}:{direction}", name)), ids=ids)
@@ -134,10 +179,14 @@ class LinkCodecs:
         with self._meter_lock:
             self._bytes[direction] += payload.wire_bytes
             self.raw_bytes[direction] += raw
+        if choice is not None:
+            choice.observe_pack(codec, name, tensor, raw, payload.wire_bytes)
         if self.meter:
-            cache = {"cache": slot["cache"].stats()} if "cache" in slot else {}  # delta: hits, misses, bytes
+            extra = {"cache": slot["cache"].stats()} if "cache" in slot else {}  # delta: hits, misses, bytes
+            if choice is not None:
+                extra["auto"] = True
             self.meter.record(step=step, link=self.link, dir=direction, name=name, codec=str(codec), raw=raw,
-                              wire=payload.wire_bytes, encode_s=round(encode_s, 6), **cache)
+                              wire=payload.wire_bytes, encode_s=round(encode_s, 6), **extra)
         return payload
 
     def unpack(self, payload: TensorPayload) -> torch.Tensor:

@@ -71,6 +71,10 @@ class StageRunner(ResumeProtocol, InferencePasses):
         meter = LinkMeter(self.workdir / "link.jsonl")
         self.codecs = {link.name: LinkCodecs(link.compression, link.name, meter)
                        for link in (*self.in_links, *self.out_links)}
+        for link in (*self.in_links, *self.out_links):  # `auto` goes by the goodput of the path it sends on
+            ends = {"forward": self.addresses[link.dst], "backward": self.addresses[link.src]}
+            self.codecs[link.name].attach(lambda direction, size, ends=ends: channel.goodput(ends[direction], size),
+                                          lambda **event: metrics.event("compression", **event))
         self.items = self.graph.items(name)
         self.item_of = {(i.link.name if i.link else None, i.micro_batch): i for i in self.items}
         self.waits = self.graph.waits_for_gradients(name)
@@ -231,6 +235,8 @@ class StageRunner(ResumeProtocol, InferencePasses):
             if tally.stats.get("tokens"):  # what one token of this stage's data costs on each link
                 extra["bytes_per_token"] = {k: round(n / tally.stats["tokens"], 4) for k, n in sent.items()}
         self.metrics.step(step=t, step_s=now - since, compute_s=tally.compute_s, **extra, sent=sent)
+        for link_codecs in self.codecs.values():
+            link_codecs.observe_step(tally.compute_s)
         for link in self.in_links:
             if not link.backward:
                 self._tell(link.src, ctl.Pace(step=t))  # the sender may now open step t + credit

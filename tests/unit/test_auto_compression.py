@@ -1,0 +1,164 @@
+"""`compression = "auto"`: goodput from ACK timing, the ladder choice, and a link that switches codecs
+while the receiver follows from the messages alone."""
+import json
+
+import pytest
+import torch
+
+from nebula import codecs
+from nebula.codecs.auto import AUTO, LADDER
+from nebula.errors import ConfigError
+from nebula.runtime.link import LinkCodecs, parse_phases
+from nebula.transport.goodput import Goodput, GoodputMeter
+
+MB = 1 << 20
+
+
+def test_back_to_back_acks_give_the_transmission_time_alone():
+    meter = GoodputMeter()
+    meter.on_ack(MB, first_sent_at=0.0, now=1.1)  # onto an empty path: 1 s on the wire + 0.1 s round trip
+    for k in range(2, 5):  # queued behind it: each ACK 1 s after the last
+        meter.on_ack(MB, first_sent_at=0.0, now=1.1 + (k - 1))
+    meter.on_rtt(0.1)
+    meter.on_rtt(0.3)  # a ping that queued behind data: the least one is the propagation
+    got = meter.estimate()
+    assert got.rtt_s == 0.1 and got.samples == 4
+    assert got.bytes_per_s == pytest.approx(MB / 1.0)
+
+
+def test_without_a_round_trip_an_idle_path_reads_slower_not_faster():
+    meter = GoodputMeter()
+    meter.on_ack(MB, first_sent_at=0.0, now=1.1)
+    assert meter.estimate().bytes_per_s == pytest.approx(MB / 1.1)
+
+
+def test_transfers_within_the_round_trip_read_as_unmeasurably_fast():
+    meter = GoodputMeter()
+    meter.on_rtt(0.2)
+    meter.on_ack(100, first_sent_at=5.0, now=5.15)
+    assert meter.estimate() == Goodput(None, 0.2, 1)
+    assert GoodputMeter().estimate() is None  # nothing acknowledged yet
+
+
+def test_auto_parses_for_a_link_and_a_direction():
+    both = parse_phases("auto")[0].policy
+    assert both.forward == AUTO and both.backward == AUTO
+    assert [c.spec for c in both.auto.forward] == [codecs.parse(s).spec for s in LADDER]
+    one = parse_phases({"forward": "auto", "backward": "int8", "auto": {"forward": ["none", "fp16"], "every": 2}})
+    policy = one[0].policy
+    assert policy.backward.spec == "int8" and [c.spec for c in policy.auto.forward] == ["none", "fp16"]
+    again = codecs.CompressionPolicy.from_dict(policy.to_dict())
+    assert again == policy
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"overrides": {"hidden": "auto"}}, "whole direction"),
+    ({"forward": "auto", "auto": {"forward": []}}, "non-empty list"),
+    ({"forward": "auto", "auto": {"forward": ["int8", "nope"]}}, "auto.forward[1]"),
+    ({"forward": "auto", "auto": {"forward": ["delta(int8)"]}}, "delta"),
+    ({"forward": "auto", "auto": {"headroom": 0}}, "headroom"),
+    ({"forward": "auto", "auto": {"every": 0}}, "every"),
+    ({"forward": "auto", "auto": {"colour": 1}}, "unknown key"),
+])
+def test_bad_auto_tables_are_config_errors(table, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
+        parse_phases(table)
+
+
+class Path_:
+    """A path whose goodput the test sets, as the channel's ACKs would report it."""
+
+    def __init__(self, mbit: float | None):
+        self.mbit = mbit
+
+    def __call__(self, direction, message_bytes):
+        return Goodput(None if self.mbit is None else self.mbit * 1e6 / 8, 0.08, 16)
+
+
+def run_steps(sender, receiver, first, count, compute_s=0.4, shape=(4, 24, 384)):
+    """Pack one step of 4 micro-batches per step, as a runner does, and decode each at the other end."""
+    used = []
+    for step in range(first, first + count):
+        for _ in range(4):
+            x = torch.randn(*shape)
+            payload = sender.pack("forward", "hidden", x, step)
+            y = receiver.unpack(payload)
+            assert y.shape == x.shape
+            used.append(payload.codec)
+        sender.observe_step(compute_s)
+    return used
+
+
+def test_auto_climbs_the_ladder_on_a_slow_path_and_comes_back_when_it_recovers(tmp_path):
+    table = {"forward": "auto", "backward": "int8", "auto": {"every": 2}}
+    sender = LinkCodecs.from_table(table, "src->sink", tmp_path / "link.jsonl")
+    receiver = LinkCodecs.from_table({"forward": "fp16"}, "src->sink")  # its own policy plays no part
+    events, path = [], Path_(1.0)
+    sender.attach(path, lambda **event: events.append(event))
+    # 4 x 147 KB per step: 4.7 s uncompressed at 1 Mbit/s against 0.4 s of compute
+    used = run_steps(sender, receiver, 1, 6)
+    assert used[:4] == ["none"] * 4 and used[4] != "none"  # decided as soon as one step is measured
+    chosen = events[0]["new"]
+    assert events[0]["old"] == "none" and events[0]["wire_s"] <= 0.8 * 0.4
+    wires = events[0]["wire_s_by_rung"]
+    first_fit = next(spec for spec, wire in wires.items() if wire <= 0.32)
+    assert chosen == first_fit != "none"
+    assert used[-1] == chosen
+    path.mbit = 1000.0  # the link got faster: back to none within `every` steps
+    used = run_steps(sender, receiver, 7, 4)
+    assert events[-1]["new"] == "none" and used[-4:] == ["none"] * 4
+    lines = [json.loads(line) for line in (tmp_path / "link.jsonl").read_text().splitlines()]
+    assert [e["new"] for e in lines if e.get("kind") == "auto"] == [e["new"] for e in events]
+    assert all(line["auto"] for line in lines if "codec" in line)
+
+
+def test_auto_stays_on_the_first_rung_where_nothing_is_measured(tmp_path):
+    sender = LinkCodecs.from_table("auto", "src->sink")
+    events = []
+    sender.attach(Path_(None), lambda **event: events.append(event))  # e.g. in process: no link to wait for
+    used = run_steps(sender, LinkCodecs.from_table({}, "src->sink"), 1, 10)
+    assert set(used) == {"none"} and not events
+    unattached = LinkCodecs.from_table("auto", "src->sink")  # no channel at all
+    assert set(run_steps(unattached, LinkCodecs.from_table({}, "src->sink"), 1, 6)) == {"none"}
+
+
+def test_ids_and_small_tensors_never_go_through_the_ladder():
+    sender = LinkCodecs.from_table({"forward": "auto", "min_numel": 100}, "src->sink")
+    assert sender.pack("forward", "ids", torch.arange(8), 1).codec == "none"
+    assert sender.pack("forward", "tiny", torch.randn(10), 1).codec == "none"
+    assert not sender.auto  # nothing asked for a rung
+
+
+def test_auto_never_reaches_the_wire():
+    with pytest.raises(Exception, match="never travels"):
+        codecs.pack("x", "activation", torch.randn(4), AUTO)
+
+
+def test_a_job_with_auto_links_trains_exactly_as_uncompressed_in_process(tmp_path):
+    """In process no link is measured, so `auto` stays on its first rung (none): the run is the
+    uncompressed one, bit for bit, and link.jsonl marks each tensor as chosen by `auto`."""
+    from tests.runtime_support import example_job, run_job
+    auto = run_job(example_job(compression="auto"), tmp_path / "auto")
+    plain = run_job(example_job(), tmp_path / "plain")
+    for name in ("src", "sink"):
+        for key, value in auto.weights(name).items():
+            assert torch.equal(value, plain.weights(name)[key]), (name, key)
+    lines = [json.loads(line) for line in (tmp_path / "auto" / "src" / "link.jsonl").read_text().splitlines()]
+    hidden = [line for line in lines if line.get("name") == "hidden"]
+    assert hidden and all(line["codec"] == "none" and line["auto"] for line in hidden)
+
+
+def test_small_messages_do_not_vouch_for_large_ones():
+    """A token bucket passes a 12 kB message at once after an idle spell: asked about 150 kB messages,
+    the estimate goes by the recent large ones, not by the small ones that followed them."""
+    meter, now = GoodputMeter(), 0.0
+    meter.on_rtt(0.08)
+    for _ in range(4):  # 150 kB at 150 kB/s, each onto an empty path
+        meter.on_ack(150_000, first_sent_at=now, now=now + 1.08)
+        now += 2.0
+    for _ in range(20):  # 12 kB, through the bucket: 10 ms beyond the round trip
+        meter.on_ack(12_000, first_sent_at=now, now=now + 0.09)
+        now += 1.0
+    assert meter.estimate().bytes_per_s == pytest.approx(1.2e6)  # the latest 16: small ones
+    assert meter.estimate(150_000).bytes_per_s == pytest.approx(150_000)
+    assert meter.estimate(150_000).samples == 4
