@@ -17,7 +17,7 @@ Per row (all from the stages' own metrics: metrics.jsonl and link.jsonl of each 
   the benchmarked link;
 - s_per_step: mean time between the driving stage's optimizer steps (synchronous: one step's
   forward of all micro-batches to its update);
-- speedup: uncompressed s_per_step / this row's, same run;
+- speedup: uncompressed s_per_step (the none/none row, else the first) / this row's, same run;
 - overlap_ratio: s_per_step / max(compute, wire), compute = the largest site's compute per step,
   wire = max over links and directions of wire bytes per step / link rate (links are full duplex).
 Quality (the scenario's metric, loss curves; --quality) is in nebula/bench/wan_quality.py.
@@ -88,6 +88,11 @@ def register(sub) -> None:
     parser.add_argument("--plot", type=Path, default=None,
                         help="--quality: where the loss-curve PNG goes (default: WORKDIR/loss.png, "
                              "or runs/bench-wan-loss.png without --workdir)")
+    parser.add_argument("--auto", action="store_true",
+                        help="compression = \"auto\" against every fixed rung of its ladder at 60 Mbit/s, the "
+                             "communication-bound rate and a rate 4x lower (root)")
+    parser.add_argument("--rtt-ms", type=float, default=None,
+                        help="propagation delay added on the emulated link (default 0; 80 with --auto)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep logs, metrics and plots here (default: a temporary directory, removed)")
     add_scenario_arguments(parser)
@@ -119,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
     if args.quality:
         from nebula.bench.wan_quality import run_quality
         return run_quality(args)
+    if args.auto:
+        from nebula.bench.wan_auto import run_auto
+        return run_auto(args)
     if os.geteuid() != 0:
         print("nebula bench wan: skipped: the emulated WAN link needs root (network namespaces and tc); "
               "run as root, or use --quality, which needs no link", file=sys.stderr)
@@ -127,10 +135,10 @@ def run(args: argparse.Namespace) -> int:
     timed = args.steps or (2 if args.quick else 3)
     with _workdir(args.workdir) as work:
         job = bench_job(args, settings, timed, work)
-        rows = measure_rate(work / "60mbit", job, PAPER_MBIT)
+        rows = measure_rate(work / "60mbit", job, PAPER_MBIT, args.rtt_ms or 0.0)
         rate = bound_rate(rows[0], args.bound_factor)
         progress(f"communication-bound rate: {rate} Mbit/s (uncompressed wire = {args.bound_factor:g} x compute)")
-        rows += measure_rate(work / "bound", job, rate)
+        rows += measure_rate(work / "bound", job, rate, args.rtt_ms or 0.0)
     if args.json:
         print(json.dumps(rows, indent=1))
     else:
@@ -207,21 +215,23 @@ class _workdir:
 
 
 # --- the job: one phase per setting ----------------------------------------------------------------
-def bench_job(args: argparse.Namespace, settings: list[tuple[str, str]], timed: int, work: Path) -> dict:
+def bench_job(args: argparse.Namespace, settings: list[tuple[str, str]], timed: int, work: Path,
+              first_lead: int = 0) -> dict:
     """The scenario's job, one compression phase per setting on the benchmarked link (1 untimed +
-    `timed` steps each; the first phase has LEAD_IN more untimed steps)."""
+    `timed` steps each; the first phase has LEAD_IN + `first_lead` more untimed steps)."""
     from nebula.bench.scenarios import load_scenario
     raw, link = base_job(args)
     per_phase = 1 + timed
-    total = per_phase * len(settings) + LEAD_IN + 1  # + the final step, which also saves the last checkpoint
+    total = per_phase * len(settings) + LEAD_IN + first_lead + 1  # + the final step, which also saves the last checkpoint
     raw["train"].update(steps=total, checkpoint_every=total, log_every=total)
     override_train(raw, args)
     raw = load_scenario(args.scenario).speed_job(raw, work, total)
     phases = [{"steps": per_phase, "forward": f, "backward": b} for f, b in settings]
-    phases[0]["steps"] += LEAD_IN
+    phases[0]["steps"] += LEAD_IN + first_lead
     phases[-1]["steps"] += 1
     set_compression(raw, link, {"phases": phases})
-    raw["bench"] = {"link": link, "scenario": args.scenario}  # for the summary; removed from the job file
+    # for the summary; removed from the job file
+    raw["bench"] = {"link": link, "scenario": args.scenario, "first_lead": first_lead}
     return raw
 
 
@@ -248,11 +258,12 @@ def phases_of(job: dict) -> list[dict]:
 
 
 def phase_steps(job: dict) -> list[tuple[dict, list[int]]]:
-    """(phase, timed steps) for each phase: all but its first step (the run's first 1 + LEAD_IN) and
-    the run's last step."""
+    """(phase, timed steps) for each phase: all but its first step (the run's first 1 + LEAD_IN +
+    first_lead) and the run's last step."""
     out, first, last = [], 1, job["train"]["steps"]
     for i, phase in enumerate(phases_of(job)):
-        steps = [s for s in range(first + 1 + (LEAD_IN if i == 0 else 0), first + phase["steps"]) if s != last]
+        skip = 1 + (LEAD_IN + job["bench"].get("first_lead", 0) if i == 0 else 0)
+        steps = [s for s in range(first + skip, first + phase["steps"]) if s != last]
         out.append((phase, steps))
         first += phase["steps"]
     return out
@@ -264,7 +275,7 @@ def per_step_link(path: Path, direction: str, link: str | None = None) -> dict[i
     shared by every site's processes)."""
     sums: dict[int, dict] = {}
     for r in read_records(path, kind=None):
-        if r.get("dir") == direction and (link is None or r.get("link") == link):
+        if r.get("dir") == direction and "raw" in r and (link is None or r.get("link") == link):  # not `auto` events
             s = sums.setdefault(r["step"], {"raw": 0, "wire": 0, "encode_s": 0.0, "first": r["t"], "last": r["t"]})
             s["raw"], s["wire"], s["encode_s"] = s["raw"] + r["raw"], s["wire"] + r["wire"], s["encode_s"] + r["encode_s"]
             s["first"], s["last"] = min(s["first"], r["t"]), max(s["last"], r["t"])
@@ -315,7 +326,7 @@ def summarise(run: Path, job: dict, rate_mbit: float) -> list[dict]:
             row["fill_s"] = round(mean(fill(metrics[driver][s], bwd[s]) for s in steps), 3)
             row["rest_s"] = round(step_s - row["fill_s"] - row["bwd_wire_s"], 3)
         rows.append(row)
-    base = rows[0]["s_per_step"]
+    base = next((r for r in rows if r["forward"] == r["backward"] == "none"), rows[0])["s_per_step"]
     for row in rows:
         row["speedup"] = round(base / row["s_per_step"], 3)
     return rows
@@ -329,12 +340,13 @@ def bound_rate(uncompressed: dict, factor: float) -> float:
 
 
 # --- one run over the shaped links -------------------------------------------------------------------
-def measure_rate(run: Path, job: dict, rate_mbit: float) -> list[dict]:
+def measure_rate(run: Path, job: dict, rate_mbit: float, rtt_ms: float = 0.0) -> list[dict]:
     from nebula.wanem import WanLink
 
     sites = list(dict.fromkeys(stage["address"].split("/")[0] for stage in job["stages"].values()))
-    progress(f"{rate_mbit} Mbit/s: {job['train']['steps']} steps, {len(phases_of(job))} settings")
-    with WanLink(name_prefix=f"nbw{os.getpid()}", rate_mbit=rate_mbit, sites=tuple(sites)) as link:
+    progress(f"{rate_mbit} Mbit/s{f', RTT {rtt_ms:g} ms' if rtt_ms else ''}: {job['train']['steps']} steps, "
+             f"{len(phases_of(job))} settings")
+    with WanLink(name_prefix=f"nbw{os.getpid()}", rate_mbit=rate_mbit, sites=tuple(sites), rtt_ms=rtt_ms) as link:
         run_job(run, job, wan=link, label=f"{rate_mbit} Mbit/s",
                 channel={"resend_timeout": resend_timeout(job, rate_mbit)})
         qdisc = {site: st["qdisc"] for site, st in link.status().items()}
