@@ -8,7 +8,7 @@
     backward = "int8"
     [links.compression.auto]             # optional: the ladder and how it is climbed
     forward = ["none", "fp16", "int8", "int8(lowrank(0.5))"]
-    headroom = 0.8
+    headroom = 0.4
     every = 4
 
 The ladder is ordered from the least lossy setting to the most; the sender of each direction takes
@@ -64,7 +64,7 @@ def _ladder() -> tuple[Codec, ...]:
 class AutoSettings:
     forward: tuple[Codec, ...] = field(default_factory=_ladder)
     backward: tuple[Codec, ...] = field(default_factory=_ladder)
-    headroom: float = 0.8  # the wire may take this fraction of the sender's compute per step
+    headroom: float = 0.4  # the wire may take this share of the sender's compute per step (see docs/codecs.md)
     every: int = 4  # steps between decisions (and before the first)
 
     @classmethod
@@ -75,7 +75,7 @@ class AutoSettings:
         if unknown:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: backward, every, forward, headroom)")
         ladders = {d: _parse_ladder(f"{where}.{d}", table[d]) for d in ("forward", "backward") if d in table}
-        headroom, every = table.get("headroom", 0.8), table.get("every", 4)
+        headroom, every = table.get("headroom", 0.4), table.get("every", 4)
         if not isinstance(headroom, (int, float)) or isinstance(headroom, bool) or not 0 < headroom <= 4:
             raise ConfigError(f"{where}.headroom: expected a number in (0, 4] (the share of compute the wire "
                               f"may take), got {headroom!r}")
