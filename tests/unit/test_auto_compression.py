@@ -93,9 +93,9 @@ def test_auto_climbs_the_ladder_on_a_slow_path_and_comes_back_when_it_recovers(t
     table = {"forward": "auto", "backward": "int8", "auto": {"every": 2}}
     sender = LinkCodecs.from_table(table, "src->sink", tmp_path / "link.jsonl")
     receiver = LinkCodecs.from_table({"forward": "fp16"}, "src->sink")  # its own policy plays no part
-    events, path = [], Path_(1.0)
+    events, path = [], Path_(2.0)
     sender.attach(path, lambda **event: events.append(event))
-    # 4 x 147 KB per step: 4.7 s uncompressed at 1 Mbit/s against 0.4 s of compute
+    # 4 x 147 KB per step: 2.4 s uncompressed at 2 Mbit/s against 0.4 s of compute
     used = run_steps(sender, receiver, 1, 6)
     assert used[:4] == ["none"] * 4 and used[4] != "none"  # decided as soon as one step is measured
     chosen = events[0]["new"]
