@@ -18,7 +18,7 @@ metrics and a line in link.jsonl. One-site links (no measured goodput) stay on t
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -96,6 +96,3 @@ class AutoChoice:
                 self.ratios[key] = payload.wire_bytes / max(sample.numel() * sample.element_size(), 1)
             total += raw * self.ratios[key]
         return total
-
-    def describe(self) -> dict[str, Any]:
-        return {"link": self.link, "dir": self.direction, "codec": self.ladder[self.rung].spec, "rung": self.rung}

@@ -136,8 +136,8 @@ class LinkCodecs:
 
     def attach(self, goodput: Callable[[str, int], Goodput | None], on_switch: Callable[..., None]) -> None:
         """What `auto` goes by: the goodput of the path each direction's messages take (by direction and
-        message size, nebula.transport.goodput),
-        and who hears of every switch (keyword fields, see AutoChoice._decide)."""
+        message size, nebula.transport.goodput), and who hears of every switch (keyword fields, see
+        AutoChoice._decide)."""
         self._goodput, self._on_switch = goodput, on_switch
 
     def observe_step(self, compute_s: float) -> None:

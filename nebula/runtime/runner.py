@@ -69,10 +69,10 @@ class StageRunner(ResumeProtocol, InferencePasses):
         self.names = {a: n for n, a in self.addresses.items()}
         self.in_links, self.out_links = self.graph.in_links[name], self.graph.out_links[name]
         meter = LinkMeter(self.workdir / "link.jsonl")
-        self.codecs = {link.name: LinkCodecs(link.compression, link.name, meter)
-                       for link in (*self.in_links, *self.out_links)}
+        self.codecs = {}
         for link in (*self.in_links, *self.out_links):  # `auto` goes by the goodput of the path it sends on
             ends = {"forward": self.addresses[link.dst], "backward": self.addresses[link.src]}
+            self.codecs[link.name] = LinkCodecs(link.compression, link.name, meter)
             self.codecs[link.name].attach(lambda direction, size, ends=ends: channel.goodput(ends[direction], size),
                                           lambda **event: metrics.event("compression", **event))
         self.items = self.graph.items(name)

@@ -89,9 +89,10 @@ class Window:
             freed = stream.on_ack(epoch, ack)
             if not freed:
                 return False
+            nbytes = sum(p.nbytes for p in freed)
             self.in_flight -= len(freed)
-            self.in_flight_bytes -= sum(p.nbytes for p in freed)
-            stream.goodput.on_ack(sum(p.nbytes for p in freed), freed[0].sent_at, now)
+            self.in_flight_bytes -= nbytes
+            stream.goodput.on_ack(nbytes, freed[0].sent_at, now)
             gap = now - stream.last_progress
             stream.ack_gap = gap if stream.ack_gap == 0 else 0.8 * stream.ack_gap + 0.2 * gap
             stream.last_progress, stream.backoff = now, 1.0

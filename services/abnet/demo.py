@@ -15,8 +15,6 @@ from nebula.shipped import DEPLOY
 from services.demo import Demo, check_apart, check_run_dir, fresh_run_dir, job_copy, write_job
 
 DEFAULT_JOB = DEPLOY / "jobs" / "abnet-es-en.toml"  # shipped (nebula.shipped), in a checkout and installed
-
-
 LONG_JOB = DEPLOY / "jobs" / "abnet-es-en-full.toml"  # the setting behind README's BLEU table
 
 
