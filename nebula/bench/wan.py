@@ -83,6 +83,16 @@ def register(sub) -> None:
                              "(stages that wait for gradients run one step ahead: no per-step pipeline bubble)")
     parser.add_argument("--seed", type=int, default=None,
                         help="override the job's [train].seed (initialisation, dropout and example order)")
+    parser.add_argument("--setting-staleness", type=staleness_list, default=None, metavar="0,1,1",
+                        help="--quality: each --setting's staleness, in order (0 synchronous, 1 one-step-stale), "
+                             "so that the costs of staleness and of compression can be told apart")
+    parser.add_argument("--seeds", type=int_list, default=None, metavar="1,2,3",
+                        help="--quality: train every setting with each seed and report each setting's "
+                             "difference from the first over seeds (mean, per seed, intervals)")
+    parser.add_argument("--eval-splits", type=lambda text: text.split(","), default=None, metavar="valid,test",
+                        help="--quality: the held-out splits scored (default: test)")
+    parser.add_argument("--eval-sentences", type=int, default=None, metavar="N",
+                        help="--quality: sentences scored per split, spread over it (default: the job's)")
     parser.add_argument("--bound-factor", type=float, default=BOUND_FACTOR,
                         help="uncompressed wire time / compute time at the communication-bound rate (default 5)")
     parser.add_argument("--plot", type=Path, default=None,
@@ -181,6 +191,20 @@ def set_compression(raw: dict, link: str, table: dict) -> None:
     for entry in raw.get("links", []):
         if f"{entry['from']}->{entry['to']}" == link:
             entry["compression"] = table
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(word) for word in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers separated by commas, e.g. 1,2,3")
+
+
+def staleness_list(text: str) -> list[int]:
+    values = int_list(text)
+    if any(v not in (0, 1) for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: each staleness is 0 or 1")
+    return values
 
 
 def chosen_settings(args: argparse.Namespace) -> list[tuple[str, str]]:

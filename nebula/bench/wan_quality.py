@@ -7,6 +7,13 @@ test set by cross-site inference, through the same codecs). Quality does not dep
 the link rate, so the sites run as local processes over loopback (real gateways, CURVE, wire
 encode/decode and codecs), one run per setting: settings cannot share a run, since each must start
 from the same weights.
+
+With --seeds (e.g. 1,2,3) every seed trains every setting, the first setting being the reference
+(uncompressed, synchronous), and each setting's difference from the reference is reported per split
+(--eval-splits valid,test) as its per-seed values, mean and intervals (nebula.bench.seeds).
+--setting-staleness 0,1,1 gives each setting its staleness (0 synchronous, 1 one-step-stale), so the
+cost of staleness and of compression can be told apart. A run already finished in --workdir is kept, not
+re-run: hours of runs survive an interruption.
 """
 from __future__ import annotations
 
@@ -17,6 +24,7 @@ from pathlib import Path
 
 from nebula.bench.wan import (_workdir, base_job, chosen_settings, override_train, per_step_link, progress,
                               read_records, run_job, set_compression)
+from nebula.errors import ConfigError
 
 QUICK_STEPS = 20
 
@@ -26,44 +34,86 @@ def run_quality(args: argparse.Namespace) -> int:
     from nebula.plots import plot_curves
 
     scenario = load_scenario(args.scenario)
-    settings = chosen_settings(args)
+    settings = quality_settings(args)
+    seeds = args.seeds or [args.seed]
     with _workdir(args.workdir) as work:
         rows, curves = [], {}
-        for forward, backward in settings:
-            job = quality_job(args, forward, backward)
-            run = work / slug(forward, backward)
-            progress(f"quality: {forward} + {backward}, {job['train']['steps']} steps")
-            run_job(run, job, label=f"{forward}+{backward}")
-            row, curves[f"{forward} + {backward}"] = summarise_quality(run, job, forward, backward, scenario)
-            rows.append(row)
-        base = rows[0]["s_per_step"]
+        for seed in seeds:
+            for forward, backward, staleness in settings:
+                job = quality_job(args, forward, backward, staleness, seed, scenario)
+                name = slug(forward, backward) + ("" if staleness is None else f"__stale{staleness}")
+                run = work / (name if seed is None else f"seed{seed}/{name}")
+                label = f"{forward} + {backward}" + ("" if staleness is None else f", staleness {staleness}")
+                row, curve = finished(run) or train_and_score(run, job, label, seed, staleness, scenario)
+                rows.append(row)
+                curves[label if seed is None else f"{label}, seed {seed}"] = curve
         for row in rows:
+            base = next(r for r in rows if r["seed"] == row["seed"])["s_per_step"]
             row["speedup"] = round(base / row["s_per_step"], 3)
         plot_path = args.plot or (work / "loss.png" if args.workdir else Path("runs/bench-wan-loss.png"))
         steps = rows[0]["steps"]
         plot_curves(curves, plot_path, f"{job['job']['name']}: training loss per compression setting", "training loss",
                     smooth=max(1, steps // 20))
+        summary = summarise_seeds(work, rows, seeds, settings, scenario) if args.seeds else []
     if args.json:
-        print(json.dumps(rows, indent=1))
+        print(json.dumps(rows + summary, indent=1))
     else:
         print_quality(rows, plot_path, scenario.quality_key)
+        if summary:
+            print_seeds(summary)
     return 0
+
+
+def quality_settings(args: argparse.Namespace) -> list[tuple[str, str, int | None]]:
+    """(forward, backward, staleness or None for the job's schedule) per --setting."""
+    pairs = chosen_settings(args)
+    stale = args.setting_staleness or [None] * len(pairs)
+    if len(stale) != len(pairs):
+        raise ConfigError(f"--setting-staleness gives {len(stale)} values for {len(pairs)} settings: one per "
+                          "--setting, in order")
+    return [(f, b, s) for (f, b), s in zip(pairs, stale)]
+
+
+def train_and_score(run: Path, job: dict, label: str, seed: int | None, staleness: int | None,
+                    scenario) -> tuple[dict, list]:
+    progress(f"quality: {label}" + ("" if seed is None else f", seed {seed}") + f", {job['train']['steps']} steps")
+    run_job(run, job, label=label)
+    row, curve = summarise_quality(run, job, job["bench"]["forward"], job["bench"]["backward"], scenario)
+    row.update(seed=seed, staleness=staleness, run=str(run))
+    (run / "row.json").write_text(json.dumps({"row": row, "curve": curve}))  # a re-run keeps this run
+    return row, curve
+
+
+def finished(run: Path) -> tuple[dict, list] | None:
+    done = run / "row.json"
+    if not done.exists():
+        return None
+    kept = json.loads(done.read_text())
+    progress(f"quality: kept {run} (delete it to train again)")
+    return kept["row"], kept["curve"]
 
 
 def slug(forward: str, backward: str) -> str:
     return "".join(c if c.isalnum() or c == "." else "_" for c in f"{forward}__{backward}")
 
 
-def quality_job(args: argparse.Namespace, forward: str, backward: str) -> dict:
+def quality_job(args: argparse.Namespace, forward: str, backward: str, staleness: int | None = None,
+                seed: int | None = None, scenario=None) -> dict:
     from nebula.bench.scenarios import load_scenario
 
+    scenario = scenario or load_scenario(args.scenario)
     raw, link = base_job(args)
     steps = args.steps or (QUICK_STEPS if args.quick else raw["train"]["steps"])
     raw["train"].update(steps=steps, checkpoint_every=steps, log_every=max(1, steps // 10))
     override_train(raw, args)
-    raw = load_scenario(args.scenario).quality_job(raw, args.quick)
+    if seed is not None:
+        raw["train"]["seed"] = seed
+    if staleness is not None:
+        raw.setdefault("schedule", {})["name"] = ("synchronous", "one-step-stale")[staleness]
+    splits = tuple(args.eval_splits or ["test"])
+    raw = scenario.quality_job(raw, args.quick, splits=splits, sentences=args.eval_sentences)
     set_compression(raw, link, {"forward": forward, "backward": backward})
-    raw["bench"] = {"link": link, "scenario": args.scenario}
+    raw["bench"] = {"link": link, "scenario": args.scenario, "forward": forward, "backward": backward}
     return raw
 
 
@@ -89,13 +139,58 @@ def summarise_quality(run: Path, job: dict, forward: str, backward: str, scenari
 
 def print_quality(rows: list[dict], plot_path: Path, key: str) -> None:
     name = key.upper() if len(key) <= 5 else key
-    print(f"{'forward':<20}{'backward':<20}{'fwd ratio':>10}{'bwd ratio':>10}{'steps':>7}"
-          f"{'final loss':>11}{name:>8}{'d' + name:>8}{'s/step':>8}")
-    base = rows[0][key]
+    splits = [k for k in rows[0] if k.startswith(f"{key}_")]
+    print(f"{'seed':>5}{'forward':>22}{'backward':>22}{'stale':>6}{'fwd ratio':>10}{'bwd ratio':>10}{'steps':>7}"
+          f"{'final loss':>11}{name:>8}{'d' + name:>8}{'s/step':>8}" + "".join(f"{k:>12}" for k in splits))
     for r in rows:
+        base = next(b for b in rows if b["seed"] == r["seed"])[key]
         bwd = "-" if r["backward_ratio"] is None else f"{r['backward_ratio']:.3f}"
-        print(f"{r['forward']:<20}{r['backward']:<20}{r['forward_ratio']:>10.3f}{bwd:>10}{r['steps']:>7}"
-              f"{r['final_loss']:>11.3f}{r[key]:>8.2f}{r[key] - base:>8.2f}{r['s_per_step']:>8.2f}")
-    within = [r for r in rows[1:] if abs(r[key] - base) <= 0.5]
-    print(f"\n{len(within)} of {len(rows) - 1} compressed settings within 0.5 {name} of uncompressed "
+        print(f"{'-' if r['seed'] is None else r['seed']:>5}{r['forward']:>22}{r['backward']:>22}"
+              f"{'-' if r['staleness'] is None else r['staleness']:>6}{r['forward_ratio']:>10.3f}{bwd:>10}"
+              f"{r['steps']:>7}{r['final_loss']:>11.3f}{r[key]:>8.2f}{r[key] - base:>8.2f}{r['s_per_step']:>8.2f}"
+              + "".join(f"{r[k]:>12.2f}" for k in splits))
+    compared = [r for r in rows if r is not next(b for b in rows if b["seed"] == r["seed"])]
+    within = [r for r in compared if abs(r[key] - next(b for b in rows if b["seed"] == r["seed"])[key]) <= 0.5]
+    print(f"\n{len(within)} of {len(compared)} compressed runs within 0.5 {name} of their seed's first setting "
           f"({rows[0]['steps']} steps each, loopback; s/step here is compute-bound); loss curves: {plot_path}")
+
+
+def summarise_seeds(work: Path, rows: list[dict], seeds: list[int], settings: list, scenario) -> list[dict]:
+    """Per setting after the first and per split: the difference from the first setting, over seeds."""
+    from nebula.bench.seeds import compare
+
+    def stats(setting: int, split: str) -> list:
+        runs = [r for r in rows if r["seed"] in seeds][setting::len(settings)]
+        return [scenario.sentence_stats(Path(r["run"]), read_job(Path(r["run"])), split) for r in runs]
+
+    out = []
+    splits = [key.removeprefix("bleu_") for key in rows[0] if key.startswith("bleu_")]
+    for i, (forward, backward, staleness) in enumerate(settings[1:], start=1):
+        for split in splits:
+            c = compare(stats(0, split), stats(i, split), scenario.score_stats)
+            out.append({"summary": True, "forward": forward, "backward": backward, "staleness": staleness,
+                        "split": split, "seeds": seeds, "sentences": len(stats(0, split)[0]),
+                        "reference": [r[f"bleu_{split}"] for r in rows[0::len(settings)]],
+                        "per_seed": [round(d, 2) for d in c.per_seed], "mean_diff": round(c.mean, 2),
+                        "interval": [round(v, 2) for v in c.interval],
+                        "t_interval": c.t_interval and [round(v, 2) for v in c.t_interval]})
+    (work / "seeds.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def read_job(run: Path) -> dict:
+    import tomllib
+    return tomllib.loads((run / "job.toml").read_text())
+
+
+def print_seeds(summary: list[dict]) -> None:
+    print(f"\ndifference from the first setting, {len(summary[0]['seeds'])} seeds (95%: bootstrap over seeds "
+          "and sentences; t over seeds)")
+    print(f"{'forward':<22}{'backward':<22}{'stale':>6}{'split':>7}{'sents':>7}{'reference':>20}"
+          f"{'per seed':>22}{'mean':>7}{'bootstrap':>16}{'t':>16}")
+    for r in summary:
+        t = "-" if r["t_interval"] is None else "[{:+.2f}, {:+.2f}]".format(*r["t_interval"])
+        print(f"{r['forward']:<22}{r['backward']:<22}{'-' if r['staleness'] is None else r['staleness']:>6}"
+              f"{r['split']:>7}{r['sentences']:>7}{' '.join(f'{v:.2f}' for v in r['reference']):>20}"
+              f"{' '.join(f'{v:+.2f}' for v in r['per_seed']):>22}{r['mean_diff']:>+7.2f}"
+              f"{'[{:+.2f}, {:+.2f}]'.format(*r['interval']):>16}{t:>16}")

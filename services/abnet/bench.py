@@ -25,17 +25,39 @@ class AbnetScenario:
                 stage["eval_examples"] = 0
         return raw
 
-    def quality_job(self, raw: dict, quick: bool) -> dict:
-        if quick:
-            for stage in raw["stages"].values():
-                if stage["impl"] == "abnet-encoder":
-                    stage["eval_examples"] = QUICK_EVAL
+    def quality_job(self, raw: dict, quick: bool, splits: tuple[str, ...] = ("test",),
+                    sentences: int | None = None) -> dict:
+        """Score `splits` (valid, test) on `sentences` each (default: the job's, or 50 with `quick`)."""
+        for stage in raw["stages"].values():
+            if stage["impl"] == "abnet-encoder":
+                stage["eval_splits"] = list(splits)
+                if sentences or quick:
+                    stage["eval_examples"] = sentences or QUICK_EVAL
         return raw
 
     def quality(self, run: Path, raw: dict) -> dict:
+        """BLEU of the first split scored (`bleu`, `test_sentences`), and `bleu_SPLIT` for each."""
         driver = next(name for name, stage in raw["stages"].items() if stage["impl"] == "abnet-encoder")
-        scores = json.loads((run / driver / "scores.json").read_text())
-        return {"bleu": round(scores["bleu"], 2), "test_sentences": scores["n"]}
+        splits = next(s for s in raw["stages"].values() if s["impl"] == "abnet-encoder").get("eval_splits", ["test"])
+        scores = {split: json.loads((run / driver / f"scores-{split}.json").read_text()) for split in splits}
+        first = scores[splits[0]]
+        return {"bleu": round(first["bleu"], 2), "test_sentences": first["n"],
+                **{f"bleu_{split}": round(s["bleu"], 2) for split, s in scores.items()}}
+
+    def sentence_stats(self, run: Path, raw: dict, split: str):
+        """Per-sentence BLEU statistics of `split` (sentences x 10), as the decoder wrote its .hyp/.ref."""
+        import numpy as np
+        from sacrebleu.metrics import BLEU
+        sink = next(name for name, stage in raw["stages"].items() if stage["impl"] == "abnet-decoder")
+        hyps, refs = ((run / sink / f"{split}.{ext}").read_text(encoding="utf-8").split("\n")[:-1]
+                      for ext in ("hyp", "ref"))
+        return np.array(BLEU(lowercase=True)._extract_corpus_statistics(hyps, [refs]), dtype=np.int64)
+
+    @staticmethod
+    def score_stats(sums) -> float:
+        """BLEU from column sums of sentence_stats (sacrebleu's own path for its paired bootstrap)."""
+        from sacrebleu.metrics import BLEU
+        return BLEU(lowercase=True)._compute_score_from_stats(list(sums)).score
 
     def step_bytes(self, raw: dict) -> int:
         """One step of H_E, (B, S, H) float32, S = the encoder's max_len."""

@@ -46,6 +46,9 @@ class _Options:
 class EncoderOptions(_Options):
     enc_adapter_dim: int = field(default=512, metadata=limits(at_least=1))
     eval_examples: int = field(default=500, metadata=limits(at_least=0, hint="0: no evaluation"))
+    # held-out splits scored after training, each on eval_examples sentences spread over it; the first
+    # also writes scores.json (the demo's), every one scores-SPLIT.json and SPLIT.src here
+    eval_splits: tuple[Literal["valid", "test"], ...] = ("test",)
     eval_batch_size: int = field(default=32, metadata=limits(at_least=1))
     # "skip": train only on sentences of at most max_len source tokens, and evaluate on test sentences
     # that fit (the model reads no more); "truncate": cut every sentence to max_len
@@ -138,19 +141,22 @@ class AbnetEncoder(Stage):
         return Output(tensors={"hidden": self.module(ids, mask), "mask": mask})  # (B, S, H), (B, S)
 
     def after_training(self, runner) -> None:
-        """Evaluate on `eval_examples` test sentences across the sites; scores.json here."""
+        """Evaluate on `eval_examples` sentences of each of `eval_splits` across the sites; scores here."""
         if not self.options.eval_examples:
             return
-        candidates = list(range(len(self.data.splits["test"]["rows"])))
-        if self.options.long_sentences == "skip":
-            candidates = [i for i, fits in zip(candidates, self._fits("test")) if fits]
-        test = [candidates[i] for i in spread(len(candidates), self.options.eval_examples)]
-        # the sources of the sample, here at site a, where they are (the demo shows them beside the translations)
-        (self.context.workdir / "test.src").write_text(
-            "".join(f"{self.data.splits['test']['text'][i]}\n" for i in test), encoding="utf-8")
-        scores = runner.evaluate("test", test, self.options.eval_batch_size)
-        (self.context.workdir / "scores.json").write_text(
-            json.dumps(single(scores), indent=1, ensure_ascii=False))
+        for n, split in enumerate(self.options.eval_splits):
+            candidates = list(range(len(self.data.splits[split]["rows"])))
+            if self.options.long_sentences == "skip":
+                candidates = [i for i, fits in zip(candidates, self._fits(split)) if fits]
+            chosen = [candidates[i] for i in spread(len(candidates), self.options.eval_examples)]
+            # the sources of the sample, here at site a, where they are (the demo shows them beside the translations)
+            (self.context.workdir / f"{split}.src").write_text(
+                "".join(f"{self.data.splits[split]['text'][i]}\n" for i in chosen), encoding="utf-8")
+            scores = json.dumps(single(runner.evaluate(split, chosen, self.options.eval_batch_size)), indent=1,
+                                ensure_ascii=False)
+            (self.context.workdir / f"scores-{split}.json").write_text(scores)
+            if n == 0:
+                (self.context.workdir / "scores.json").write_text(scores)
 
 
 def single(scores: dict) -> dict:

@@ -1,0 +1,54 @@
+"""`nebula bench wan --quality --seeds`: every seed trains every setting through the real sites, both
+held-out splits are scored, each setting is compared with the first over seeds, and a second call
+keeps the finished runs instead of training them again."""
+import json
+import subprocess
+import sys
+
+from tests.e2e.conftest import JOB_TIMEOUT, write_job
+
+LOSSY = "int8(lowrank(0.5))"
+
+
+def bench(job, work, *more):
+    return subprocess.run([sys.executable, "-m", "nebula.cli", "bench", "wan", "--scenario", "abnet", "--quality",
+                           "--job", str(job), "--steps", "2", "--seeds", "1,2", "--setting", "none", "none",
+                           "--setting", LOSSY, LOSSY, "--eval-splits", "valid,test", "--eval-sentences", "8",
+                           "--workdir", str(work), "--json", *more],
+                          capture_output=True, text=True, timeout=6 * JOB_TIMEOUT)
+
+
+def test_seeds_times_settings_scored_on_both_splits_and_compared_with_the_reference(tmp_path):
+    job, work = write_job(tmp_path), tmp_path / "work"
+    done = bench(job, work, "--setting-staleness", "0,1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    runs = [r for r in out if not r.get("summary")]
+    assert [(r["seed"], r["forward"], r["staleness"]) for r in runs] == [
+        (1, "none", 0), (1, LOSSY, 1), (2, "none", 0), (2, LOSSY, 1)]
+    for r in runs:
+        assert r["steps"] == 2 and {"bleu_valid", "bleu_test"} <= set(r)
+        schedule = (work / f"seed{r['seed']}").glob(f"*stale{r['staleness']}/job.toml")
+        assert ("one-step-stale" if r["staleness"] else "synchronous") in next(schedule).read_text()
+    assert runs[1]["forward_ratio"] < 0.5 < runs[0]["forward_ratio"]  # the codec was on the wire
+    for split in ("valid", "test"):
+        hyps = (work / "seed2" / "none__none__stale0" / "decoder" / f"{split}.hyp").read_text().splitlines()
+        assert len(hyps) == 8
+    summary = [r for r in out if r.get("summary")]
+    assert [(r["split"], r["seeds"], r["sentences"]) for r in summary] == [("valid", [1, 2], 8), ("test", [1, 2], 8)]
+    for r in summary:
+        assert len(r["per_seed"]) == 2 and r["interval"][0] <= r["mean_diff"] <= r["interval"][1]
+        assert r["reference"] == [runs[0][f"bleu_{r['split']}"], runs[2][f"bleu_{r['split']}"]]
+    assert json.loads((work / "seeds.json").read_text()) == summary
+
+    again = bench(job, work, "--setting-staleness", "0,1")  # nothing trains twice
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert again.stderr.count("kept") == 4 and "step 1/2" not in again.stderr
+    assert json.loads(again.stdout) == out
+
+
+def test_a_staleness_list_that_does_not_match_the_settings_is_refused(tmp_path):
+    done = bench(write_job(tmp_path), tmp_path / "work", "--setting-staleness", "0,1,1")
+    assert done.returncode != 0
+    assert "--setting-staleness gives 3 values for 2 settings" in done.stderr
+    assert not (tmp_path / "work" / "seed1").exists()
