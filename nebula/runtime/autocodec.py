@@ -11,7 +11,14 @@ The sender of a direction decides alone, from what it measures itself:
 
 It takes the first rung with predicted wire <= headroom x compute (the last rung if none does), and
 looks again every `every` steps. Moving to a less lossy rung needs the stricter bound
-`RELAX x headroom x compute`, so a rung at the edge does not flap. Every message names its codec, so
+`RELAX x headroom x compute`, so a rung at the edge does not flap.
+
+A new connection reads slow: the first ACKs come while TCP is still starting up (measured at
+60 Mbit/s and 80 ms RTT: 12.8 Mbit/s after one step, 35 after five), and a decision on them sent the
+forward to fp16 on a link that was not the bottleneck. Until the meter holds SAMPLES ACKs, auto
+therefore acts only on an unmistakable bottleneck, the rung in force predicted slower on the wire
+than the step's compute (waiting would cost more than a wrong guess, which the next look corrects),
+and it looks again as soon as the meter is warm, not `every` steps later. Every message names its codec, so
 the receiver follows without being told; each switch is a `compression` event in the stage's
 metrics and a line in link.jsonl. One-site links (no measured goodput) stay on the first rung.
 """
@@ -25,7 +32,7 @@ import torch
 from nebula import codecs
 from nebula.codecs.auto import AutoSettings
 from nebula.codecs.base import Codec
-from nebula.transport.goodput import Goodput
+from nebula.transport.goodput import SAMPLES, Goodput
 
 RELAX = 0.8  # going back to a less lossy rung needs this much more room
 
@@ -39,7 +46,7 @@ class AutoChoice:
         self.link, self.direction, self.settings = link, direction, settings
         self.ladder = settings.ladder(direction)
         self.goodput, self.compute, self.on_switch = goodput, compute, on_switch
-        self.rung, self.step, self.decided_at = 0, 0, None
+        self.rung, self.step, self.decided_at, self.warm = 0, 0, None, False
         self.raw: Counter = Counter()  # this step's raw bytes per tensor name
         self.packs: Counter = Counter()  # ... and how many tensors of that name (one per message)
         self.messages = 1  # messages in the last whole step
@@ -52,7 +59,8 @@ class AutoChoice:
             if self.raw:
                 self.last_raw, self.messages = self.raw, max(self.packs.values())
             self.step, self.raw, self.packs = step, Counter(), Counter()
-            if (self.decided_at is None or step - self.decided_at >= self.settings.every) and self._decide(step):
+            due = self.decided_at is None or not self.warm or step - self.decided_at >= self.settings.every
+            if due and self._decide(step):  # a cold meter looks every step, so the first warm one looks
                 self.decided_at = step
         self.raw[name] += tensor.numel() * tensor.element_size()
         self.packs[name] += 1
@@ -67,12 +75,15 @@ class AutoChoice:
         compute, measured = self.compute(), self.goodput(0)
         if compute is None or measured is None or not self.last_raw:
             return False
+        self.warm = measured.samples >= SAMPLES
         wires, rates = [], []
         for codec in self.ladder:  # each rung's step bytes at the goodput of messages of its size
             step_bytes = self._wire_bytes(codec)
             rate = self.goodput(int(step_bytes / self.messages)).bytes_per_s
             wires.append(step_bytes / rate if rate else 0.0)
             rates.append(rate)
+        if not self.warm and wires[self.rung] <= compute:
+            return False  # still starting up and not clearly the bottleneck: wait for a warm meter
         budget = self.settings.headroom * compute
         fits = [i for i, w in enumerate(wires) if w <= (budget if i >= self.rung else RELAX * budget)]
         chosen = fits[0] if fits else len(self.ladder) - 1

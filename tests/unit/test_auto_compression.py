@@ -9,7 +9,7 @@ from nebula import codecs
 from nebula.codecs.auto import AUTO, LADDER
 from nebula.errors import ConfigError
 from nebula.runtime.link import LinkCodecs, parse_phases
-from nebula.transport.goodput import Goodput, GoodputMeter
+from nebula.transport.goodput import SAMPLES, Goodput, GoodputMeter
 
 MB = 1 << 20
 
@@ -68,11 +68,11 @@ def test_bad_auto_tables_are_config_errors(table, message):
 class Path_:
     """A path whose goodput the test sets, as the channel's ACKs would report it."""
 
-    def __init__(self, mbit: float | None):
-        self.mbit = mbit
+    def __init__(self, mbit: float | None, samples: int = SAMPLES):
+        self.mbit, self.samples = mbit, samples
 
     def __call__(self, direction, message_bytes):
-        return Goodput(None if self.mbit is None else self.mbit * 1e6 / 8, 0.08, 16)
+        return Goodput(None if self.mbit is None else self.mbit * 1e6 / 8, 0.08, self.samples)
 
 
 def run_steps(sender, receiver, first, count, compute_s=0.4, shape=(4, 24, 384)):
@@ -110,6 +110,25 @@ def test_auto_climbs_the_ladder_on_a_slow_path_and_comes_back_when_it_recovers(t
     lines = [json.loads(line) for line in (tmp_path / "link.jsonl").read_text().splitlines()]
     assert [e["new"] for e in lines if e.get("kind") == "auto"] == [e["new"] for e in events]
     assert all(line["auto"] for line in lines if "codec" in line)
+
+
+def test_a_cold_meter_moves_only_on_a_clear_bottleneck_and_looks_again_once_warm(tmp_path):
+    sender = LinkCodecs.from_table({"forward": "auto", "backward": "none", "auto": {"every": 50}}, "src->sink")
+    receiver = LinkCodecs.from_table({}, "src->sink")
+    events = []
+    # 4 x 147 KB per step at 20 Mbit/s: 0.24 s, under the 0.4 s of compute but over 0.4 x 0.4 s
+    path = Path_(20.0, samples=SAMPLES - 1)
+    sender.attach(path, lambda **event: events.append(event))
+    assert set(run_steps(sender, receiver, 1, 4)) == {"none"} and not events  # TCP may still be starting up
+    path.samples = SAMPLES  # warm: decided as the next step starts, not `every` (50) steps after the first look
+    used = run_steps(sender, receiver, 5, 2)
+    assert "none" not in used and events[0]["step"] == 5
+
+    slow = LinkCodecs.from_table({"forward": "auto", "backward": "none"}, "src->sink")
+    events.clear()
+    slow.attach(Path_(2.0, samples=2), lambda **event: events.append(event))  # 2.4 s of wire per 0.4 s step
+    used = run_steps(slow, receiver, 1, 2)
+    assert used[4] != "none" and events[0]["step"] == 2  # no waiting for a warm meter there
 
 
 def test_auto_stays_on_the_first_rung_where_nothing_is_measured(tmp_path):
