@@ -44,7 +44,7 @@ def run_quality(args: argparse.Namespace) -> int:
                 name = slug(forward, backward) + ("" if staleness is None else f"__stale{staleness}")
                 run = work / (name if seed is None else f"seed{seed}/{name}")
                 label = f"{forward} + {backward}" + ("" if staleness is None else f", staleness {staleness}")
-                row, curve = finished(run) or train_and_score(run, job, label, seed, staleness, scenario)
+                row, curve = finished(run, job) or train_and_score(run, job, label, seed, staleness, scenario)
                 rows.append(row)
                 curves[label if seed is None else f"{label}, seed {seed}"] = curve
         for row in rows:
@@ -84,9 +84,14 @@ def train_and_score(run: Path, job: dict, label: str, seed: int | None, stalenes
     return row, curve
 
 
-def finished(run: Path) -> tuple[dict, list] | None:
+def finished(run: Path, job: dict) -> tuple[dict, list] | None:
+    """The row and loss curve of `run` if it already trained and scored this very job."""
+    import tomli_w
     done = run / "row.json"
     if not done.exists():
+        return None
+    if (run / "job.toml").read_text() != tomli_w.dumps({k: v for k, v in job.items() if k != "bench"}):
+        progress(f"quality: {run} trained another job (steps, seed, evaluation...): training again")
         return None
     kept = json.loads(done.read_text())
     progress(f"quality: kept {run} (delete it to train again)")
