@@ -172,9 +172,10 @@ def summarise_seeds(work: Path, rows: list[dict], seeds: list[int], settings: li
     splits = [key.removeprefix("bleu_") for key in rows[0] if key.startswith("bleu_")]
     for i, (forward, backward, staleness) in enumerate(settings[1:], start=1):
         for split in splits:
-            c = compare(stats(0, split), stats(i, split), scenario.score_stats)
+            reference = stats(0, split)
+            c = compare(reference, stats(i, split), scenario.score_stats)
             out.append({"summary": True, "forward": forward, "backward": backward, "staleness": staleness,
-                        "split": split, "seeds": seeds, "sentences": len(stats(0, split)[0]),
+                        "split": split, "seeds": seeds, "sentences": len(reference[0]),
                         "reference": [r[f"bleu_{split}"] for r in rows[0::len(settings)]],
                         "per_seed": [round(d, 2) for d in c.per_seed], "mean_diff": round(c.mean, 2),
                         "interval": [round(v, 2) for v in c.interval],

@@ -199,9 +199,10 @@ def test_a_training_stage_reports_its_steps_codecs_and_outcome(tmp_path, monkeyp
     assert read_status(status)["state"] == "starting"  # written before any step, while the model loads
     hub, scraped = InProcHub(), []
     src_runner = make_runner(job, "src", src, hub.channel("a/src/0"), timeout=20)
+    sink_channel = hub.channel("b/sink/0")  # before src starts: its first message must find the sink
     thread = threading.Thread(target=src_runner.run, daemon=True)
     thread.start()
-    with sink.context.metrics.watching(hub.channel("b/sink/0")) as channel:
+    with sink.context.metrics.watching(sink_channel) as channel:
         runner = make_runner(job, "sink", sink, channel, timeout=20)
         runner.run()
         sink.context.metrics.observed[0].publish()
