@@ -222,8 +222,6 @@ class StageRunner(ResumeProtocol, InferencePasses):
         since = state.started if self.last_update is None else self.last_update  # update to update
         self.step, self.last_update = t, now
         self.ledger.append([t, digest(state.ids)])
-        if self.train.saves_after(t):
-            self.save()
         if tally.stats.get("tokens"):  # bytes_per_token below: this step's messages, all encoded, none of the next
             self.sender.settle()
         # wire bytes the sender thread has encoded since the last record (link.jsonl has them by step)
@@ -235,6 +233,10 @@ class StageRunner(ResumeProtocol, InferencePasses):
             if tally.stats.get("tokens"):  # what one token of this stage's data costs on each link
                 extra["bytes_per_token"] = {k: round(n / tally.stats["tokens"], 4) for k, n in sent.items()}
         self.metrics.step(step=t, step_s=now - since, compute_s=tally.compute_s, **extra, sent=sent)
+        # saved after the step's record: a kill in between runs the step again (two records, the last
+        # counts), where saving first could leave an applied step with no record at all
+        if self.train.saves_after(t):
+            self.save()
         for link_codecs in self.codecs.values():
             link_codecs.observe_step(tally.compute_s)
         for link in self.in_links:
