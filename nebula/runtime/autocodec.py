@@ -18,7 +18,17 @@ A new connection reads slow: the first ACKs come while TCP is still starting up 
 forward to fp16 on a link that was not the bottleneck. Until the meter holds SAMPLES ACKs, auto
 therefore acts only on an unmistakable bottleneck, the rung in force predicted slower on the wire
 than the step's compute (waiting would cost more than a wrong guess, which the next look corrects),
-and it looks again as soon as the meter is warm, not `every` steps later. Every message names its codec, so
+and it looks again as soon as the meter is warm, not `every` steps later.
+
+Going back to a less lossy rung is a trial when nothing has measured messages of its size: the
+estimate then comes from smaller messages, which a token bucket passes faster than the rate (at
+0.823 Mbit/s, int8(lowrank(0.25)) messages read 2.73 Mbit/s and vouched for the twice larger
+int8(lowrank(0.5)), 1.59 s/step against 1.33). Only the next rung up is tried: it is used, judged
+as soon as its own messages are acknowledged, and kept or left; a rung whose trial failed is not tried again for `every` x 2, 4, ... 2**TRIES
+steps, so a slow link costs a step now and then, and a link that got faster is found within
+`every` x 2**TRIES steps. A failed trial leaves a queue on the path: the next messages wait behind it
+without the bucket's burst and read slower than their rung runs (in a token-bucket simulation, 13 of
+the next 16), so for `every` x HOLD steps only a clear bottleneck moves the rung. Every message names its codec, so
 the receiver follows without being told; each switch is a `compression` event in the stage's
 metrics and a line in link.jsonl. One-site links (no measured goodput) stay on the first rung.
 """
@@ -35,6 +45,8 @@ from nebula.codecs.base import Codec
 from nebula.transport.goodput import SAMPLES, Goodput
 
 RELAX = 0.8  # going back to a less lossy rung needs this much more room
+TRIES = 4  # a rung whose trial failed waits every x 2**failures steps, at most every x 2**TRIES
+HOLD = 4  # after a failed trial, every x HOLD steps on the rung it left, unless that one is clearly too slow
 
 
 class AutoChoice:
@@ -47,6 +59,10 @@ class AutoChoice:
         self.ladder = settings.ladder(direction)
         self.goodput, self.compute, self.on_switch = goodput, compute, on_switch
         self.rung, self.step, self.decided_at, self.warm = 0, 0, None, False
+        self.trial: int | None = None  # the rung on trial: chosen on an estimate from smaller messages
+        self.failures: Counter = Counter()  # rung -> trials that failed in a row
+        self.retry_at: dict[int, int] = {}  # rung -> the step before which it is not tried again
+        self.hold_until = 0  # no look before this step: a failed trial's backlog still slows the path
         self.raw: Counter = Counter()  # this step's raw bytes per tensor name
         self.packs: Counter = Counter()  # ... and how many tensors of that name (one per message)
         self.messages = 1  # messages in the last whole step
@@ -59,8 +75,9 @@ class AutoChoice:
             if self.raw:
                 self.last_raw, self.messages = self.raw, max(self.packs.values())
             self.step, self.raw, self.packs = step, Counter(), Counter()
-            due = self.decided_at is None or not self.warm or step - self.decided_at >= self.settings.every
-            if due and self._decide(step):  # a cold meter looks every step, so the first warm one looks
+            due = self.decided_at is None or not self.warm or self.trial is not None \
+                or step - self.decided_at >= self.settings.every
+            if due and self._decide(step):  # a cold meter or a trial looks every step
                 self.decided_at = step
         self.raw[name] += tensor.numel() * tensor.element_size()
         self.packs[name] += 1
@@ -76,25 +93,61 @@ class AutoChoice:
         if compute is None or measured is None or not self.last_raw:
             return False
         self.warm = measured.samples >= SAMPLES
-        wires, rates = [], []
-        for codec in self.ladder:  # each rung's step bytes at the goodput of messages of its size
-            step_bytes = self._wire_bytes(codec)
-            rate = self.goodput(int(step_bytes / self.messages)).bytes_per_s
-            wires.append(step_bytes / rate if rate else 0.0)
-            rates.append(rate)
-        if not self.warm and wires[self.rung] <= compute:
-            return False  # still starting up and not clearly the bottleneck: wait for a warm meter
+        wires, rates, sized = self._predict()
+        if (not self.warm or step < self.hold_until) and wires[self.rung] <= compute:
+            return False  # starting up, or a failed trial's queue still drains: move on a clear bottleneck only
+        if self.trial is not None and not sized[self.trial]:
+            return False  # the rung on trial has no ACKs of its own messages yet
         budget = self.settings.headroom * compute
-        fits = [i for i, w in enumerate(wires) if w <= (budget if i >= self.rung else RELAX * budget)]
+        fits = [i for i, w in enumerate(wires) if self._fits(i, w, budget, sized[i], step)]
         chosen = fits[0] if fits else len(self.ladder) - 1
+        self._judge_trial(chosen, step)
+        if chosen < self.rung and not sized[chosen]:
+            self.trial = chosen
         if chosen != self.rung:
             before, self.rung, rate = self.ladder[self.rung], chosen, rates[chosen]
             self.on_switch(link=self.link, dir=self.direction, step=step, old=before.spec,
                            new=self.ladder[chosen].spec, goodput_mbit=None if rate is None else round(rate * 8e-6, 3),
                            rtt_ms=None if measured.rtt_s is None else round(measured.rtt_s * 1e3, 1),
-                           compute_s=round(compute, 4), wire_s=round(wires[chosen], 4),
+                           compute_s=round(compute, 4), wire_s=round(wires[chosen], 4), trial=self.trial == chosen,
                            wire_s_by_rung={c.spec: round(w, 4) for c, w in zip(self.ladder, wires)})
         return True
+
+    def _predict(self) -> tuple[list[float], list[float | None], list[bool]]:
+        """Per rung: last step's wire seconds had it gone with that rung, the goodput used (messages of its
+        size), and whether that goodput came from messages of its size (else from smaller, faster ones)."""
+        wires, rates, sized = [], [], []
+        for codec in self.ladder:
+            step_bytes = self._wire_bytes(codec)
+            got = self.goodput(int(step_bytes / self.messages))
+            wires.append(step_bytes / got.bytes_per_s if got.bytes_per_s else 0.0)
+            rates.append(got.bytes_per_s)
+            sized.append(got.sized)
+        return wires, rates, sized
+
+    def _fits(self, rung: int, wire: float, budget: float, sized: bool, step: int) -> bool:
+        """A rung as lossy as the one in force or more fits in the budget. A less lossy one needs RELAX x
+        budget and, if known only from smaller messages, must be the next one up and not have failed a
+        trial lately (a trial costs at most one rung's extra bytes for a step or two)."""
+        if rung >= self.rung:
+            return wire <= budget
+        if wire > RELAX * budget:
+            return False
+        return sized or (rung == self.rung - 1 and step >= self.retry_at.get(rung, 0))
+
+    def _judge_trial(self, chosen: int, step: int) -> None:
+        """The rung on trial, now measured on its own messages: kept (its failures forgotten) or left."""
+        if self.trial is None:
+            return
+        if chosen <= self.trial:
+            self.failures[self.trial] = 0
+        else:
+            self.failures[self.trial] += 1
+            self.retry_at[self.trial] = step + self.settings.every * 2 ** min(self.failures[self.trial], TRIES)
+            # its messages left a queue that the next ones wait behind, without the bucket's burst: they
+            # read slower than their rung runs until the queue drains and the window forgets them
+            self.hold_until = step + HOLD * self.settings.every
+        self.trial = None
 
     def _wire_bytes(self, codec: Codec) -> float:
         """Last step's bytes had they gone with `codec`: per tensor name, raw bytes x the codec's ratio."""
