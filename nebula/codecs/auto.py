@@ -8,7 +8,7 @@
     backward = "int8"
     [links.compression.auto]             # optional: the ladder and how it is climbed
     forward = ["none", "fp16", "int8", "int8(lowrank(0.5))"]
-    headroom = 0.4
+    headroom = 0.4                       # default: 0.4 synchronous, 0.8 one-step-stale
     every = 4
 
 The ladder is ordered from the least lossy setting to the most; the sender of each direction takes
@@ -25,6 +25,8 @@ from nebula.codecs.base import Codec, Meta, Parts
 from nebula.codecs.spec import parse
 from nebula.errors import CodecError, ConfigError
 
+SYNC_HEADROOM = 0.4  # the default headroom of a synchronous schedule
+STALE_HEADROOM = 0.8  # ... and of a one-step-stale one
 LADDER = ("none", "fp16", "int8", "int8(lowrank(0.5))", "int8(lowrank(0.25))", "int8(lowrank(0.1))")
 
 
@@ -64,7 +66,8 @@ def _ladder() -> tuple[Codec, ...]:
 class AutoSettings:
     forward: tuple[Codec, ...] = field(default_factory=_ladder)
     backward: tuple[Codec, ...] = field(default_factory=_ladder)
-    headroom: float = 0.4  # the wire may take this share of the sender's compute per step (see docs/codecs.md)
+    # the wire may take this share of the sender's compute per step; None: by the schedule (docs/codecs.md)
+    headroom: float | None = None
     every: int = 4  # steps between decisions (and before the first)
 
     @classmethod
@@ -75,20 +78,30 @@ class AutoSettings:
         if unknown:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: backward, every, forward, headroom)")
         ladders = {d: _parse_ladder(f"{where}.{d}", table[d]) for d in ("forward", "backward") if d in table}
-        headroom, every = table.get("headroom", 0.4), table.get("every", 4)
-        if not isinstance(headroom, (int, float)) or isinstance(headroom, bool) or not 0 < headroom <= 4:
+        headroom, every = table.get("headroom"), table.get("every", 4)
+        if headroom is not None and (not isinstance(headroom, (int, float)) or isinstance(headroom, bool)
+                                     or not 0 < headroom <= 4):
             raise ConfigError(f"{where}.headroom: expected a number in (0, 4] (the share of compute the wire "
                               f"may take), got {headroom!r}")
         if type(every) is not int or every < 1:
             raise ConfigError(f"{where}.every: expected a positive number of steps, got {every!r}")
-        return cls(**ladders, headroom=float(headroom), every=every)
+        return cls(**ladders, headroom=None if headroom is None else float(headroom), every=every)
 
     def ladder(self, direction: str) -> tuple[Codec, ...]:
         return getattr(self, direction)
 
+    def headroom_for(self, stale: bool) -> float:
+        """The set headroom, or the schedule's: a synchronous step exposes its fill and drain wire, so
+        only ~0.4 of compute hides; one step stale, the wire overlaps the next step's compute whole
+        (measured, docs/codecs.md "Why 0.4, and 0.8 one step stale")."""
+        if self.headroom is not None:
+            return self.headroom
+        return STALE_HEADROOM if stale else SYNC_HEADROOM
+
     def to_dict(self) -> dict[str, Any]:
-        return {"forward": [c.spec for c in self.forward], "backward": [c.spec for c in self.backward],
-                "headroom": self.headroom, "every": self.every}
+        table = {"forward": [c.spec for c in self.forward], "backward": [c.spec for c in self.backward],
+                 "every": self.every}
+        return table if self.headroom is None else table | {"headroom": self.headroom}
 
 
 def _parse_ladder(where: str, specs: Any) -> tuple[Codec, ...]:

@@ -54,8 +54,8 @@ class AutoChoice:
     the path's (None: nothing measured, stay on the first rung); `compute()`: the sender's s/step."""
 
     def __init__(self, link: str, direction: str, settings: AutoSettings, goodput: Callable[[int], Goodput | None],
-                 compute: Callable[[], float | None], on_switch: Callable[..., None]):
-        self.link, self.direction, self.settings = link, direction, settings
+                 compute: Callable[[], float | None], on_switch: Callable[..., None], stale: bool = False):
+        self.link, self.direction, self.settings, self.stale = link, direction, settings, stale
         self.ladder = settings.ladder(direction)
         self.goodput, self.compute, self.on_switch = goodput, compute, on_switch
         self.rung, self.step, self.decided_at, self.warm = 0, 0, None, False
@@ -98,7 +98,7 @@ class AutoChoice:
             return False  # starting up, or a failed trial's queue still drains: move on a clear bottleneck only
         if self.trial is not None and not sized[self.trial]:
             return False  # the rung on trial has no ACKs of its own messages yet
-        budget = self.settings.headroom * compute
+        budget = self.settings.headroom_for(self.stale) * compute
         fits = [i for i, w in enumerate(wires) if self._fits(i, w, budget, sized[i], step)]
         chosen = fits[0] if fits else len(self.ladder) - 1
         self._judge_trial(chosen, step)

@@ -124,6 +124,7 @@ class LinkCodecs:
         self.auto: dict[str, AutoChoice] = {}  # direction -> its `auto` choice, where the policy says "auto"
         self._goodput: Callable[[str, int], Goodput | None] = lambda direction, size: None
         self._on_switch: Callable[..., None] = lambda **event: None
+        self._stale = False
         self._compute: deque[float] = deque(maxlen=COMPUTE_STEPS)  # the sending stage's recent compute_s
 
     @classmethod
@@ -134,11 +135,12 @@ class LinkCodecs:
     def policy_for(self, step: int) -> "codecs.CompressionPolicy":
         return phase_at(self.phases, step).policy
 
-    def attach(self, goodput: Callable[[str, int], Goodput | None], on_switch: Callable[..., None]) -> None:
+    def attach(self, goodput: Callable[[str, int], Goodput | None], on_switch: Callable[..., None],
+               stale: bool = False) -> None:
         """What `auto` goes by: the goodput of the path each direction's messages take (by direction and
-        message size, nebula.transport.goodput), and who hears of every switch (keyword fields, see
-        AutoChoice._decide)."""
-        self._goodput, self._on_switch = goodput, on_switch
+        message size, nebula.transport.goodput), who hears of every switch (keyword fields, see
+        AutoChoice._decide), and whether the schedule is one step stale (its default headroom)."""
+        self._goodput, self._on_switch, self._stale = goodput, on_switch, stale
 
     def observe_step(self, compute_s: float) -> None:
         """The sending stage's compute in the step it just applied (for `auto`)."""
@@ -157,7 +159,7 @@ class LinkCodecs:
         if choice is None or choice.settings is not policy.auto:  # first use, or a phase with other ladders
             choice = self.auto[direction] = AutoChoice(self.link, direction, policy.auto,
                                                        lambda size: self._goodput(direction, size),
-                                                       self._compute_s, self._switched)
+                                                       self._compute_s, self._switched, self._stale)
         return choice.codec(step, name, tensor), choice
 
     def _switched(self, **event: Any) -> None:

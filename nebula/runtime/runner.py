@@ -74,7 +74,8 @@ class StageRunner(ResumeProtocol, InferencePasses):
             ends = {"forward": self.addresses[link.dst], "backward": self.addresses[link.src]}
             self.codecs[link.name] = LinkCodecs(link.compression, link.name, meter)
             self.codecs[link.name].attach(lambda direction, size, ends=ends: channel.goodput(ends[direction], size),
-                                          lambda **event: metrics.event("compression", **event))
+                                          lambda **event: metrics.event("compression", **event),
+                                          stale=bool(self.schedule.stale))
         self.items = self.graph.items(name)
         self.item_of = {(i.link.name if i.link else None, i.micro_batch): i for i in self.items}
         self.waits = self.graph.waits_for_gradients(name)

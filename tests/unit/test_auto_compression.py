@@ -247,3 +247,21 @@ def test_a_rung_vouched_for_by_smaller_messages_is_tried_and_left_when_its_own_a
     gaps = [b["step"] - a["step"] for a, b in zip(trials, trials[1:])]
     assert len(trials) >= 3 and gaps == sorted(gaps) and gaps[-1] > gaps[0]
     assert used[-80:].count(best) >= 76 and used.count(above) <= 4 * 2 * len(trials)
+
+
+def test_one_step_stale_lets_the_wire_take_twice_the_share_of_compute(tmp_path):
+    """Default headroom by schedule: 0.4 synchronous (fill and drain are exposed), 0.8 one step stale
+    (the wire overlaps the next step's compute); a job's own headroom wins over both."""
+    picks = {}
+    for stale, table in ((False, {}), (True, {}), (True, {"headroom": 0.4})):
+        sender = LinkCodecs.from_table({"forward": "auto", "backward": "none", "auto": table}, "src->sink")
+        events = []
+        # 4 x 147 KB per step at 20 Mbit/s: 0.24 s of wire against 0.4 s of compute (0.6 of it)
+        sender.attach(Path_(20.0), lambda **event: events.append(event), stale=stale)
+        used = run_steps(sender, LinkCodecs.from_table({}, "src->sink"), 1, 3)
+        picks[stale, bool(table)] = used[-1]
+    assert picks[True, False] == "none"  # 0.24 s <= 0.8 x 0.4 s: it hides, one step stale
+    assert picks[False, False] != "none" and picks[True, True] == picks[False, False]
+    settings = parse_phases({"forward": "auto"})[0].policy.auto
+    assert settings.headroom is None and "headroom" not in settings.to_dict()
+    assert (settings.headroom_for(False), settings.headroom_for(True)) == (0.4, 0.8)
