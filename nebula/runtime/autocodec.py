@@ -24,13 +24,15 @@ Going back to a less lossy rung is a trial when nothing has measured messages of
 estimate then comes from smaller messages, which a token bucket passes faster than the rate (at
 0.823 Mbit/s, int8(lowrank(0.25)) messages read 2.73 Mbit/s and vouched for the twice larger
 int8(lowrank(0.5)), 1.59 s/step against 1.33). Only the next rung up is tried: it is used, judged
-as soon as its own messages are acknowledged, and kept or left; a rung whose trial failed is not tried again for `every` x 2, 4, ... 2**TRIES
-steps, so a slow link costs a step now and then, and a link that got faster is found within
-`every` x 2**TRIES steps. A failed trial leaves a queue on the path: the next messages wait behind it
-without the bucket's burst and read slower than their rung runs (in a token-bucket simulation, 13 of
-the next 16), so for `every` x HOLD steps only a clear bottleneck moves the rung. Every message names its codec, so
-the receiver follows without being told; each switch is a `compression` event in the stage's
-metrics and a line in link.jsonl. One-site links (no measured goodput) stay on the first rung.
+as soon as its own messages are acknowledged, and kept or left. A rung whose trial failed is not
+tried again for `every` x 2, 4, ... 2**TRIES steps, so a slow link costs a step now and then, and a
+link that got faster is found within `every` x 2**TRIES steps. A failed trial leaves a queue on the
+path: the next messages wait behind it without the bucket's burst and read slower than their rung
+runs (in a token-bucket simulation, 13 of the next 16), so for `every` x HOLD steps only a clear
+bottleneck moves the rung.
+
+Every message names its codec, so the receiver follows without being told; each switch is a
+`compression` event in the stage's metrics and a line in link.jsonl. One-site links (no measured goodput) stay on the first rung.
 """
 from __future__ import annotations
 
@@ -55,14 +57,15 @@ class AutoChoice:
 
     def __init__(self, link: str, direction: str, settings: AutoSettings, goodput: Callable[[int], Goodput | None],
                  compute: Callable[[], float | None], on_switch: Callable[..., None], stale: bool = False):
-        self.link, self.direction, self.settings, self.stale = link, direction, settings, stale
+        self.link, self.direction, self.settings = link, direction, settings
+        self.headroom = settings.headroom_for(stale)
         self.ladder = settings.ladder(direction)
         self.goodput, self.compute, self.on_switch = goodput, compute, on_switch
         self.rung, self.step, self.decided_at, self.warm = 0, 0, None, False
         self.trial: int | None = None  # the rung on trial: chosen on an estimate from smaller messages
         self.failures: Counter = Counter()  # rung -> trials that failed in a row
         self.retry_at: dict[int, int] = {}  # rung -> the step before which it is not tried again
-        self.hold_until = 0  # no look before this step: a failed trial's backlog still slows the path
+        self.hold_until = 0  # before this step only a clear bottleneck moves: a failed trial's queue drains
         self.raw: Counter = Counter()  # this step's raw bytes per tensor name
         self.packs: Counter = Counter()  # ... and how many tensors of that name (one per message)
         self.messages = 1  # messages in the last whole step
@@ -98,7 +101,7 @@ class AutoChoice:
             return False  # starting up, or a failed trial's queue still drains: move on a clear bottleneck only
         if self.trial is not None and not sized[self.trial]:
             return False  # the rung on trial has no ACKs of its own messages yet
-        budget = self.settings.headroom_for(self.stale) * compute
+        budget = self.headroom * compute
         fits = [i for i, w in enumerate(wires) if self._fits(i, w, budget, sized[i], step)]
         chosen = fits[0] if fits else len(self.ladder) - 1
         self._judge_trial(chosen, step)
@@ -144,8 +147,6 @@ class AutoChoice:
         else:
             self.failures[self.trial] += 1
             self.retry_at[self.trial] = step + self.settings.every * 2 ** min(self.failures[self.trial], TRIES)
-            # its messages left a queue that the next ones wait behind, without the bucket's burst: they
-            # read slower than their rung runs until the queue drains and the window forgets them
             self.hold_until = step + HOLD * self.settings.every
         self.trial = None
 

@@ -16,9 +16,10 @@ through at once after an idle spell, so 12 kB messages on a 1.2 Mbit/s link read
 (measured), and the first bytes of every message sent onto an idle path pass the same way. Asked for
 messages of a size, the estimate therefore uses the recent ones of about that size (within SIZED),
 or failing two of those (of the last HISTORY messages, about 16 training steps) larger ones, and says
-so (`sized`); else it uses all and is an upper bound for larger messages: `auto` then tries the larger
-ones before it trusts the figure (nebula.runtime.autocodec). SIZED is 0.8, under the 1.4-2.5x between neighbouring rungs of
-the ladder: half-size messages vouched for twice larger ones and read 2.73 Mbit/s on a 0.823 Mbit/s link.
+so (`sized`); else it uses all and is an upper bound for larger messages: `auto` then tries the
+larger ones before it trusts the figure (nebula.runtime.autocodec). SIZED is 0.8, under the 1.4-2.5x
+between neighbouring rungs of the ladder: half-size messages vouched for twice larger ones and read
+2.73 Mbit/s on a 0.823 Mbit/s link.
 """
 from __future__ import annotations
 
