@@ -70,8 +70,8 @@ def register(sub) -> None:
     parser.add_argument("--quality", action="store_true",
                         help="train each setting from the same start, score it, plot loss curves (no WAN needed)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="timed steps per setting (speed; default 3, quick 2) or training steps per setting "
-                             "(quality; default 300, quick 20)")
+                        help="timed steps per setting (speed; default 3, quick 2, --auto 4 per round) or training "
+                             "steps per setting (quality; default 300, quick 20)")
     parser.add_argument("--micro-batches", type=int, default=None, help="override the job's [train].micro_batches")
     parser.add_argument("--setting", nargs=2, action="append", metavar=("FORWARD", "BACKWARD"),
                         help="measure this codec pair instead of the built-in list (repeatable; the first is "
@@ -429,7 +429,9 @@ TAIL = [("wire", "wire_s", 7, ".2f"), ("enc src", "encode_src_s", 8, ".3f"), ("e
 
 def print_table(rows: list[dict]) -> None:
     sites = [k[len("compute_"):-2] for k in rows[0] if k.startswith("compute_")]
-    columns = COLUMNS + [(f"comp {site}", f"compute_{site}_s", 7, ".2f") for site in sites] + TAIL
+    rounds = [("round", "round", 6, "d")] if "round" in rows[0] else []  # --auto: rounds of phases per rate
+    computes = [(f"comp {site}", f"compute_{site}_s", 7, ".2f") for site in sites]
+    columns = COLUMNS[:2] + rounds + COLUMNS[2:] + computes + TAIL
     print("".join(f"{title:<{w}}" if fmt == "s" else f"{title:>{w}}" for title, _, w, fmt in columns))
     for i, row in enumerate(rows):
         if i and row["link_mbit"] != rows[i - 1]["link_mbit"]:

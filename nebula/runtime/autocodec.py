@@ -31,6 +31,12 @@ path: the next messages wait behind it without the bucket's burst and read slowe
 runs (in a token-bucket simulation, 13 of the next 16), so for `every` x HOLD steps only a clear
 bottleneck moves the rung.
 
+The rung in force is judged on its own messages only: where none of about its size were acknowledged
+lately (a trial's first step, or a phase of other codecs in between), auto waits a step. Smaller
+messages mislead both ways: a token bucket passes them faster than its rate (above), and at 60 Mbit/s
+and 80 ms RTT the fixed costs of a 5 kB message made the path read 8 Mbit/s, which sent a lossless
+`none` to fp16 for 4 steps (bench wan --auto, run 10) before its trial brought it back.
+
 Every message names its codec, so the receiver follows without being told; each switch is a
 `compression` event in the stage's metrics and a line in link.jsonl. One-site links (no measured goodput) stay on the first rung.
 """
@@ -99,8 +105,8 @@ class AutoChoice:
         wires, rates, sized = self._predict()
         if (not self.warm or step < self.hold_until) and wires[self.rung] <= compute:
             return False  # starting up, or a failed trial's queue still drains: move on a clear bottleneck only
-        if self.trial is not None and not sized[self.trial]:
-            return False  # the rung on trial has no ACKs of its own messages yet
+        if not sized[self.rung]:
+            return False  # no recent ACKs of the rung in force's own messages (a trial's, or after other codecs)
         budget = self.headroom * compute
         fits = [i for i, w in enumerate(wires) if self._fits(i, w, budget, sized[i], step)]
         chosen = fits[0] if fits else len(self.ladder) - 1

@@ -156,7 +156,8 @@ class LinkCodecs:
         if codec != AUTO:
             return codec, None
         choice = self.auto.get(direction)
-        if choice is None or choice.settings is not policy.auto:  # first use, or a phase with other ladders
+        # first use, or a phase with other settings; a later phase with the same ones goes on from its rung
+        if choice is None or choice.settings != policy.auto:
             choice = self.auto[direction] = AutoChoice(self.link, direction, policy.auto,
                                                        lambda size: self._goodput(direction, size),
                                                        self._compute_s, self._switched, self._stale)

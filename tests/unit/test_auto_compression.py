@@ -265,3 +265,49 @@ def test_one_step_stale_lets_the_wire_take_twice_the_share_of_compute(tmp_path):
     settings = parse_phases({"forward": "auto"})[0].policy.auto
     assert settings.headroom is None and "headroom" not in settings.to_dict()
     assert (settings.headroom_for(False), settings.headroom_for(True)) == (0.4, 0.8)
+
+
+def test_a_later_auto_phase_with_the_same_ladder_goes_on_from_the_rung_the_last_one_left(tmp_path):
+    """Phases auto, fp16, auto (as `bench wan --auto` runs its rounds): the second auto phase does not
+    start over from `none` on a link already known to be slow; one with another ladder does."""
+    table = {"phases": [{"steps": 6, "forward": "auto"}, {"steps": 2, "forward": "fp16"},
+                        {"steps": 4, "forward": "auto"},
+                        {"steps": 2, "forward": "auto", "auto": {"forward": ["none", "int8"]}}],
+             "backward": "none", "auto": {"every": 2}}
+    sender = LinkCodecs.from_table(table, "src->sink")
+    events = []
+    sender.attach(Path_(2.0), lambda **event: events.append(event))
+    used = run_steps(sender, LinkCodecs.from_table({}, "src->sink"), 1, 14)
+    chosen = events[0]["new"]
+    assert used[20:24] == [chosen] * 4 and used[24:32] == ["fp16"] * 8
+    assert used[32:48] == [chosen] * 16  # steps 9-12: where step 6 left it, no switch
+    assert [e["step"] for e in events] == [2, 14]
+    assert used[48:52] == ["none"] * 4 and used[-1] == "int8"  # another ladder: a fresh choice
+
+
+def test_the_rung_in_force_is_judged_on_its_own_messages_not_on_smaller_ones(tmp_path):
+    """After a phase of tiny messages the meter knows none of `none`'s size; tiny ones read slow at a
+    high rate (their fixed costs dominate). auto must not leave `none` on that figure: it waits until
+    `none`'s own messages are measured, and they show the link is fast."""
+    class Measured:
+        def __init__(self):
+            self.own = False  # have messages of the large size been acknowledged yet?
+
+        def __call__(self, direction, message_bytes):
+            if message_bytes > 50_000 and not self.own:  # only small messages: 8 Mbit/s, not of this size
+                return Goodput(8e6 / 8, 0.08, SAMPLES, sized=False)
+            return Goodput(60e6 / 8, 0.08, SAMPLES)
+
+    for judged_on_its_own in (True, False):
+        sender = LinkCodecs.from_table({"forward": "auto", "backward": "none", "auto": {"every": 2}}, "src->sink")
+        events, path = [], Measured()
+        sender.attach(path if judged_on_its_own else lambda d, size: Goodput(8e6 / 8, 0.08, SAMPLES),
+                      lambda **event: events.append(event))
+        receiver = LinkCodecs.from_table({}, "src->sink")
+        used = run_steps(sender, receiver, 1, 3)  # 4 x 147 KB per step: 0.59 s at 8 Mbit/s, 0.08 s at 60
+        if judged_on_its_own:
+            assert set(used) == {"none"} and not events  # waited
+            path.own = True
+            assert set(run_steps(sender, receiver, 4, 3)) == {"none"} and not events  # and was right to
+        else:
+            assert events and events[0]["new"] != "none"  # the same slow figure, sized: a real bottleneck
