@@ -356,9 +356,14 @@ def summarise(run: Path, job: dict, rate_mbit: float) -> list[dict]:
     return rows
 
 
+def largest_compute(row: dict) -> float:
+    """A row's compute per step at its busiest site: the time the wire can hide under."""
+    return max(v for k, v in row.items() if k.startswith("compute_"))
+
+
 def bound_rate(uncompressed: dict, factor: float) -> float:
     """Link rate (Mbit/s) at which uncompressed wire time per step = factor x compute time per step."""
-    compute = max(v for k, v in uncompressed.items() if k.startswith("compute_"))
+    compute = largest_compute(uncompressed)
     megabytes = max(uncompressed["forward_mb"], uncompressed["backward_mb"])
     return float(f"{megabytes * 8 / (factor * compute):.3g}")
 

@@ -53,12 +53,12 @@ def run_auto(args: argparse.Namespace) -> int:
     rtt = RTT_MS if args.rtt_ms is None else args.rtt_ms
     timed = args.steps or 4
     with wan._workdir(args.workdir) as work:
-        rows = measure(work / "60mbit", args, work, wan.PAPER_MBIT, rtt, timed, list(LADDER))
+        rows = measure(args, work, wan.PAPER_MBIT, rtt, timed, list(LADDER))
         fast = [r for r in rows if r["round"] == 1]
         bound = wan.bound_rate(next(r for r in fast if r["forward"] == "none"), args.bound_factor)
         wan.progress(f"communication-bound rate: {bound} Mbit/s (uncompressed wire = {args.bound_factor:g} x compute)")
         for rate in (bound, float(f"{bound / LOWER:.3g}")):
-            rows += measure(work / f"{rate}mbit", args, work, rate, rtt, timed, contenders(fast, rate))
+            rows += measure(args, work, rate, rtt, timed, contenders(fast, rate))
     verdicts = [verdict(rows, rate) for rate in dict.fromkeys(r["link_mbit"] for r in rows)]
     if args.json:
         print(json.dumps(rows + verdicts, indent=1))
@@ -74,14 +74,14 @@ def contenders(fast: list[dict], rate: float) -> list[str]:
     def wire(row: dict) -> float:
         return row["wire_s"] * wan.PAPER_MBIT / rate
     by_wire = sorted((r for r in fast if r["forward"] != "auto"), key=wire)
-    none = next(r for r in fast if r["forward"] == "none")
-    compute = max(v for k, v in none.items() if k.startswith("compute_"))
+    compute = wan.largest_compute(next(r for r in fast if r["forward"] == "none"))
     return [r["forward"] for i, r in enumerate(by_wire) if i < CONTENDERS or wire(r) <= compute]
 
 
-def measure(run, args: argparse.Namespace, work, rate: float, rtt_ms: float, timed: int,
-            again: list[str]) -> list[dict]:
-    """One run at `rate`: round 1 = auto + every rung, later rounds = auto and the rungs `again`."""
+def measure(args: argparse.Namespace, work, rate: float, rtt_ms: float, timed: int, again: list[str]) -> list[dict]:
+    """One run at `rate` (in WORK/<rate>mbit): round 1 = auto + every rung, later rounds = auto and the
+    rungs `again`."""
+    run = work / f"{rate:g}mbit"
     rounds = [["auto", *LADDER]] + [["auto", *again] if k % 2 else [*again, "auto"] for k in range(2, ROUNDS + 1)]
     job = wan.bench_job(args, [(s, s) for r in rounds for s in r], timed, work, first_lead=AUTO_LEAD + WARM_UP)
     rows = wan.measure_rate(run, job, rate, rtt_ms=rtt_ms)
@@ -127,6 +127,14 @@ def held_out(rounds: list[dict[str, dict]], value: Callable[[dict], float]) -> t
     return list(dict.fromkeys(picks)), statistics.fmean(times)
 
 
+def round_spread(rounds: list[dict[str, dict]]) -> float:
+    """The median over rungs of the stdev / mean of a rung's s/step across `rounds` (rung -> row each)."""
+    def spread(codec: str) -> float:
+        times = [r[codec]["s_per_step"] for r in rounds]
+        return statistics.stdev(times) / statistics.fmean(times)
+    return statistics.median(map(spread, rounds[0]))
+
+
 def verdict(rows: list[dict], rate: float) -> dict:
     at = [r for r in rows if r["link_mbit"] == rate]
     autos = [r for r in at if r["forward"] == "auto"]
@@ -138,15 +146,13 @@ def verdict(rows: list[dict], rate: float) -> dict:
     auto_s = statistics.fmean(r["s_per_step"] for r in autos)
     fastest = min(fixed[0].values(), key=lambda r: r["s_per_step"])
     lossy = any(codec != "none" for codecs in autos[0]["chosen"].values() for codec in codecs)
-    spread = statistics.median(statistics.stdev(times) / statistics.fmean(times)
-                               for times in ([f[c]["s_per_step"] for f in every] for c in every[0]))
     return {"kind": "verdict", "link_mbit": rate, "rtt_ms": autos[0]["rtt_ms"], "auto_s_per_step": round(auto_s, 3),
             "auto_rounds": [r["s_per_step"] for r in autos], "auto_chosen": autos[0]["chosen"],
             "best_fixed": best, "best_s_per_step": round(best_s, 3), "auto_vs_best": round(best_s / auto_s, 3),
             "lossy_chosen": lossy, "best_fixed_per_compute": best_c,
             "auto_vs_best_per_compute": round(best_per_compute / statistics.fmean(map(per_compute, autos)), 3),
             "auto_vs_fastest_phase": round(fastest["s_per_step"] / autos[0]["s_per_step"], 3),
-            "round_spread": round(spread, 3), "none_s_per_step": fixed[0]["none"]["s_per_step"]}
+            "round_spread": round(round_spread(every), 3), "none_s_per_step": fixed[0]["none"]["s_per_step"]}
 
 
 def print_verdicts(verdicts: list[dict], rtt_ms: float) -> None:
