@@ -35,6 +35,7 @@ import time
 import tomllib
 from pathlib import Path
 
+from nebula.bench.cpu import CpuSampler, per_step, read_samples
 from nebula.errors import ConfigError
 from nebula.runtime.metrics import read_records
 
@@ -324,6 +325,7 @@ def summarise(run: Path, job: dict, rate_mbit: float) -> list[dict]:
     fwd, bwd = per_step_link(run / src / "link.jsonl", "forward", link), per_step_link(run / dst / "link.jsonl", "backward", link)
     every = [(name, d, per_step_link(run / name / "link.jsonl", d)) for name in stages for d in ("forward", "backward")]
     rows, schedule = [], job.get("schedule", {}).get("name", "synchronous")
+    samples = read_samples(run / "cpu.jsonl")
     for phase, steps in phase_steps(job):
         def mean(values) -> float:
             return statistics.fmean(values)
@@ -346,6 +348,9 @@ def summarise(run: Path, job: dict, rate_mbit: float) -> list[dict]:
             "encode_dst_s": round(mean(bwd[s]["encode_s"] for s in steps), 4) if all(s in bwd for s in steps) else None,
             "bwd_wire_s": round(bwd_wire * 8 / (rate_mbit * 1e6), 3), "fill_s": None, "rest_s": None,
             "timed_steps": len(steps)}
+        first = metrics[driver][steps[0]]
+        host = per_step(samples, first["t"] - first["step_s"], metrics[driver][steps[-1]]["t"], len(steps)) or {}
+        row.update({f"cpu_{kind}_s": host.get(kind) for kind in HOST_KINDS})  # None: not sampled, or no such process
         if schedule == "synchronous" and all(s in bwd for s in steps):  # one step's anatomy (steps overlap otherwise)
             row["fill_s"] = round(mean(fill(metrics[driver][s], bwd[s]) for s in steps), 3)
             row["rest_s"] = round(step_s - row["fill_s"] - row["bwd_wire_s"], 3)
@@ -407,20 +412,39 @@ def run_job(run: Path, job: dict, label: str, wan=None, channel: dict | None = N
     write_toml({k: v for k, v in job.items() if k != "bench"}, job_file)
     stages = list(job["stages"])
     timeout_s = timeout_s or 300 + 60 * job["train"]["steps"]
+    delay_lines = delay_line_pids(wan)  # started with the link, before the sites
     group = start_sites(run, job_file, wan=wan, restart=False, channel=channel)
     started, shown = time.monotonic(), 0
     try:
-        while not all(group.services[n].finished() for n in stages):
-            group.poll()  # raises StageError, with the log tail, if anything failed
-            if time.monotonic() - started > timeout_s:
-                raise StageError(f"{label}: the job did not finish in {timeout_s:.0f} s; logs in {run / 'logs'}")
-            done = min(len(read_records(run / n / "metrics.jsonl")) for n in stages)
-            if done > shown:
-                progress(f"{label}: step {done}/{job['train']['steps']} ({time.monotonic() - started:.0f} s)")
-                shown = done
-            time.sleep(0.5)
+        with CpuSampler(run / "cpu.jsonl", lambda: host_processes(group, delay_lines)):
+            while not all(group.services[n].finished() for n in stages):
+                group.poll()  # raises StageError, with the log tail, if anything failed
+                if time.monotonic() - started > timeout_s:
+                    raise StageError(f"{label}: the job did not finish in {timeout_s:.0f} s; logs in {run / 'logs'}")
+                done = min(len(read_records(run / n / "metrics.jsonl")) for n in stages)
+                if done > shown:
+                    progress(f"{label}: step {done}/{job['train']['steps']} ({time.monotonic() - started:.0f} s)")
+                    shown = done
+                time.sleep(0.5)
     finally:
         group.stop()
+
+
+def delay_line_pids(wan) -> list[int]:
+    """The emulated link's delay-line processes (none without a delay, or without an emulated link)."""
+    if wan is None:
+        return []
+    return [end["delay_pid"] for site in wan.status().values() for end in site["links"].values()
+            if end.get("delay_pid")]
+
+
+def host_processes(group, delay_lines: list[int]) -> dict[int, str]:
+    """pid -> kind for the bench's CPU columns: every rank of every stage, the gateways, the delay lines."""
+    kinds = {pid: "delay_lines" for pid in delay_lines}
+    for name, service in group.services.items():
+        kind = "gateways" if name.startswith("gateway") else "stages"
+        kinds.update({proc.pid: kind for proc in service.procs})
+    return kinds
 
 
 # --- output --------------------------------------------------------------------------------------------
@@ -429,7 +453,9 @@ COLUMNS = [("forward", "forward", 20, "s"), ("backward", "backward", 20, "s"), (
            ("s/step", "s_per_step", 8, ".2f"), ("speedup", "speedup", 8, ".2f"),
            ("overlap", "overlap_ratio", 8, ".2f")]
 TAIL = [("wire", "wire_s", 7, ".2f"), ("enc src", "encode_src_s", 8, ".3f"), ("enc dst", "encode_dst_s", 8, ".3f"),
-        ("fill", "fill_s", 6, ".2f"), ("bwire", "bwd_wire_s", 6, ".2f"), ("rest", "rest_s", 6, ".2f")]
+        ("fill", "fill_s", 6, ".2f"), ("bwire", "bwd_wire_s", 6, ".2f"), ("rest", "rest_s", 6, ".2f"),
+        ("cpu gw", "cpu_gateways_s", 7, ".3f"), ("cpu dl", "cpu_delay_lines_s", 7, ".3f")]
+HOST_KINDS = ("stages", "gateways", "delay_lines")  # host CPU seconds per step, nebula.bench.cpu
 
 
 def print_table(rows: list[dict]) -> None:
@@ -446,7 +472,8 @@ def print_table(rows: list[dict]) -> None:
     print(f"(link {rows[0]['link']}, schedule {rows[0]['schedule']}; seconds per step; comp: each site's compute; "
           "wire: max link direction bytes / link rate;\n enc src/dst: codec encode time on each end's sender "
           "thread; fill: step start -> first gradient sent back;\n bwire: backward bytes / link rate; "
-          "rest = s/step - fill - bwire; fill and rest only for synchronous steps)")
+          "rest = s/step - fill - bwire; fill and rest only for synchronous steps;\n cpu gw/dl: host CPU "
+          "seconds per step of both gateways / of the delay lines (RTT > 0))")
 
 
 def print_verdict(rows: list[dict], factor: float) -> None:
