@@ -6,7 +6,8 @@ Both ends keep, per stream, the last *decoded* value of each example (a `RowCach
 capped at `mb` MiB by the spec, so both ends evict alike). The sender decodes what it sent, exactly
 as the receiver will, so the two caches hold bit-identical bases. A row whose example has a base of
 the row's shape goes as x_row - base ("delta"), any other row as x_row ("direct": first visit, evicted,
-or another sequence length). Every base carries the sequence number of the message that wrote it; a
+or another shape). A base of another padded length (the same shape but the first dimension, e.g. a
+sequence batched with longer or shorter ones) is cut or zero-extended to the row's length first. Every base carries the sequence number of the message that wrote it; a
 delta row names it, and a receiver that holds no base or another one for that example refuses the
 whole message (CodecError) before changing anything. Since each delta is taken against what the
 receiver holds, the previous visit's quantisation error is part of the next delta: errors never pile up.
@@ -103,7 +104,7 @@ class Delta(Codec):
         tags = torch.zeros(len(ids), dtype=torch.int64)
         for i, key in enumerate(ids.tolist()):
             entry = cache.get(key)
-            if entry is not None and entry[1].shape == x.shape[1:]:
+            if entry is not None and fits(entry[1].shape, x.shape[1:]):
                 tags[i] = entry[0]
         bases = self._bases(cache, ids, tags, x.shape[1:])
         delta = tags != 0
@@ -141,7 +142,7 @@ class Delta(Codec):
         cache = _cache(state, self.mb)
         for key, tag in zip(ids.tolist(), tags.tolist()):  # refuse before anything is applied
             entry = cache.get(key)
-            if tag and (entry is None or entry[0] != tag or entry[1].shape != shape[1:]):
+            if tag and (entry is None or entry[0] != tag or not fits(entry[1].shape, shape[1:])):
                 held = "no base" if entry is None else f"the base of message {entry[0]} {tuple(entry[1].shape)}"
                 raise CodecError(f"codec {self.spec!r}: example {key:#x} is a delta against the base of message "
                                  f"{tag} {tuple(shape[1:])}, and this receiver holds {held}: the two caches are "
@@ -156,7 +157,7 @@ class Delta(Codec):
         rows = []
         for key, tag in zip(ids.tolist(), tags.tolist()):
             if tag:
-                rows.append(cache.get(key)[1])
+                rows.append(fit(cache.get(key)[1], row))
                 cache.touch(key)
         cache.counts["hits"] += len(rows)
         cache.counts["misses"] += len(ids) - len(rows)
@@ -180,6 +181,25 @@ class Delta(Codec):
         if pos != len(parts):
             raise CodecError(f"codec {self.spec!r}: meta accounts for {pos + 2} parts, the message has {len(parts) + 2}")
         return out
+
+
+def fits(base: torch.Size, row: torch.Size) -> bool:
+    """Whether a cached row of shape `base` can be the base of a row of shape `row`: the same shape, or
+    the same but for the first dimension (another padded length of one sequence)."""
+    return base == row or (len(base) == len(row) >= 1 and base[1:] == row[1:])
+
+
+def fit(base: torch.Tensor, row: torch.Size) -> torch.Tensor:
+    """`base` cut or zero-extended along its first dimension to `row`. Both ends fit alike, so the
+    decoded row is x_row plus the inner codec's error whatever the fit; it pays off for sequences
+    padded on the right (services/abnet's pad_rows), whose real positions come first and are in both:
+    what it cuts or adds is padding, whose values the receiver masks anyway."""
+    if base.shape == row:
+        return base
+    out = base.new_zeros(row)
+    n = min(row[0], base.shape[0])
+    out[:n] = base[:n]
+    return out
 
 
 def _cache(state: dict, mb: int) -> RowCache:

@@ -105,11 +105,28 @@ def test_evicted_examples_go_direct_at_both_ends_alike():
     assert sender["cache"].stats()["evictions"] == 9 and sender["cache"].stats()["hits"] == 3
 
 
-def test_another_sequence_length_is_a_miss_sent_direct():
+def test_another_shape_is_a_miss_sent_direct():
     sender, receiver = CodecState().slot("a->b", "h"), CodecState().slot("a->b", "h")
     send(activations(shape=(4, 24, 64)), "delta(int8)", sender, receiver)
-    payload, y = send(activations(1, shape=(4, 30, 64)), "delta(int8)", sender, receiver)
-    assert payload.parts[1].tolist() == [0, 0, 0, 0] and y.shape == (4, 30, 64)
+    payload, y = send(activations(1, shape=(4, 24, 32)), "delta(int8)", sender, receiver)
+    assert payload.parts[1].tolist() == [0, 0, 0, 0] and y.shape == (4, 24, 32)
+
+
+@pytest.mark.parametrize("length", [18, 30])
+def test_an_example_batched_to_another_padded_length_is_still_a_delta(length):
+    """Batches pad to their longest sentence, so an example comes back at another length most of the
+    time: a 6.4-epoch ABNet job hit 18% of its revisits when only equal shapes were deltas."""
+    sender, receiver = CodecState().slot("a->b", "h"), CodecState().slot("a->b", "h")
+    x = activations(shape=(4, 24, 64))
+    x[:, 12:] = 0.5  # real tokens first, then what the encoder gives its padding
+    send(x, "delta(int8)", sender, receiver)
+    again = torch.full((4, length, 64), 0.5)
+    again[:, :12] = drift(x[:, :12], seed=1)
+    payload, y = send(again, "delta(int8)", sender, receiver)
+    assert payload.parts[1].tolist() == [1, 1, 1, 1] and y.shape == (4, length, 64)
+    assert torch.equal(sender["cache"].get(int(IDS[0]))[1], receiver["cache"].get(int(IDS[0]))[1])
+    _, direct = send(again, "int8", CodecState().slot("a->b", "h"), CodecState().slot("a->b", "h"))
+    assert error(y[:, :12], again[:, :12]) < error(direct[:, :12], again[:, :12]) / 5
 
 
 def test_a_receiver_without_the_named_base_refuses_and_changes_nothing():
