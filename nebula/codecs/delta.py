@@ -4,13 +4,14 @@
 Rows of x (its first dimension) are examples; the caller hands their (B,) int64 id hashes to `pack`.
 Both ends keep, per stream, the last *decoded* value of each example (a `RowCache`, LRU by bytes,
 capped at `mb` MiB by the spec, so both ends evict alike). The sender decodes what it sent, exactly
-as the receiver will, so the two caches hold bit-identical bases. A row whose example has a base of
-the row's shape goes as x_row - base ("delta"), any other row as x_row ("direct": first visit, evicted,
-or another shape). A base of another padded length (the same shape but the first dimension, e.g. a
-sequence batched with longer or shorter ones) is cut or zero-extended to the row's length first. Every base carries the sequence number of the message that wrote it; a
-delta row names it, and a receiver that holds no base or another one for that example refuses the
-whole message (CodecError) before changing anything. Since each delta is taken against what the
-receiver holds, the previous visit's quantisation error is part of the next delta: errors never pile up.
+as the receiver will, so the two caches hold bit-identical bases. A row whose example has a base that
+fits it goes as x_row - base ("delta"), any other row as x_row ("direct": first visit, evicted, or
+another shape). A base fits a row of its own shape, or of its shape but for the first dimension
+(another padded length of a sequence), cut or zero-extended to the row's. Every base carries the
+sequence number of the message that wrote it; a delta row names it, and a receiver that holds no
+base or another one for that example refuses the whole message (CodecError) before changing anything.
+Since each delta is taken against what the receiver holds, the previous visit's quantisation error is
+part of the next delta: errors never pile up.
 
 Wire: part 0 = ids int64 (B,); part 1 = base seq int64 (B,), 0 for a direct row; then the inner
 codec's parts for the stacked direct rows, then for the stacked delta rows (a group with no rows has
