@@ -18,15 +18,16 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from nebula.observe.status import proc_stat
+
 INTERVAL_S = 0.2
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds(pid: int) -> float | None:
     """utime + stime of process `pid` in seconds; None if it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = proc_stat(pid)
+    if fields is None:
         return None
     return (int(fields[11]) + int(fields[12])) / TICKS  # fields 14 and 15 of proc(5), counted after the name
 

@@ -54,12 +54,20 @@ def read_status(path: str | os.PathLike) -> dict[str, Any]:
     return record
 
 
+def proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (field 3, the state, is [0]); None where
+    /proc has no answer (no such process, or no /proc)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def process_start(pid: int) -> int | None:
     """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22), to tell a live
     service from another process that reuses its pid; None where /proc has no answer."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = proc_stat(pid)
+    if fields is None:
         return None
     return None if fields[0] == "Z" else int(fields[19])  # a zombie has exited: not alive
 
