@@ -94,6 +94,10 @@ def register(sub) -> None:
                         help="--quality: the held-out splits scored (default: test)")
     parser.add_argument("--eval-sentences", type=int, default=None, metavar="N",
                         help="--quality: sentences scored per split, spread over it (default: the job's)")
+    parser.add_argument("--eval-uncompressed", action="store_true",
+                        help="--quality: also score each run's trained weights with every link uncompressed "
+                             "(its final checkpoints resumed on one site), the model apart from the codec's "
+                             "loss at inference; compared over seeds like the scores through the codecs")
     parser.add_argument("--bound-factor", type=float, default=BOUND_FACTOR,
                         help="uncompressed wire time / compute time at the communication-bound rate (default 5)")
     parser.add_argument("--plot", type=Path, default=None,

@@ -14,19 +14,30 @@ With --seeds (e.g. 1,2,3) every seed trains every setting, the first setting bei
 --setting-staleness 0,1,1 gives each setting its staleness (0 synchronous, 1 one-step-stale), so the
 cost of staleness and of compression can be told apart. A run already finished in --workdir is kept, not
 re-run: hours of runs survive an interruption.
+
+With --eval-uncompressed each run's trained weights are scored again with every link uncompressed
+(its final checkpoints resumed on one site): the model a setting trained, apart from what its codec
+loses at inference (a `delta` codec sends every evaluated sentence, a first visit, direct).
 """
 from __future__ import annotations
 
 import argparse
+import copy
+import itertools
 import json
+import shutil
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 from nebula.bench.wan import (_workdir, base_job, chosen_settings, override_train, per_step_link, progress,
-                              read_records, run_job, set_compression)
+                              read_records, run_job, set_compression, write_toml)
 from nebula.errors import ConfigError
 
 QUICK_STEPS = 20
+UNCOMPRESSED = "uncompressed"  # a run's sub-directory: its weights scored with every link uncompressed
+LOSSLESS = {"forward": "none", "backward": "none"}
 
 
 def run_quality(args: argparse.Namespace) -> int:
@@ -45,6 +56,8 @@ def run_quality(args: argparse.Namespace) -> int:
                 run = work / (name if seed is None else f"seed{seed}/{name}")
                 label = f"{forward} + {backward}" + ("" if staleness is None else f", staleness {staleness}")
                 row, curve = finished(run, job) or train_and_score(run, job, label, seed, staleness, scenario)
+                if args.eval_uncompressed:
+                    row[UNCOMPRESSED] = score_uncompressed(run, job, scenario)
                 rows.append(row)
                 curves[label if seed is None else f"{label}, seed {seed}"] = curve
         for row in rows:
@@ -98,6 +111,32 @@ def finished(run: Path, job: dict) -> tuple[dict, list] | None:
     return kept["row"], kept["curve"]
 
 
+def score_uncompressed(run: Path, job: dict, scenario) -> dict:
+    """The scenario's scores of `run`'s trained weights with every link uncompressed, and where its
+    outputs are (`run`): the final checkpoints resume on one site (`nebula stage one-site`, in-process
+    channels), where the finished job only evaluates. A run with no codec on any link is its own; a
+    finished re-score of the same job is kept."""
+    plain = copy.deepcopy({k: v for k, v in job.items() if k != "bench"})
+    for entry in plain.get("links", []):
+        entry.pop("compression", None)  # a link without the table sends everything uncompressed
+    if all(entry.get("compression", LOSSLESS) == LOSSLESS for entry in job.get("links", [])):
+        return {"run": str(run), **scenario.quality(run, job)}
+    where, steps = run / UNCOMPRESSED, job["train"]["steps"]
+    scored = where / "scored"
+    if not scored.exists() or scored.read_text() != json.dumps(plain, sort_keys=True):
+        shutil.rmtree(where, ignore_errors=True)
+        for stage in job["stages"]:
+            (where / stage / "checkpoints").mkdir(parents=True)
+            for name in (f"step-{steps:08d}.pt", f"step-{steps:08d}.pt.sha256"):
+                shutil.copy(run / stage / "checkpoints" / name, where / stage / "checkpoints" / name)
+        write_toml(plain, where / "job.toml")
+        progress(f"quality: scoring {run.name} uncompressed (its step-{steps} weights, on one site)")
+        subprocess.run([sys.executable, "-m", "nebula.cli", "stage", "one-site", "--job", str(where / "job.toml"),
+                        "--workdir", str(where)], check=True, stdout=sys.stderr)  # stdout may be --json's
+        scored.write_text(json.dumps(plain, sort_keys=True))
+    return {"run": str(where), **scenario.quality(where, job)}
+
+
 def slug(forward: str, backward: str) -> str:
     return "".join(c if c.isalnum() or c == "." else "_" for c in f"{forward}__{backward}")
 
@@ -145,15 +184,17 @@ def summarise_quality(run: Path, job: dict, forward: str, backward: str, scenari
 def print_quality(rows: list[dict], plot_path: Path, key: str) -> None:
     name = key.upper() if len(key) <= 5 else key
     splits = [k for k in rows[0] if k.startswith(f"{key}_")]
+    plain = [k for k in rows[0].get(UNCOMPRESSED, {}) if k.startswith(f"{key}_")]
     print(f"{'seed':>5}{'forward':>22}{'backward':>22}{'stale':>6}{'fwd ratio':>10}{'bwd ratio':>10}{'steps':>7}"
-          f"{'final loss':>11}{name:>8}{'d' + name:>8}{'s/step':>8}" + "".join(f"{k:>12}" for k in splits))
+          f"{'final loss':>11}{name:>8}{'d' + name:>8}{'s/step':>8}" + "".join(f"{k:>12}" for k in splits)
+          + "".join(f"{k + ' unc.':>17}" for k in plain))
     for r in rows:
         base = next(b for b in rows if b["seed"] == r["seed"])[key]
         bwd = "-" if r["backward_ratio"] is None else f"{r['backward_ratio']:.3f}"
         print(f"{'-' if r['seed'] is None else r['seed']:>5}{r['forward']:>22}{r['backward']:>22}"
               f"{'-' if r['staleness'] is None else r['staleness']:>6}{r['forward_ratio']:>10.3f}{bwd:>10}"
               f"{r['steps']:>7}{r['final_loss']:>11.3f}{r[key]:>8.2f}{r[key] - base:>8.2f}{r['s_per_step']:>8.2f}"
-              + "".join(f"{r[k]:>12.2f}" for k in splits))
+              + "".join(f"{r[k]:>12.2f}" for k in splits) + "".join(f"{r[UNCOMPRESSED][k]:>17.2f}" for k in plain))
     compared = [r for r in rows if r is not next(b for b in rows if b["seed"] == r["seed"])]
     within = [r for r in compared if abs(r[key] - next(b for b in rows if b["seed"] == r["seed"])[key]) <= 0.5]
     print(f"\n{len(within)} of {len(compared)} compressed runs within 0.5 {name} of their seed's first setting "
@@ -161,22 +202,27 @@ def print_quality(rows: list[dict], plot_path: Path, key: str) -> None:
 
 
 def summarise_seeds(work: Path, rows: list[dict], seeds: list[int], settings: list, scenario) -> list[dict]:
-    """Per setting after the first and per split: the difference from the first setting, over seeds."""
+    """Per setting after the first, per split and per evaluation (through the codecs; with
+    --eval-uncompressed also uncompressed): the difference from the first setting, over seeds."""
     from nebula.bench.seeds import compare
 
-    def stats(setting: int, split: str) -> list:
-        runs = [r for r in rows if r["seed"] in seeds][setting::len(settings)]
+    def scored(row: dict, evaluation: str) -> dict:  # the row's scores and "run", where its outputs are
+        return row if evaluation == "codecs" else row[evaluation]
+
+    def stats(setting: int, split: str, evaluation: str) -> list:
+        runs = [scored(r, evaluation) for r in rows if r["seed"] in seeds][setting::len(settings)]
         return [scenario.sentence_stats(Path(r["run"]), read_job(Path(r["run"])), split) for r in runs]
 
     out = []
     splits = [key.removeprefix("bleu_") for key in rows[0] if key.startswith("bleu_")]
+    evaluations = ["codecs"] + [UNCOMPRESSED] * (UNCOMPRESSED in rows[0])
     for i, (forward, backward, staleness) in enumerate(settings[1:], start=1):
-        for split in splits:
-            reference = stats(0, split)
-            c = compare(reference, stats(i, split), scenario.score_stats)
+        for split, evaluation in itertools.product(splits, evaluations):
+            reference = stats(0, split, evaluation)
+            c = compare(reference, stats(i, split, evaluation), scenario.score_stats)
             out.append({"summary": True, "forward": forward, "backward": backward, "staleness": staleness,
-                        "split": split, "seeds": seeds, "sentences": len(reference[0]),
-                        "reference": [r[f"bleu_{split}"] for r in rows[0::len(settings)]],
+                        "split": split, "eval": evaluation, "seeds": seeds, "sentences": len(reference[0]),
+                        "reference": [scored(r, evaluation)[f"bleu_{split}"] for r in rows[0::len(settings)]],
                         "per_seed": [round(d, 2) for d in c.per_seed], "mean_diff": round(c.mean, 2),
                         "interval": [round(v, 2) for v in c.interval],
                         "t_interval": c.t_interval and [round(v, 2) for v in c.t_interval]})
@@ -192,11 +238,11 @@ def read_job(run: Path) -> dict:
 def print_seeds(summary: list[dict]) -> None:
     print(f"\ndifference from the first setting, {len(summary[0]['seeds'])} seeds (95%: bootstrap over seeds "
           "and sentences; t over seeds)")
-    print(f"{'forward':<22}{'backward':<22}{'stale':>6}{'split':>7}{'sents':>7}{'reference':>20}"
+    print(f"{'forward':<22}{'backward':<22}{'stale':>6}{'split':>7}{'eval':>14}{'sents':>7}{'reference':>20}"
           f"{'per seed':>22}{'mean':>7}{'bootstrap':>16}{'t':>16}")
     for r in summary:
         t = "-" if r["t_interval"] is None else "[{:+.2f}, {:+.2f}]".format(*r["t_interval"])
         print(f"{r['forward']:<22}{r['backward']:<22}{'-' if r['staleness'] is None else r['staleness']:>6}"
-              f"{r['split']:>7}{r['sentences']:>7}{' '.join(f'{v:.2f}' for v in r['reference']):>20}"
+              f"{r['split']:>7}{r['eval']:>14}{r['sentences']:>7}{' '.join(f'{v:.2f}' for v in r['reference']):>20}"
               f"{' '.join(f'{v:+.2f}' for v in r['per_seed']):>22}{r['mean_diff']:>+7.2f}"
               f"{'[{:+.2f}, {:+.2f}]'.format(*r['interval']):>16}{t:>16}")

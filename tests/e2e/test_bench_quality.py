@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 
+from nebula.bench.wan_quality import slug
 from tests.e2e.conftest import JOB_TIMEOUT, write_job
 
 LOSSY = "int8(lowrank(0.5))"
@@ -41,10 +42,29 @@ def test_seeds_times_settings_scored_on_both_splits_and_compared_with_the_refere
         assert r["reference"] == [runs[0][f"bleu_{r['split']}"], runs[2][f"bleu_{r['split']}"]]
     assert json.loads((work / "seeds.json").read_text()) == summary
 
-    again = bench(job, work, "--setting-staleness", "0,1")  # nothing trains twice
+    # nothing trains twice; each lossy run's weights are scored again uncompressed, on one site
+    again = bench(job, work, "--setting-staleness", "0,1", "--eval-uncompressed")
     assert again.returncode == 0, again.stderr[-3000:]
     assert again.stderr.count("kept") == 4 and "step 1/2" not in again.stderr
-    assert json.loads(again.stdout) == out  # another job trains again: tests/unit/test_bench_quality_kept.py
+    assert again.stderr.count("uncompressed (its step-2 weights, on one site)") == 2
+    kept = json.loads(again.stdout)  # another job trains again: tests/unit/test_bench_quality_kept.py
+    runs, summary = [r for r in kept if not r.get("summary")], [r for r in kept if r.get("summary")]
+    assert [{k: v for k, v in r.items() if k != "uncompressed"} for r in runs] + \
+        [r for r in summary if r["eval"] == "codecs"] == out
+    for r in runs[0::2]:  # the reference had no codec: it is its own uncompressed score
+        assert r["uncompressed"] == {"run": r["run"], **{k: r[k] for k in ("bleu", "test_sentences",
+                                                                              "bleu_valid", "bleu_test")}}
+    for r in runs[1::2]:
+        plain = work / f"seed{r['seed']}" / f"{slug(LOSSY, LOSSY)}__stale1"
+        assert r["uncompressed"]["run"] == str(plain / "uncompressed")
+        assert "compression" not in (plain / "uncompressed" / "job.toml").read_text()
+        for split in ("valid", "test"):
+            assert len((plain / "uncompressed" / "decoder" / f"{split}.hyp").read_text().splitlines()) == 8
+    assert [(r["split"], r["eval"]) for r in summary] == [
+        ("valid", "codecs"), ("valid", "uncompressed"), ("test", "codecs"), ("test", "uncompressed")]
+    for r in summary[1::2]:
+        assert r["reference"] == [runs[0][f"bleu_{r['split']}"], runs[2][f"bleu_{r['split']}"]]
+        assert len(r["per_seed"]) == 2 and r["interval"][0] <= r["mean_diff"] <= r["interval"][1]
 
 
 def test_a_staleness_list_that_does_not_match_the_settings_is_refused(tmp_path):
