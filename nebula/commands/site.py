@@ -53,14 +53,15 @@ def register(sub) -> None:
 
 
 def _up(args) -> int:
-    from nebula.site.site import alive, check_credentials, pid_file, read_pid, run_site, site_services, state_file
+    from nebula.observe.status import pid_alive
+    from nebula.site.site import check_credentials, pid_file, read_pid, run_site, site_services, state_file
     from nebula.transport.config import load_site_config
 
     if args.foreground:
         return run_site(args.config, args.service)
     site = load_site_config(args.config)  # every mistake surfaces here, before anything starts
     check_credentials(site, site_services(site, args.config.resolve(), args.service))
-    if (pid := read_pid(pid_file(site))) is not None and alive(pid):
+    if (pid := read_pid(pid_file(site))) is not None and pid_alive(pid):
         raise ConfigError(f"site {site.name} is already up (supervisor pid {pid}); `nebula site down {args.config}`")
     log = site.run / "logs" / "supervisor.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -89,25 +90,26 @@ def _down(args) -> int:
     left after --timeout is killed, the services' process groups included: no orphan stays."""
     import os
 
-    from nebula.site.site import alive, read_pid
+    from nebula.observe.status import pid_alive
+    from nebula.site.site import read_pid
     from nebula.site.status import read_json_or_empty
     from nebula.transport.config import load_site_config
 
     site = load_site_config(args.config)
     supervisors = {path: read_pid(path) for path in sorted(site.run.glob("supervisor*.pid"))}
-    running = {path: pid for path, pid in supervisors.items() if pid is not None and alive(pid)}
+    running = {path: pid for path, pid in supervisors.items() if pid is not None and pid_alive(pid)}
     if not running:
         print(f"site {site.name} is not up")
         return 0
     for pid in running.values():
         os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
-    while any(alive(pid) for pid in running.values()) and time.monotonic() < deadline:
+    while any(pid_alive(pid) for pid in running.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = [pid for pid in running.values() if alive(pid)]
+    left = [pid for pid in running.values() if pid_alive(pid)]
     states = [r for f in (site.run / "status").glob("supervisor*.json")
               for r in read_json_or_empty(f).get("services", [])]
-    left += [p for s in states for p in s.get("pids", []) if alive(p)]
+    left += [p for s in states for p in s.get("pids", []) if pid_alive(p)]
     for pid in left:  # a supervisor that did not stop in time, or services it left behind
         try:
             os.killpg(pid, signal.SIGKILL)

@@ -94,11 +94,11 @@ def live_state(record: dict) -> dict:
 
 def supervising(record: dict) -> bool:
     """The record's supervisor is alive, and is that job's (a reused pid is not)."""
-    from nebula.site.site import alive
+    from nebula.observe.status import pid_alive
 
     pid = record.get("pid")
     try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes() if pid and alive(pid) else None
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes() if pid and pid_alive(pid) else None
     except OSError:
         return False
     # An exiting process has already dropped its command line: still ours until it is gone.

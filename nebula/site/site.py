@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from nebula.errors import ConfigError
+from nebula.observe.status import pid_alive, process_start
 from nebula.site.supervisor import Service, Supervisor
 from nebula.transport.config import SiteConfig, load_site_config
 
@@ -138,36 +139,16 @@ def claim_pid_file(path: Path) -> None:
     wrote it (same pid and start time). A file left by a killed supervisor is stale even when the
     pid came back, as it does for PID 1 in a restarted container."""
     pid = read_pid(path)
-    if pid is not None and pid != os.getpid() and alive(pid):
+    if pid is not None and pid != os.getpid() and pid_alive(pid):
         raise ConfigError(f"the site is already up (supervisor pid {pid}, {path}); `nebula site down` first")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{os.getpid()} {_start_time(os.getpid())}\n")
+    path.write_text(f"{os.getpid()} {process_start(os.getpid())}\n")
 
 
 def read_pid(path: Path) -> int | None:
     """The pid in a pid file if that process is still the one that wrote it, else None."""
     try:
         pid, started = path.read_text().split()
-        return int(pid) if _start_time(int(pid)) == started else None
+        return int(pid) if str(process_start(int(pid))) == started else None
     except (OSError, ValueError):
         return None
-
-
-def _start_time(pid: int) -> str:
-    try:  # field 22 of /proc/PID/stat: start time in clock ticks since boot
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return "?"
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (exited, not yet reaped by its parent) is not alive
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True

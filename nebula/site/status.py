@@ -9,7 +9,8 @@ import json
 import time
 from pathlib import Path
 
-from nebula.site.site import alive, pid_file, read_pid
+from nebula.observe.status import pid_alive
+from nebula.site.site import pid_file, read_pid
 from nebula.transport.config import SiteConfig
 
 STALE_S = 10.0  # a status file not rewritten for this long (services rewrite theirs every 2 s) is stale
@@ -22,7 +23,7 @@ def site_status(site: SiteConfig) -> dict:
     no supervisor of this host is alive (containers: other pid namespaces), a fresh status file says
     the service's state."""
     pid = read_pid(pid_file(site))
-    up = pid is not None and alive(pid)
+    up = pid is not None and pid_alive(pid)
     records = [r for f in sorted((site.run / "status").glob("supervisor*.json")) for r in read_json_or_empty(f).get("services", [])]
     services = []
     for s in records:

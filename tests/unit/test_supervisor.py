@@ -7,7 +7,7 @@ import time
 import pytest
 
 from nebula.errors import StageError
-from nebula.site.site import alive
+from nebula.observe.status import pid_alive
 from nebula.site.supervisor import Service, Supervisor
 
 
@@ -66,11 +66,11 @@ def test_stop_leaves_no_process_behind(tmp_path):
     run_until(sup, lambda: (tmp_path / "p.log").read_text().strip() != "")
     child = int((tmp_path / "p.log").read_text().split()[0])
     sup.stop(timeout=5)
-    assert s.state == "stopped" and not alive(s.proc.pid)
+    assert s.state == "stopped" and not pid_alive(s.proc.pid)
     deadline = time.monotonic() + 5  # the grandchild got SIGKILL; the kernel may take a moment under load
-    while alive(child) and time.monotonic() < deadline:
+    while pid_alive(child) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not alive(child)
+    assert not pid_alive(child)
 
 
 def test_a_service_that_recovered_starts_its_backoff_over(tmp_path, monkeypatch):
