@@ -80,3 +80,23 @@ def test_a_linear_schedule_shorter_than_its_warm_up_is_a_config_error(tmp_path):
            "links": [{"from": "encoder", "to": "decoder", "tensors": ["hidden", "mask"], "backward": True}]}
     with pytest.raises(ConfigError, match=r"\[stages.encoder\].*more steps \(5\) than warmup_steps \(10\)"):
         build_stage(parse_job(raw, tmp_path / "job.toml"), "encoder", tmp_path / "encoder", quiet=True)
+
+
+def test_a_speed_run_of_the_demo_job_truncates_and_cuts_its_linear_warm_up_to_fit_its_few_steps(tmp_path):
+    import tomllib
+
+    from services.abnet.bench import SCENARIO
+    data = tmp_path / "corpus"
+    data.mkdir()
+    long = " ".join(["palabra"] * 30)
+    for split in ("train", "valid", "test"):
+        for ext in ("src", "tgt", "ids"):
+            (data / f"{split}.{ext}").write_text(f"{long}\nshort\n")
+    raw = tomllib.loads((Path(__file__).parents[2] / "deploy" / "jobs" / "abnet-es-en.toml").read_text())
+    raw["job"]["data"] = str(data)
+    job = SCENARIO.speed_job(raw, tmp_path / "work", 11)
+    stages = job["stages"].values()
+    assert [s["warmup_steps"] for s in stages] == [10, 10]  # the demo's 50 would refuse 11 steps
+    assert not any("long_sentences" in s for s in stages)  # truncated to max_len: "skip" would leave none
+    lr_factor(10, "linear", 11)  # what the stages then build: accepted
+    assert (tmp_path / "work" / "data" / "train.src").read_text() == f"{long}\n"  # the fixed-shape pairs only
