@@ -185,13 +185,13 @@ def print_quality(rows: list[dict], plot_path: Path, key: str) -> None:
     name = key.upper() if len(key) <= 5 else key
     splits = [k for k in rows[0] if k.startswith(f"{key}_")]
     plain = [k for k in rows[0].get(UNCOMPRESSED, {}) if k.startswith(f"{key}_")]
-    print(f"{'seed':>5}{'forward':>22}{'backward':>22}{'stale':>6}{'fwd ratio':>10}{'bwd ratio':>10}{'steps':>7}"
+    print(f"{'seed':>5}{'forward':>27}{'backward':>22}{'stale':>6}{'fwd ratio':>10}{'bwd ratio':>10}{'steps':>7}"
           f"{'final loss':>11}{name:>8}{'d' + name:>8}{'s/step':>8}" + "".join(f"{k:>12}" for k in splits)
           + "".join(f"{k + ' unc.':>17}" for k in plain))
     for r in rows:
         base = next(b for b in rows if b["seed"] == r["seed"])[key]
         bwd = "-" if r["backward_ratio"] is None else f"{r['backward_ratio']:.3f}"
-        print(f"{'-' if r['seed'] is None else r['seed']:>5}{r['forward']:>22}{r['backward']:>22}"
+        print(f"{'-' if r['seed'] is None else r['seed']:>5}{r['forward']:>27}{r['backward']:>22}"
               f"{'-' if r['staleness'] is None else r['staleness']:>6}{r['forward_ratio']:>10.3f}{bwd:>10}"
               f"{r['steps']:>7}{r['final_loss']:>11.3f}{r[key]:>8.2f}{r[key] - base:>8.2f}{r['s_per_step']:>8.2f}"
               + "".join(f"{r[k]:>12.2f}" for k in splits) + "".join(f"{r[UNCOMPRESSED][k]:>17.2f}" for k in plain))
@@ -238,11 +238,11 @@ def read_job(run: Path) -> dict:
 def print_seeds(summary: list[dict]) -> None:
     print(f"\ndifference from the first setting, {len(summary[0]['seeds'])} seeds (95%: bootstrap over seeds "
           "and sentences; t over seeds)")
-    print(f"{'forward':<22}{'backward':<22}{'stale':>6}{'split':>7}{'eval':>14}{'sents':>7}{'reference':>20}"
+    print(f"{'forward':<27}{'backward':<22}{'stale':>6}{'split':>7}{'eval':>14}{'sents':>7}{'reference':>20}"
           f"{'per seed':>22}{'mean':>7}{'bootstrap':>16}{'t':>16}")
     for r in summary:
         t = "-" if r["t_interval"] is None else "[{:+.2f}, {:+.2f}]".format(*r["t_interval"])
-        print(f"{r['forward']:<22}{r['backward']:<22}{'-' if r['staleness'] is None else r['staleness']:>6}"
+        print(f"{r['forward']:<27}{r['backward']:<22}{'-' if r['staleness'] is None else r['staleness']:>6}"
               f"{r['split']:>7}{r['eval']:>14}{r['sentences']:>7}{' '.join(f'{v:.2f}' for v in r['reference']):>20}"
               f"{' '.join(f'{v:+.2f}' for v in r['per_seed']):>22}{r['mean_diff']:>+7.2f}"
               f"{'[{:+.2f}, {:+.2f}]'.format(*r['interval']):>16}{t:>16}")
