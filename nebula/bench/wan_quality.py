@@ -33,7 +33,7 @@ from pathlib import Path
 
 from nebula.bench.wan import (_workdir, base_job, chosen_settings, override_train, per_step_link, progress,
                               read_records, run_job, set_compression, write_toml)
-from nebula.errors import ConfigError
+from nebula.errors import ConfigError, StageError
 
 QUICK_STEPS = 20
 UNCOMPRESSED = "uncompressed"  # a run's sub-directory: its weights scored with every link uncompressed
@@ -128,11 +128,17 @@ def score_uncompressed(run: Path, job: dict, scenario) -> dict:
         for stage in job["stages"]:
             (where / stage / "checkpoints").mkdir(parents=True)
             for name in (f"step-{steps:08d}.pt", f"step-{steps:08d}.pt.sha256"):
+                if not (run / stage / "checkpoints" / name).exists():
+                    raise StageError(f"{run} has no checkpoint {stage}/checkpoints/{name} to score uncompressed: "
+                                     "delete the run to train it again")
                 shutil.copy(run / stage / "checkpoints" / name, where / stage / "checkpoints" / name)
         write_toml(plain, where / "job.toml")
         progress(f"quality: scoring {run.name} uncompressed (its step-{steps} weights, on one site)")
-        subprocess.run([sys.executable, "-m", "nebula.cli", "stage", "one-site", "--job", str(where / "job.toml"),
-                        "--workdir", str(where)], check=True, stdout=sys.stderr)  # stdout may be --json's
+        done = subprocess.run([sys.executable, "-m", "nebula.cli", "stage", "one-site", "--job",
+                               str(where / "job.toml"), "--workdir", str(where)], stdout=sys.stderr)  # stdout: --json's
+        if done.returncode != 0:
+            raise StageError(f"scoring {run} uncompressed failed (exit {done.returncode}, its output above); "
+                             f"the trained run is kept: fix the cause and run the same command again")
         scored.write_text(json.dumps(plain, sort_keys=True))
     return {"run": str(where), **scenario.quality(where, job)}
 

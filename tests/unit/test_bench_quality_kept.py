@@ -1,6 +1,7 @@
 """`bench wan --quality` keeps a finished run only for the very job it trained: the same job trains
 once, another one (steps, seed, evaluation...) trains again. tests/e2e/test_bench_quality.py runs the
-kept case through real sites; this is the decision itself, on the files a finished run leaves."""
+kept case through real sites; this is the decision itself, on the files a finished run leaves (and
+--eval-uncompressed's refusal of a run whose final checkpoint is gone)."""
 import copy
 import json
 
@@ -42,3 +43,17 @@ def test_the_bench_section_alone_does_not_count_and_an_unscored_run_is_not_finis
     assert finished(run, relabelled) == (ROW["row"], ROW["curve"])
     (run / "row.json").unlink()  # killed before it was scored
     assert finished(run, JOB) is None
+
+
+def test_a_run_without_its_final_checkpoint_is_not_scored_uncompressed_and_says_why(tmp_path):
+    import pytest
+
+    from nebula.bench.wan_quality import score_uncompressed
+    from nebula.errors import StageError
+    run = finished_run(tmp_path / "run")
+    lossy = copy.deepcopy(JOB) | {"stages": {"encoder": {}, "decoder": {}},
+                                  "links": [{"from": "encoder", "to": "decoder", "compression": {"forward": "int8"}}]}
+    (run / "encoder" / "checkpoints").mkdir(parents=True)
+    with pytest.raises(StageError, match="has no checkpoint encoder/checkpoints/step-00000002.pt to score"):
+        score_uncompressed(run, lossy, scenario=None)
+    assert not (run / "uncompressed" / "scored").exists()
