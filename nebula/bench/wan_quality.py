@@ -133,7 +133,7 @@ def score_uncompressed(run: Path, job: dict, scenario) -> dict:
                                      "delete the run to train it again")
                 shutil.copy(run / stage / "checkpoints" / name, where / stage / "checkpoints" / name)
         write_toml(plain, where / "job.toml")
-        progress(f"quality: scoring {run.name} uncompressed (its step-{steps} weights, on one site)")
+        progress(f"quality: scoring {run.parent.name}/{run.name} uncompressed (its step-{steps} weights, on one site)")
         done = subprocess.run([sys.executable, "-m", "nebula.cli", "stage", "one-site", "--job",
                                str(where / "job.toml"), "--workdir", str(where)], stdout=sys.stderr)  # stdout: --json's
         if done.returncode != 0:
