@@ -281,6 +281,17 @@ def write_toml(table: dict, path: Path) -> None:
     path.write_text(tomli_w.dumps(table))
 
 
+def holds_toml(path: Path, table: dict) -> bool:
+    """Whether `path` is `table` as write_toml wrote it (a kept run's job: the very one asked for)."""
+    import tomli_w
+    return path.exists() and path.read_text() == tomli_w.dumps(table)
+
+
+def sites_job(job: dict) -> dict:
+    """The job as the sites read it: without the benchmark's own [bench] table."""
+    return {k: v for k, v in job.items() if k != "bench"}
+
+
 def phases_of(job: dict) -> list[dict]:
     link = next(e for e in job["links"] if f"{e['from']}->{e['to']}" == job["bench"]["link"])
     return link["compression"]["phases"]
@@ -413,7 +424,7 @@ def run_job(run: Path, job: dict, label: str, wan=None, channel: dict | None = N
     shutil.rmtree(run, ignore_errors=True)  # a kept --workdir from an earlier run: start clean
     run.mkdir(parents=True)
     job_file = run / "job.toml"
-    write_toml({k: v for k, v in job.items() if k != "bench"}, job_file)
+    write_toml(sites_job(job), job_file)
     stages = list(job["stages"])
     timeout_s = timeout_s or 300 + 60 * job["train"]["steps"]
     delay_lines = delay_line_pids(wan)  # started with the link, before the sites

@@ -31,8 +31,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from nebula.bench.wan import (_workdir, base_job, chosen_settings, override_train, per_step_link, progress,
-                              read_records, run_job, set_compression, write_toml)
+from nebula.bench.wan import (_workdir, base_job, chosen_settings, holds_toml, override_train, per_step_link,
+                              progress, read_records, run_job, set_compression, sites_job, write_toml)
 from nebula.errors import ConfigError, StageError
 
 QUICK_STEPS = 20
@@ -99,11 +99,10 @@ def train_and_score(run: Path, job: dict, label: str, seed: int | None, stalenes
 
 def finished(run: Path, job: dict) -> tuple[dict, list] | None:
     """The row and loss curve of `run` if it already trained and scored this very job."""
-    import tomli_w
     done = run / "row.json"
     if not done.exists():
         return None
-    if (run / "job.toml").read_text() != tomli_w.dumps({k: v for k, v in job.items() if k != "bench"}):
+    if not holds_toml(run / "job.toml", sites_job(job)):
         progress(f"quality: {run} trained another job (steps, seed, evaluation...): training again")
         return None
     kept = json.loads(done.read_text())
@@ -116,14 +115,14 @@ def score_uncompressed(run: Path, job: dict, scenario) -> dict:
     outputs are (`run`): the final checkpoints resume on one site (`nebula stage one-site`, in-process
     channels), where the finished job only evaluates. A run with no codec on any link is its own; a
     finished re-score of the same job is kept."""
-    plain = copy.deepcopy({k: v for k, v in job.items() if k != "bench"})
+    plain = copy.deepcopy(sites_job(job))
     for entry in plain.get("links", []):
         entry.pop("compression", None)  # a link without the table sends everything uncompressed
     if all(entry.get("compression", LOSSLESS) == LOSSLESS for entry in job.get("links", [])):
         return {"run": str(run), **scenario.quality(run, job)}
     where, steps = run / UNCOMPRESSED, job["train"]["steps"]
-    scored = where / "scored"
-    if not scored.exists() or scored.read_text() != json.dumps(plain, sort_keys=True):
+    scored = where / "scored"  # written once the scores are: the scoring of where/job.toml finished
+    if not (scored.exists() and holds_toml(where / "job.toml", plain)):
         shutil.rmtree(where, ignore_errors=True)
         for stage in job["stages"]:
             (where / stage / "checkpoints").mkdir(parents=True)
@@ -139,7 +138,7 @@ def score_uncompressed(run: Path, job: dict, scenario) -> dict:
         if done.returncode != 0:
             raise StageError(f"scoring {run} uncompressed failed (exit {done.returncode}, its output above); "
                              f"the trained run is kept: fix the cause and run the same command again")
-        scored.write_text(json.dumps(plain, sort_keys=True))
+        scored.touch()
     return {"run": str(where), **scenario.quality(where, job)}
 
 

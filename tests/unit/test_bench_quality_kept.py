@@ -5,8 +5,11 @@ kept case through real sites; this is the decision itself, on the files a finish
 import copy
 import json
 
-from nebula.bench.wan import write_toml
-from nebula.bench.wan_quality import finished
+import pytest
+
+from nebula.bench.wan import sites_job, write_toml
+from nebula.bench.wan_quality import finished, score_uncompressed
+from nebula.errors import StageError
 
 JOB = {"job": {"name": "q", "data": "data"}, "train": {"steps": 2, "seed": 1, "eval_sentences": 8},
        "bench": {"forward": "none", "backward": "none"}}
@@ -16,7 +19,7 @@ ROW = {"row": {"bleu_valid": 10.5, "bleu_test": 9.75, "steps": 2}, "curve": [[1,
 def finished_run(run):
     """What train_and_score leaves: the job as the sites read it (no [bench]) and the scored row."""
     run.mkdir()
-    write_toml({k: v for k, v in JOB.items() if k != "bench"}, run / "job.toml")
+    write_toml(sites_job(JOB), run / "job.toml")
     (run / "row.json").write_text(json.dumps(ROW))
     return run
 
@@ -46,10 +49,6 @@ def test_the_bench_section_alone_does_not_count_and_an_unscored_run_is_not_finis
 
 
 def test_a_run_without_its_final_checkpoint_is_not_scored_uncompressed_and_says_why(tmp_path):
-    import pytest
-
-    from nebula.bench.wan_quality import score_uncompressed
-    from nebula.errors import StageError
     run = finished_run(tmp_path / "run")
     lossy = copy.deepcopy(JOB) | {"stages": {"encoder": {}, "decoder": {}},
                                   "links": [{"from": "encoder", "to": "decoder", "compression": {"forward": "int8"}}]}
