@@ -82,8 +82,8 @@ def spec_args(codec: Codec) -> list[str]:
     args = []
     for f in dataclasses.fields(codec):  # type: ignore[arg-type]
         value = getattr(codec, f.name)
-        if isinstance(value, Codec):
-            args.insert(0, value.spec)  # the inner codec always comes first
+        if isinstance(value, Codec) and f.type in ("Codec", Codec):
+            args.insert(0, value.spec)  # the inner codec always comes first; others go by name
         elif f.default is dataclasses.MISSING:
             args.append(format_value(value))
         elif value != f.default:

@@ -1,5 +1,7 @@
-"""`delta(inner, mb=1024)`: send the change of each example's activation since its previous visit
-(AQ-SGD, Wang et al., NeurIPS 2022), compressed with `inner`.
+"""`delta(inner, mb=1024, first=None)`: send the change of each example's activation since its previous
+visit (AQ-SGD, Wang et al., NeurIPS 2022), compressed with `inner`; rows with no base go through `first`
+(default `inner`): a first visit carries the whole activation, not a small change, and what it loses
+stays in the base every later delta is taken against.
 
 Rows of x (its first dimension) are examples; the caller hands their (B,) int64 id hashes to `pack`.
 Both ends keep, per stream, the last *decoded* value of each example (a `RowCache`, LRU by bytes,
@@ -13,8 +15,8 @@ base or another one for that example refuses the whole message (CodecError) befo
 Since each delta is taken against what the receiver holds, the previous visit's quantisation error is
 part of the next delta: errors never pile up.
 
-Wire: part 0 = ids int64 (B,); part 1 = base seq int64 (B,), 0 for a direct row; then the inner
-codec's parts for the stacked direct rows, then for the stacked delta rows (a group with no rows has
+Wire: part 0 = ids int64 (B,); part 1 = base seq int64 (B,), 0 for a direct row; then `first`'s
+parts for the stacked direct rows, then `inner`'s for the stacked delta rows (a group with no rows has
 none). Meta: {"seq": this message's number, "row": one example's shape, "d": [parts, inner meta] or
 null, "r": [parts, inner meta] or null}. Layout and rules: docs/protocol.md §3.7.
 """
@@ -86,11 +88,19 @@ class RowCache:
 class Delta(Codec):
     inner: Codec
     mb: int = 1024  # cache cap per stream, MiB of float32 rows, the same at both ends (it is in the spec)
+    first: Codec | None = None  # for rows with no base (first visit, evicted, another shape); None: inner
 
     def __post_init__(self) -> None:
         if type(self.mb) is not int or not 1 <= self.mb <= 1 << 20:
             raise ConfigError(f"codec 'delta': mb={self.mb!r} must be an integer in 1..1048576 (MiB of cached "
                               "activations per stream), e.g. delta(int8, mb=1024)")
+        if isinstance(self.first, Delta) or isinstance(self.inner, Delta):
+            raise ConfigError("codec 'delta' cannot hold another delta: its rows' bases are per example already")
+
+    @property
+    def direct(self) -> Codec:
+        """The codec of the rows sent whole."""
+        return self.inner if self.first is None else self.first
 
     def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
         if state is None or not isinstance(state.get("ids"), torch.Tensor):
@@ -110,11 +120,12 @@ class Delta(Codec):
         bases = self._bases(cache, ids, tags, x.shape[1:])
         delta = tags != 0
         parts, meta = [ids, tags], {"seq": seq, "row": list(x.shape[1:])}
-        for key, rows, sub in (("d", x[~delta], "direct"), ("r", x[delta] - bases, "delta")):
+        for key, rows, sub, codec in (("d", x[~delta], "direct", self.direct),
+                                      ("r", x[delta] - bases, "delta", self.inner)):
             if rows.shape[0] == 0:
                 meta[key] = None
                 continue
-            encoded, inner_meta = self.inner.encode(rows, state.setdefault(sub, {}))
+            encoded, inner_meta = codec.encode(rows, state.setdefault(sub, {}))
             parts += encoded
             meta[key] = [len(encoded), inner_meta]
         out = self._rebuild(parts[2:], meta, tags, bases, x.shape)  # what the receiver will decode
@@ -168,7 +179,7 @@ class Delta(Codec):
                  shape: torch.Size | tuple) -> torch.Tensor:
         """(B, ...) float32: the direct rows decoded, the delta rows base + decoded difference."""
         out, pos, delta = torch.empty(shape), 0, tags != 0
-        for key, mask, add in (("d", ~delta, None), ("r", delta, bases)):
+        for key, mask, add, codec in (("d", ~delta, None, self.direct), ("r", delta, bases, self.inner)):
             group, count = meta.get(key), int(mask.sum())
             if group is None and count == 0:
                 continue
@@ -176,7 +187,7 @@ class Delta(Codec):
                     and isinstance(group[1], dict)):
                 raise CodecError(f"codec {self.spec!r}: meta {key!r} must be [count, dict] for {count} rows, "
                                  f"got {group!r:.200}")
-            rows = self.inner.decode(parts[pos:pos + group[0]], group[1]).reshape(count, *shape[1:])
+            rows = codec.decode(parts[pos:pos + group[0]], group[1]).reshape(count, *shape[1:])
             out[mask] = rows if add is None else add + rows
             pos += group[0]
         if pos != len(parts):

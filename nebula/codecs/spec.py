@@ -3,11 +3,13 @@
     spec  = call ;
     call  = name [ "(" [ arg { "," arg } ] ")" ] ;
     arg   = call | number | name "=" value ;
-    value = number | name ;
+    value = number | call ;
 
 A positional argument that is a codec (a `call`) is the inner codec and must come first:
 `fp16(svd(0.6))`, `int8(lowrank(0.2), block=64)`. Numbers fill the codec's parameters in order
-(`svd(0.6)`, `int8(128)`); `key=value` names them (`int8(block=128, scale=fp32)`). Everything
+(`svd(0.6)`, `int8(128)`); `key=value` names them (`int8(block=128, scale=fp32)`). A value that is
+a bare name is a word (`scale=fp32`) or, for a codec-typed parameter, a codec; a value with
+arguments is a codec (`delta(int8(lowrank(0.1)), first=int8(lowrank(0.25)))`). Everything
 invalid raises ConfigError saying where and what.
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ TOKEN = re.compile(r"\s*(?:(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)|(?
 class _Call:
     name: str
     args: list[Union["_Call", int, float]]
-    kwargs: dict[str, Union[int, float, str]]
+    kwargs: dict[str, Union["_Call", int, float, str]]
     at: int
 
 
@@ -80,6 +82,9 @@ class _Parser:
             vkind, value, _ = self.peek()
             if vkind not in ("num", "name"):
                 raise self.fail(f"expected a value for {text!r}, found {_describe(self.peek())}")
+            if vkind == "name" and self.tokens[self.i + 1][:2] == ("sym", "("):
+                node.kwargs[text] = self.call(depth + 1)  # a codec with arguments
+                return
             self.i += 1
             node.kwargs[text] = _number(value) if vkind == "num" else value
         elif kind == "name":
@@ -107,7 +112,7 @@ def _delta_outermost(text: str, node: _Call, top: bool) -> None:
     if node.name == "delta" and not top:
         raise ConfigError(f"codec spec {text!r}: 'delta' at column {node.at + 1} must be the outermost codec, "
                           "e.g. delta(int8(lowrank(0.5)))")
-    for arg in node.args:
+    for arg in [*node.args, *node.kwargs.values()]:
         if isinstance(arg, _Call):
             _delta_outermost(text, arg, top=False)
 
@@ -141,7 +146,9 @@ def _build(text: str, node: _Call) -> Codec:
             raise ConfigError(f"{where}: parameter {key!r} given both by position and by name")
         kwargs[key] = value
     for f in params:
-        if f.name in kwargs:
+        if f.name in kwargs and _codec_typed(f):
+            kwargs[f.name] = _codec_value(text, where, f, kwargs[f.name])
+        elif f.name in kwargs:
             kwargs[f.name] = _convert(where, f, kwargs[f.name])
         elif f.default is dataclasses.MISSING:
             raise ConfigError(f"{where}: missing parameter {f.name!r}, e.g. {node.name}(0.2)")
@@ -162,8 +169,24 @@ def _split_args(where: str, node: _Call) -> tuple[_Call | None, list[int | float
     return inner, numbers  # type: ignore[return-value]
 
 
+def _codec_typed(f: dataclasses.Field) -> bool:
+    """An optional codec parameter besides the inner one, e.g. delta's `first`."""
+    return f.type in ("Codec | None", "Optional[Codec]")
+
+
+def _codec_value(text: str, where: str, f: dataclasses.Field, value: Any) -> Codec:
+    if isinstance(value, str):  # a bare name: a codec without arguments, `first=int8`
+        value = _Call(value, [], {}, text.find(value))
+    if not isinstance(value, _Call):
+        raise ConfigError(f"{where}: parameter {f.name!r} must be a codec such as int8(lowrank(0.25)), got {value!r}")
+    return _build(text, value)
+
+
 def _convert(where: str, f: dataclasses.Field, value: Any) -> Any:
     kind = f.type if isinstance(f.type, str) else f.type.__name__
+    if isinstance(value, _Call):
+        raise ConfigError(f"{where}: parameter {f.name!r} must be {_KIND_WORDS.get(kind, kind)}, got the codec "
+                          f"{value.name!r}")
     if kind == "float" and type(value) in (int, float):
         return float(value)
     if kind == "int" and type(value) is int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 import torch
@@ -92,6 +93,26 @@ def test_the_wire_layout_is_the_documented_one():
     assert torch.equal(direct_q, pack("h", "activation", x[1:], "int8").parts[0])
 
 
+def test_rows_without_a_base_go_through_first_and_differences_through_inner():
+    """`first` carries the whole activation of a first visit, whose loss every later delta inherits."""
+    spec = "delta(int8(lowrank(0.1)), first=int8)"
+    sender, receiver = CodecState().slot("a->b", "h"), CodecState().slot("a->b", "h")
+    x = activations(shape=(4, 24, 64))
+    _, y1 = send(x[:1], spec, sender, receiver, ids=IDS[:1])
+    assert torch.equal(y1, unpack(pack("h", "activation", x[:1], "int8")))
+    base = receiver["cache"].get(int(IDS[0]))[1]
+    x2 = drift(x, 1)
+    payload, y = send(x2, spec, sender, receiver)
+    assert payload.parts[1].tolist() == [1, 0, 0, 0]
+    direct = pack("h", "activation", x2[1:], "int8")
+    assert payload.meta.startswith(b'{"seq":2,"row":[24,64],"d":[2,{}],"r":[')  # int8's two parts, then lowrank's
+    assert torch.equal(payload.parts[2], direct.parts[0]) and torch.equal(y[1:], unpack(direct))
+    difference = unpack(pack("h", "activation", x2[:1] - base.unsqueeze(0), "int8(lowrank(0.1))"))
+    assert torch.allclose(y[:1], base + difference, atol=1e-6)
+    _, alone = send(x2, "delta(int8(lowrank(0.1)))", *(CodecState().slot("a->b", "h") for _ in range(2)))
+    assert error(y[1:], x2[1:]) < error(alone[1:], x2[1:]) / 10  # int8 keeps far more than a 0.1 low rank
+
+
 def test_evicted_examples_go_direct_at_both_ends_alike():
     sender, receiver = CodecState().slot("a->b", "h"), CodecState().slot("a->b", "h")
     x = activations(shape=(6, 256, 1024))  # 1 MiB rows: a 3 MiB cache holds 3
@@ -163,8 +184,24 @@ def test_delta_must_be_the_outermost_codec(spec):
 def test_specs_print_canonically():
     assert parse("delta( int8(lowrank(0.5)) , mb = 1024)").spec == "delta(int8(lowrank(0.5)))"
     assert parse("delta(int8, 64)").spec == "delta(int8, mb=64)"
+    assert parse("delta(int8(lowrank(0.1)),first = int8(lowrank( 0.25 )),mb=64)").spec == \
+        "delta(int8(lowrank(0.1)), mb=64, first=int8(lowrank(0.25)))"
+    assert parse("delta(int8, first=none)").first == parse("none")  # a bare name is a codec here
     with pytest.raises(ConfigError, match="mb=0"):
         parse("delta(int8, mb=0)")
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("delta(int8, first=delta(int8))", "must be the outermost codec"),
+    ("delta(int8, first=0.5)", "'first' must be a codec such as"),
+    ("delta(int8, first=nope)", "'nope' at column 19: unknown codec"),
+    ("delta(int8, mb=int8)", "'mb' must be an integer, got 'int8'"),
+    ("int8(block=lowrank(0.5))", "'block' must be an integer, got the codec 'lowrank'"),
+    ("ef(int8, first=int8)", "unknown parameter 'first'"),
+])
+def test_a_bad_first_codec_is_refused_by_name(spec, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse(spec)
 
 
 def test_cache_state_dicts_round_trip_through_a_checkpoint():
