@@ -310,12 +310,14 @@ def phase_steps(job: dict) -> list[tuple[dict, list[int]]]:
 
 
 def per_step_link(path: Path, direction: str, link: str | None = None) -> dict[int, dict]:
-    """step -> summed raw bytes, wire bytes and encode seconds of the tensors sent that step in
-    `direction` (on `link`, or on any), and the first and last time one was packed (host clock,
-    shared by every site's processes)."""
+    """step -> summed raw bytes, wire bytes and encode seconds of the training tensors sent that step
+    in `direction` (on `link`, or on any), and the first and last time one was packed (host clock,
+    shared by every site's processes). An evaluation's tensors (records naming a `split`) are left
+    out: they carry the last step's number but are no part of it."""
     sums: dict[int, dict] = {}
     for r in read_records(path, kind=None):
-        if r.get("dir") == direction and "raw" in r and (link is None or r.get("link") == link):  # not `auto` events
+        if (r.get("dir") == direction and "raw" in r and "split" not in r  # not `auto` events, not inference
+                and (link is None or r.get("link") == link)):
             s = sums.setdefault(r["step"], {"raw": 0, "wire": 0, "encode_s": 0.0, "first": r["t"], "last": r["t"]})
             s["raw"], s["wire"], s["encode_s"] = s["raw"] + r["raw"], s["wire"] + r["wire"], s["encode_s"] + r["encode_s"]
             s["first"], s["last"] = min(s["first"], r["t"]), max(s["last"], r["t"])

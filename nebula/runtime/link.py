@@ -169,8 +169,10 @@ class LinkCodecs:
         self._on_switch(**event)
 
     def pack(self, direction: str, name: str, tensor: torch.Tensor, step: int,
-             ids: torch.Tensor | None = None) -> TensorPayload:
-        """`ids`: the (B,) example-id hashes of the tensor's rows, for `delta` (None on gradients)."""
+             ids: torch.Tensor | None = None, split: str | None = None) -> TensorPayload:
+        """`ids`: the (B,) example-id hashes of the tensor's rows, for `delta` (None on gradients);
+        `split`: the split an inference pass evaluates (None: training), named in link.jsonl so that
+        a training ratio leaves out the evaluation's bytes (for `delta` they are all first visits)."""
         tensor = tensor.detach().cpu()  # the wire carries CPU frames; a no-op for CPU tensors
         # token ids and masks get the link's codec only if it is exact (deflate), else go as they are
         codec, choice = self._resolve(self.policy_for(step), direction, name, tensor, step)
@@ -186,6 +188,8 @@ class LinkCodecs:
             choice.observe_pack(codec, name, tensor, raw, payload.wire_bytes)
         if self.meter:
             extra = {"cache": slot["cache"].stats()} if "cache" in slot else {}  # delta: hits, misses, bytes
+            if split is not None:
+                extra["split"] = split
             if choice is not None:
                 extra["auto"] = True
             self.meter.record(step=step, link=self.link, dir=direction, name=name, codec=str(codec), raw=raw,

@@ -395,10 +395,13 @@ class StageRunner(ResumeProtocol, InferencePasses):
         codecs = self.codecs[link.name]
         generation = self.generation if generation is None else generation
 
+        split = topic.split if topic.kind is DataKind.INFER else None
+
         def build() -> Message:
-            payloads = [codecs.pack(direction, name, tensor, step, ids=ids) for name, tensor in tensors.items()]
+            payloads = [codecs.pack(direction, name, tensor, step, ids=ids, split=split)
+                        for name, tensor in tensors.items()]
             if ids is not None:
-                payloads.append(codecs.pack(direction, IDS, ids, step))
+                payloads.append(codecs.pack(direction, IDS, ids, step, split=split))
             return Message(kind=Kind.TENSORS, job=self.job.name, dst=dst, step=step, micro_batch=micro_batch,
                            tensors=payloads, generation=generation, topic=str(topic))
         self.sender.submit(build)

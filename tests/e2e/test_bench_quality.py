@@ -32,6 +32,12 @@ def test_seeds_times_settings_scored_on_both_splits_and_compared_with_the_refere
         schedule = (work / f"seed{r['seed']}").glob(f"*stale{r['staleness']}/job.toml")
         assert ("one-step-stale" if r["staleness"] else "synchronous") in next(schedule).read_text()
     assert runs[1]["forward_ratio"] < 0.5 < runs[0]["forward_ratio"]  # the codec was on the wire
+    sent = [json.loads(line) for line in (work / "seed1" / f"{slug(LOSSY, LOSSY)}__stale1" / "encoder" /
+                                           "link.jsonl").read_text().splitlines()]
+    sent = [r for r in sent if r.get("dir") == "forward" and "raw" in r]
+    assert {r.get("split") for r in sent} == {None, "valid", "test"}  # evaluation's tensors say so
+    training = [r for r in sent if "split" not in r]
+    assert runs[1]["forward_ratio"] == round(sum(r["wire"] for r in training) / sum(r["raw"] for r in training), 4)
     for split in ("valid", "test"):
         hyps = (work / "seed2" / "none__none__stale0" / "decoder" / f"{split}.hyp").read_text().splitlines()
         assert len(hyps) == 8

@@ -75,3 +75,16 @@ def test_pack_uses_the_step_phase_and_meters_per_step(tmp_path):
     assert [(r["step"], r["codec"], r["raw"]) for r in lines[:3]] == [
         (3, "none", 512), (4, "fp16", 512), (6, codecs.parse("fp16(svd(0.5))").spec, 512)]
     assert lines[1]["wire"] == 256 and all(r["encode_s"] >= 0 for r in lines)
+
+
+def test_an_evaluation_s_tensors_name_their_split_and_stay_out_of_the_training_ratio(tmp_path):
+    """After the last step an evaluation sends its batches under that step's number; with `delta`
+    they are all first visits, so counting them in the training ratio overstated it (0.054 for 0.041)."""
+    from nebula.bench.wan import per_step_link
+    link = LinkCodecs.from_table({"forward": "fp16"}, "a->b", tmp_path / "link.jsonl")
+    link.pack("forward", "hidden", torch.randn(8, 16), 2)
+    link.pack("forward", "hidden", torch.randn(64, 16), 2, split="valid")
+    link.meter.close()
+    lines = [json.loads(line) for line in (tmp_path / "link.jsonl").read_text().splitlines()]
+    assert ["split" in r for r in lines] == [False, True] and lines[1]["split"] == "valid"
+    assert per_step_link(tmp_path / "link.jsonl", "forward")[2]["raw"] == 8 * 16 * 4
