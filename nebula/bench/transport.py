@@ -34,6 +34,8 @@ import threading
 import time
 from pathlib import Path
 
+from nebula.site.supervisor import free_port
+
 MB = 1 << 20
 SIZES = (1 * MB, 25 * MB)
 COUNTS = {1 * MB: 200, 25 * MB: 12}  # messages per measurement (quick: a quarter)
@@ -136,18 +138,11 @@ def _direct(size: int, count: int, curve: bool) -> float:
 
 
 # --- through two gateways ----------------------------------------------------------------------
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _gateways(tmp: Path, size: int, count: int) -> float:
     from nebula.transport.testbed import make_sites
 
     root = Path(tempfile.mkdtemp(dir=tmp))
-    endpoints = {site: (f"tcp://127.0.0.1:{_free_port()}", f"tcp://127.0.0.1:{_free_port()}") for site in SITES}
+    endpoints = {site: (f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}") for site in SITES}
     paths = make_sites(root, endpoints, [f"{site}/bench/0" for site in SITES], extra_gateway="stats_interval = 0")
     return _stream({site: [] for site in SITES}, paths, size, count, root)["mb_per_s"]
 

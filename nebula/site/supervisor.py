@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -26,10 +27,37 @@ BACKOFF_FIRST, BACKOFF_MAX = 0.5, 8.0  # seconds: 0.5, 1, 2, 4, 8, 8, ...
 STABLE_S = 30.0  # a service up this long has recovered: its next crash starts the backoff over
 
 
+_HANDED: set[int] = set()  # ports this process gave out: never twice, whoever binds first
+_PICK = random.SystemRandom()  # not the global RNG, which jobs and tests seed alike in many processes
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A TCP port on 127.0.0.1 that nothing holds now, below the kernel's ephemeral range. A port from
+    bind(0) is ephemeral: until its user binds it, any process's outgoing connection may take it as
+    its source port ("Address already in use" in a CI run of the chaos test); below the range only
+    an explicit bind can."""
+    low = _ephemeral_low()
+    for _ in range(256 if low >= 11024 else 0):
+        port = _PICK.randrange(low - 10000, low)
+        if port in _HANDED:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED.add(port)
+        return port
+    with socket.socket() as s:  # no room below the range (or all taken): an ephemeral port
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; elsewhere a guess that the loop's bind checks
 
 
 @dataclass

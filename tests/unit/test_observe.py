@@ -3,7 +3,6 @@ in-process training run whose source stage reports through them."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import threading
@@ -21,16 +20,13 @@ from nebula.observe.stage import LinkTail, MeteredChannel
 from nebula.observe.status import health, identity, read_status, record_exit, write_status
 from nebula.runtime.metrics import MetricsLog
 from nebula.runtime.service import build_stage, make_runner
+from nebula.site.supervisor import free_port
 from nebula.transport.inproc import InProcHub
 from nebula.wire import Kind, Message
 from services.gateway.meter import Meter
 from tests.runtime_support import example_job
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> str:

@@ -1,6 +1,7 @@
 """The supervisor with real processes: backoff that blocks no one, exit 3 never retried, nothing left behind."""
 from __future__ import annotations
 
+import socket
 import sys
 import time
 
@@ -8,7 +9,7 @@ import pytest
 
 from nebula.errors import StageError
 from nebula.observe.status import pid_alive
-from nebula.site.supervisor import Service, Supervisor
+from nebula.site.supervisor import Service, Supervisor, _ephemeral_low, free_port
 
 
 def python(code: str) -> list[str]:
@@ -82,3 +83,12 @@ def test_a_service_that_recovered_starts_its_backoff_over(tmp_path, monkeypatch)
     run_until(sup, lambda: s.restarts == 4)  # more than max_restarts crashes in all, each after a stable run
     assert s.state in ("running", "backoff") and s.streak == 1
     sup.stop()
+
+
+def test_free_ports_are_below_the_ephemeral_range_bindable_and_never_handed_out_twice():
+    """A port from bind(0) is ephemeral, so another process's outgoing connection could take it as its
+    source port before the service binds it: a CI run of the chaos test failed so."""
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == 200 and all(1024 <= p < _ephemeral_low() for p in ports)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[-1]))
