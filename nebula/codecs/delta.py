@@ -17,7 +17,7 @@ part of the next delta: errors never pile up.
 
 Wire: part 0 = ids int64 (B,); part 1 = base seq int64 (B,), 0 for a direct row; then `first`'s
 parts for the stacked direct rows, then `inner`'s for the stacked delta rows (a group with no rows has
-none). Meta: {"seq": this message's number, "row": one example's shape, "d": [parts, inner meta] or
+none). Meta: {"seq": this message's number, "row": one example's shape, "d": [parts, first's meta] or
 null, "r": [parts, inner meta] or null}. Layout and rules: docs/protocol.md §3.7.
 """
 from __future__ import annotations
