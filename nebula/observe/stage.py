@@ -28,8 +28,9 @@ class LinkTail:
         self.latest: dict[str, tuple[int, dict[str, Counter]]] = {}  # "link:dir" -> (step, codec -> raw, wire)
 
     def read(self) -> dict[str, dict[str, Any]]:
-        """Per "link:direction": raw and wire bytes so far; the codec that carried most of the latest
-        step's bytes (a link's ids or masks may go uncompressed beside it) and that step's raw / wire."""
+        """Per "link:direction": raw and wire bytes so far (an evaluation's too: they crossed the link);
+        the codec that carried most of the latest training step's bytes (a link's ids or masks may go
+        uncompressed beside it) and that step's raw / wire."""
         if self.path.exists():
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
@@ -42,9 +43,13 @@ class LinkTail:
                 for key, total in self.totals.items()}
 
     def _add(self, entry: dict[str, Any]) -> None:
+        if "raw" not in entry:
+            return  # an `auto` switch (kind "auto"), not a tensor
         key, step = f"{entry['link']}:{entry['dir']}", entry["step"]
         sizes = Counter(raw=entry["raw"], wire=entry["wire"])
         self.totals[key].update(sizes)
+        if "split" in entry:
+            return  # an evaluation's tensors carry the last step's number but are no part of it
         latest_step, codecs = self.latest.get(key, (step, {}))
         if step > latest_step:
             latest_step, codecs = step, {}

@@ -174,6 +174,20 @@ def test_link_tail_sums_what_the_links_encoded_and_waits_for_whole_lines(tmp_pat
     assert (now["codec"], now["ratio"], now["wire_bytes"]) == ("int8", round(4096 / 1088, 3), 2112 + 1088)
 
 
+def test_link_tail_reads_past_auto_switches_and_keeps_evaluations_out_of_the_step_ratio(tmp_path):
+    """link.jsonl also holds `auto`'s switch events and an evaluation's tensors (with their split):
+    the first are not tensors, the second crossed the link but are no part of the latest step."""
+    path = tmp_path / "link.jsonl"
+    tail = LinkTail(path)
+    records = [{"step": 5, "link": "s->t", "dir": "forward", "codec": "int8", "raw": 4096, "wire": 1088},
+               {"kind": "auto", "link": "s->t", "dir": "forward", "step": 6, "old": "int8", "new": "none"},
+               {"step": 5, "link": "s->t", "dir": "forward", "codec": "none", "raw": 4096, "wire": 4096,
+                "split": "valid"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert tail.read() == {"s->t:forward": {"codec": "int8", "ratio": round(4096 / 1088, 3), "raw_bytes": 8192,
+                                            "wire_bytes": 1088 + 4096}}
+
+
 def test_metered_channel_counts_payload_and_body_bytes():
     hub = InProcHub()
     a, b = MeteredChannel(hub.channel("a/x/0")), MeteredChannel(hub.channel("a/y/0"))
