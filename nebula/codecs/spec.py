@@ -32,8 +32,17 @@ TOKEN = re.compile(r"\s*(?:(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)|(?
 class _Call:
     name: str
     args: list[Union["_Call", int, float]]
-    kwargs: dict[str, Union["_Call", int, float, str]]
+    kwargs: dict[str, Union["_Call", int, float, "_Bare"]]
     at: int
+
+
+class _Bare(str):
+    """A bare name given as a parameter's value (a string, or a codec without arguments), and its column."""
+
+    def __new__(cls, name: str, at: int) -> "_Bare":
+        value = super().__new__(cls, name)
+        value.at = at
+        return value
 
 
 class _Parser:
@@ -79,14 +88,14 @@ class _Parser:
             self.i += 2
             if text in node.kwargs:
                 raise self.fail(f"parameter {text!r} given twice", at)
-            vkind, value, _ = self.peek()
+            vkind, value, value_at = self.peek()
             if vkind not in ("num", "name"):
                 raise self.fail(f"expected a value for {text!r}, found {_describe(self.peek())}")
             if vkind == "name" and self.tokens[self.i + 1][:2] == ("sym", "("):
                 node.kwargs[text] = self.call(depth + 1)  # a codec with arguments
                 return
             self.i += 1
-            node.kwargs[text] = _number(value) if vkind == "num" else value
+            node.kwargs[text] = _number(value) if vkind == "num" else _Bare(value, value_at)
         elif kind == "name":
             node.args.append(self.call(depth + 1))
         else:
@@ -175,8 +184,8 @@ def _codec_typed(f: dataclasses.Field) -> bool:
 
 
 def _codec_value(text: str, where: str, f: dataclasses.Field, value: Any) -> Codec:
-    if isinstance(value, str):  # a bare name: a codec without arguments, `first=int8`
-        value = _Call(value, [], {}, text.find(value))
+    if isinstance(value, _Bare):  # a bare name: a codec without arguments, `first=int8`
+        value = _Call(str(value), [], {}, value.at)
     if not isinstance(value, _Call):
         raise ConfigError(f"{where}: parameter {f.name!r} must be a codec such as int8(lowrank(0.25)), got {value!r}")
     return _build(text, value)
@@ -192,7 +201,7 @@ def _convert(where: str, f: dataclasses.Field, value: Any) -> Any:
     if kind == "int" and type(value) is int:
         return value
     if kind == "str" and isinstance(value, str):
-        return value
+        return str(value)
     if kind == "bool" and value in ("true", "false"):
         return value == "true"
     raise ConfigError(f"{where}: parameter {f.name!r} must be {_KIND_WORDS.get(kind, kind)}, got {value!r}")

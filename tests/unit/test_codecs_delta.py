@@ -195,6 +195,7 @@ def test_specs_print_canonically():
     ("delta(int8, first=delta(int8))", "must be the outermost codec"),
     ("delta(int8, first=0.5)", "'first' must be a codec such as"),
     ("delta(int8, first=nope)", "'nope' at column 19: unknown codec"),
+    ("delta(int8(lowrank(0.1)), first=int)", "'int' at column 33: unknown codec"),  # not int8's column
     ("delta(int8, mb=int8)", "'mb' must be an integer, got 'int8'"),
     ("int8(block=lowrank(0.5))", "'block' must be an integer, got the codec 'lowrank'"),
     ("ef(int8, first=int8)", "unknown parameter 'first'"),
