@@ -1,6 +1,7 @@
 """`nebula bench NAME`: benchmarks, one module each in nebula/bench/<name>.py exposing `register`."""
 from __future__ import annotations
 
+import functools
 import importlib
 
 BENCHMARKS = [
@@ -17,3 +18,17 @@ def register(sub) -> None:
     bench_sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     for name in BENCHMARKS:
         importlib.import_module(f"nebula.bench.{name}").register(bench_sub)
+    for bench in bench_sub.choices.values():  # every benchmark that starts sites or a WAN stops them on SIGTERM
+        bench.set_defaults(func=_stopped_by_sigterm(bench.get_default("func")))
+
+
+def _stopped_by_sigterm(run):
+    """`run` with SIGTERM raising KeyboardInterrupt, as Ctrl-C does: a killed benchmark (a `timeout`, a
+    `kill`) runs its `finally` blocks and stops the gateways, stages and emulated links it started,
+    where it used to die at once and leave them running."""
+    @functools.wraps(run)
+    def stopping(args):
+        from nebula.launch import interrupted_by_sigterm
+        with interrupted_by_sigterm():
+            return run(args)
+    return stopping
