@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -45,6 +46,23 @@ def expected_ledger(job: JobConfig) -> list[list]:
     hashes = [id_hash(i) for i in ids]
     order = ExampleOrder(len(ids), job.train.batch_size, job.train.seed)
     return [[s, digest([hashes[i] for i in order.indices(s)])] for s in range(1, job.train.steps + 1)]
+
+
+def terminate_once_training(argv: list[str], run: Path) -> None:
+    """Start the command `argv` that runs sites in `run`; once its decoder has trained a step, SIGTERM
+    it (a `timeout`, a `kill`, a container stop) and assert it stopped every process of `run`."""
+    command = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + JOB_TIMEOUT
+        while not any("loss" in r for r in records(run / "decoder" / "metrics.jsonl", "step")):
+            assert time.monotonic() < deadline and command.poll() is None, "the sites did not start"
+            time.sleep(0.5)
+        command.send_signal(signal.SIGTERM)
+        assert command.wait(timeout=60) != 0
+    finally:
+        command.kill()
+    left = subprocess.run(["pgrep", "-f", str(run)], capture_output=True, text=True).stdout.split()
+    assert left == [], f"processes of {run} still running: {left}"
 
 
 def records(path: Path, kind: str | None = None) -> list[dict]:

@@ -2,13 +2,11 @@
 held-out splits are scored, each setting is compared with the first over seeds, and a second call
 keeps the finished runs instead of training them again."""
 import json
-import signal
 import subprocess
 import sys
-import time
 
 from nebula.bench.wan_quality import slug
-from tests.e2e.conftest import JOB_TIMEOUT, records, write_job
+from tests.e2e.conftest import JOB_TIMEOUT, terminate_once_training, write_job
 
 LOSSY = "int8(lowrank(0.5))"
 
@@ -89,17 +87,6 @@ def test_a_killed_bench_stops_the_sites_it_started_and_keeps_no_half_run(tmp_pat
     cmd = [sys.executable, "-m", "nebula.cli", "bench", "wan", "--scenario", "abnet", "--quality", "--job",
            str(write_job(tmp_path)), "--steps", "400", "--seeds", "1", "--setting", "none", "none",
            "--workdir", str(work)]
-    bench = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run = work / "seed1" / slug("none", "none")
-    try:
-        deadline = time.monotonic() + JOB_TIMEOUT
-        while not any("loss" in r for r in records(run / "decoder" / "metrics.jsonl", "step")):
-            assert time.monotonic() < deadline and bench.poll() is None, "the sites did not start"
-            time.sleep(0.5)
-        bench.send_signal(signal.SIGTERM)
-        assert bench.wait(timeout=60) != 0
-    finally:
-        bench.kill()
-    left = subprocess.run(["pgrep", "-f", str(run)], capture_output=True, text=True).stdout.split()
-    assert left == [], f"processes of {run} still running: {left}"
+    terminate_once_training(cmd, run)
     assert not (run / "row.json").exists()

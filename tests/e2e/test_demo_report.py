@@ -1,12 +1,10 @@
 """`nebula demo` as a user sees it, on a small run: the example table, the report beside the loss
 plot, translations that depend on the input, and `nebula translate` one line at a time."""
-import signal
 import subprocess
 import sys
-import time
 
 from services.abnet.report import EXAMPLES
-from tests.e2e.conftest import JOB_TIMEOUT, records, write_job
+from tests.e2e.conftest import JOB_TIMEOUT, terminate_once_training, write_job
 
 # The demo's learning rates and encoder adapters (deploy/jobs/abnet-es-en.toml), 80 steps: with the tiny
 # job's (5e-4 both sides, adapters on every layer) 40 steps gave 23 of 24 inputs the same word, as the
@@ -46,21 +44,5 @@ def test_a_terminated_demo_stops_the_sites_it_started(tmp_path):
     """SIGTERM (a `timeout`, a `kill`, a container stop) stops the demo as Ctrl-C does: it used to die
     at once and leave both gateways and both stages running."""
     run = tmp_path / "demo"
-    demo = subprocess.Popen([sys.executable, "-m", "nebula.cli", "demo", "--job", str(write_job(tmp_path, SMALL)),
-                             "--run-dir", str(run)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + JOB_TIMEOUT
-        while not _started(run) and time.monotonic() < deadline:
-            time.sleep(0.5)
-        assert _started(run), "the sites did not start"
-        demo.send_signal(signal.SIGTERM)
-        assert demo.wait(timeout=60) != 0
-    finally:
-        demo.kill()
-    left = subprocess.run(["pgrep", "-f", str(run)], capture_output=True, text=True).stdout.split()
-    assert left == [], f"processes of {run} still running: {left}"
-
-
-def _started(run) -> bool:
-    """Both sites up: the decoder at site b has trained a step with what site a sent."""
-    return any("loss" in r for r in records(run / "decoder" / "metrics.jsonl", "step"))
+    terminate_once_training([sys.executable, "-m", "nebula.cli", "demo", "--job", str(write_job(tmp_path, SMALL)),
+                             "--run-dir", str(run)], run)
