@@ -9,6 +9,9 @@ scenario at a time, each on fresh sites, for `--seconds` (default 20):
 - handshakes: strangers: clients with a fresh random CURVE key per connection, on a's stage port;
 - stalled:    it sends 256 KiB TENSORS to a/stall/0, a stage of its own site that never reads.
 
+With `--starve`, gateway a runs at the lowest priority beside a busy process: its loop falls
+behind its I/O threads, which read ahead only `inbound_hwm` messages per connection.
+
 Per scenario: what was sent, what each site's audit log grew by (records and bytes, from just after
 the gateways started to just after they stopped, so the summaries written at stop count), gateway
 a's status numbers (refusals, rate-limited, dropped, handshakes) and its resident memory (RSS).
@@ -17,6 +20,7 @@ tests/integration/test_attack_flood.py runs the same scenarios for a few seconds
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -26,7 +30,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import zmq
 
@@ -40,6 +44,8 @@ def register(sub) -> None:
     parser.add_argument("--seconds", type=float, default=20.0, help="length of each flood")
     parser.add_argument("--only", choices=SCENARIOS, action="append", help="run this scenario (repeatable)")
     parser.add_argument("--json", action="store_true", help="print a JSON list, one object per scenario")
+    parser.add_argument("--starve", action="store_true",
+                        help="run gateway a at the lowest priority beside a busy process (its loop falls behind)")
     parser.set_defaults(func=run)
 
 
@@ -50,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
               f"{'limited':>9}{'dropped':>9}{'RSS MB':>8}", flush=True)
     with tempfile.TemporaryDirectory(prefix="nebula-flood-") as tmp:
         for name in args.only or SCENARIOS:
-            rows.append(flood(name, Path(tmp) / name, args.seconds))
+            rows.append(flood(name, Path(tmp) / name, args.seconds, starve=args.starve))
             if not args.json:
                 _print_row(rows[-1])
     if args.json:
@@ -69,9 +75,10 @@ def _print_row(row: dict) -> None:
 
 
 def flood(scenario: str, root: Path, seconds: float, extra_gateway: str = "",
-          stop_when: Callable[[int], bool] | None = None) -> dict[str, Any]:
-    """Run one scenario on fresh sites under `root`; `stop_when(growth of gateway a's RSS)` ends it early."""
-    with Sites(root, extra_gateway) as sites:
+          stop_when: Callable[[int], bool] | None = None, starve: bool = False) -> dict[str, Any]:
+    """Run one scenario on fresh sites under `root`; `stop_when(growth of gateway a's RSS)` ends it early;
+    `starve`: gateway a at the lowest priority beside a busy process, so its loop falls behind."""
+    with Sites(root, extra_gateway) as sites, starving(sites.procs["a"].pid if starve else None):
         before = {site: audit_size(sites.audit(site)) for site in ("a", "b")}
         peak = [sites.rss("a")]
 
@@ -90,6 +97,23 @@ def flood(scenario: str, root: Path, seconds: float, extra_gateway: str = "",
         row["audit"] = {site: {k: v - before[site][k] for k, v in audit_size(sites.audit(site)).items()}
                         for site in ("a", "b")}
         return row
+
+
+@contextlib.contextmanager
+def starving(pid: int | None) -> Iterator[None]:
+    """Process `pid` at the lowest CPU priority, and a busy process beside it (None: nothing)."""
+    if pid is None:
+        yield
+        return
+    # Linux sets this for the thread whose id is `pid` alone, the main one (the gateway's loop); the
+    # I/O threads it started earlier keep their priority and read ahead as fast as ever.
+    os.setpriority(os.PRIO_PROCESS, pid, 19)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        busy.kill()
+        busy.wait()
 
 
 class Sites:

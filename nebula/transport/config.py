@@ -99,6 +99,9 @@ class GatewayConfig:
     max_message_bytes: int = field(default=1 << 30, metadata=limits(above=0))  # larger: ERROR "oversized"
     max_frames: int = field(default=1025, metadata=limits(at_least=2))
     hwm: int = field(default=10000, metadata=limits(above=0))
+    # Messages its I/O threads read ahead of its loop, per connection: ZeroMQ counts messages, not bytes,
+    # so this and the message size bound what a sender faster than the loop makes the gateway hold.
+    inbound_hwm: int = field(default=64, metadata=limits(above=0))
     stats_interval: float = field(default=30.0, metadata=limits(at_least=0))  # stats log lines; 0 = never
     audit_max_bytes: int = field(default=64 << 20, metadata=limits(at_least=4096))  # then the log rotates
     audit_summary_interval: float = field(default=10.0, metadata=limits(above=0))  # ACK/heartbeat tallies
@@ -172,6 +175,7 @@ class _GatewayTable:
     max_message_bytes: int = 1 << 30
     max_frames: int = 1025
     hwm: int = 10000
+    inbound_hwm: int = 64
     stats_interval: float = 30.0
     audit_max_bytes: int = 64 << 20
     audit_summary_interval: float = 10.0
