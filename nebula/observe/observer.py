@@ -7,6 +7,8 @@ NEBULA_METRICS_BIND. With none of them set a service observes nothing and costs 
 from __future__ import annotations
 
 import atexit
+import json
+import logging
 import os
 import threading
 import time
@@ -19,6 +21,7 @@ from nebula.observe.status import FINAL, INTERVAL, STATES, identity, write_statu
 
 STATUS_ENV, SERVICE_ENV = "NEBULA_STATUS_FILE", "NEBULA_SERVICE"
 _owner: list["Observer"] = []  # the process's one observer: the variables describe one service
+log = logging.getLogger("nebula.observe")
 
 
 class Observer:
@@ -29,6 +32,8 @@ class Observer:
         self.exporter = Exporter(*endpoint, current=lambda: self.record) if endpoint else None
         self.state, self.error = "starting", ""
         self.record: dict[str, Any] = {}  # the last one written: what every scrape reads
+        self._numbers: dict[str, Any] = {}  # the last numbers read: kept while they cannot be read
+        self._problem = ""  # why they cannot be read now ("": they can)
         self._lock = threading.Lock()
         self._last = 0.0
         self._stop = threading.Event()
@@ -81,12 +86,31 @@ class Observer:
     def publish(self) -> None:
         with self._lock:
             self._last = time.monotonic()
-            record = {**self.numbers(), **self.identity, "state": self.state, "updated": time.time()}
+            record = {**self._read_numbers(), **self.identity, "state": self.state, "updated": time.time()}
+            if self._problem:
+                record["numbers_error"] = self._problem
             if self.error:
                 record["error"] = self.error
             if self.path is not None:
                 write_status(self.path, record)
             self.record = record
+
+    def _read_numbers(self) -> dict[str, Any]:
+        """The service's numbers, or the last ones read where reading them fails. Observing must never
+        stop what it observes: a bug in a metric would otherwise kill the status thread (the file goes
+        stale) or, from a gateway's loop, the gateway. Counters stay at their last values, not zero,
+        so Prometheus sees no reset; `numbers_error` says they are old and why, logged once per cause."""
+        try:
+            numbers = self.numbers()
+            json.dumps(numbers)  # what the status file can hold (a few kB at most, every 2 s)
+            self._numbers, self._problem = numbers, ""
+        except Exception as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+            if problem != self._problem:
+                log.exception("%s: its numbers cannot be read; its status keeps the last ones read",
+                              self.identity["service"])
+            self._problem = problem
+        return self._numbers
 
     def close(self, state: str, error: str = "") -> None:
         """The final state (done, stopped or failed), written once more; the endpoint stops."""

@@ -83,6 +83,8 @@ def service_families(record: dict[str, Any]) -> Iterator[Any]:
                                value={state: record.get("state") == state for state in STATES})
     yield GaugeMetricFamily("nebula_service_start_time_seconds", "when the service started (unix time)",
                             value=record.get("started", 0))
+    yield GaugeMetricFamily("nebula_service_numbers_stale", "1 while the service's numbers cannot be read (status "
+                            "numbers_error): the others are the last ones read", value=int("numbers_error" in record))
 
 
 def gateway_families(record: dict[str, Any]) -> Iterator[Any]:

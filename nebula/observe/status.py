@@ -116,7 +116,10 @@ def health(path: str | os.PathLike, max_age: float = DEFAULT_MAX_AGE, now: float
                              "the service is stuck or gone", status)
     where = "" if here else f" on host {status['host']} (pid not checked from here)"
     uptime = status["updated"] - status.get("started", status["updated"])
-    return Health(True, f"{name} {state}: pid {pid}{where}, up {uptime:.0f} s, updated {age:.1f} s ago", status)
+    # still healthy: the service works and only its metrics are broken (a restart would not mend them)
+    stale = f"; its numbers are stale ({status['numbers_error']})" if status.get("numbers_error") else ""
+    return Health(True, f"{name} {state}: pid {pid}{where}, up {uptime:.0f} s, updated {age:.1f} s ago{stale}",
+                  status)
 
 
 def record_exit(path: str | os.PathLike, returncode: int, asked_to_stop: bool = False) -> None:

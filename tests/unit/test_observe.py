@@ -246,6 +246,56 @@ def test_a_stage_that_fails_says_so(tmp_path, monkeypatch):
     assert "x is failed" in health(tmp_path / "x.json").reason
 
 
+def test_numbers_that_cannot_be_read_leave_the_status_moving_and_say_why(tmp_path, monkeypatch, caplog):
+    """A bug in a metric (a KeyError, a value JSON cannot hold) must not stop the status thread or
+    the service: the file keeps moving with the last numbers and `numbers_error`, health stays ok and
+    says so, Prometheus marks them stale, each cause is logged once, and reading again mends it."""
+    monkeypatch.setattr(observer_module, "INTERVAL", 0.02)
+    now = {"numbers": {"step": 2}}
+
+    def read():
+        if isinstance(now["numbers"], Exception):
+            raise now["numbers"]
+        return now["numbers"]
+
+    def written(check):
+        record, deadline = None, time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                record = read_status(path)
+                if check(record) and time.time() - record["updated"] < 1:
+                    return record
+            except DataError:
+                pass  # between the temporary file and its rename
+            time.sleep(0.01)
+        raise AssertionError(f"no status record as expected; the last: {record}")
+
+    path, port = tmp_path / "stage.json", free_port()
+    observer = Observer("stage", "stage", "a/stage/0", read, path, ("127.0.0.1", port)).start(background=True)
+    try:
+        written(lambda r: r.get("step") == 2)
+        now["numbers"] = KeyError("raw")
+        record = written(lambda r: "numbers_error" in r)
+        assert (record["numbers_error"], record["step"]) == ("KeyError: 'raw'", 2)  # the last ones, not zero
+        first = record["updated"]
+        assert written(lambda r: r["updated"] > first + 0.1)["numbers_error"] == "KeyError: 'raw'"  # still moving
+        verdict = health(path)
+        assert verdict.ok and "its numbers are stale (KeyError: 'raw')" in verdict.reason
+        scraped = scrape(port)
+        assert "nebula_service_numbers_stale 1.0" in scraped and "nebula_stage_step 2.0" in scraped
+        now["numbers"] = {"step": object()}
+        assert written(lambda r: r.get("numbers_error", "").startswith("TypeError"))["step"] == 2
+        now["numbers"] = {"step": 3}
+        assert "numbers_error" not in written(lambda r: r.get("step") == 3)  # mended
+        assert "nebula_service_numbers_stale 0.0" in scrape(port)
+        logged = [r.getMessage() for r in caplog.records if r.name == "nebula.observe"]
+        assert len(logged) == 2 and all("cannot be read" in m for m in logged)  # once per cause
+        now["numbers"] = KeyError("raw")
+    finally:
+        observer.close("done")  # with its numbers broken: the final state is still written
+    assert read_status(path)["state"] == "done"
+
+
 def test_nebula_health_exit_codes_for_a_status_file(tmp_path, capsys):
     path = tmp_path / "gateway.json"
     write_status(path, status_of())
