@@ -34,6 +34,7 @@ class Observer:
         self.record: dict[str, Any] = {}  # the last one written: what every scrape reads
         self._numbers: dict[str, Any] = {}  # the last numbers read: kept while they cannot be read
         self._problem = ""  # why they cannot be read now ("": they can)
+        self._unwritten = ""  # why the status file cannot be written now ("": it can)
         self._lock = threading.Lock()
         self._last = 0.0
         self._stop = threading.Event()
@@ -91,9 +92,20 @@ class Observer:
                 record["numbers_error"] = self._problem
             if self.error:
                 record["error"] = self.error
-            if self.path is not None:
-                write_status(self.path, record)
             self.record = record
+            if self.path is not None:
+                self._write(record)
+
+    def _write(self, record: dict[str, Any]) -> None:
+        """A full disk or a removed run directory costs the file, not the service (a gateway writes from
+        its message loop): logged once per cause, and the next write tries again."""
+        try:
+            write_status(self.path, record)
+            self._unwritten = ""
+        except OSError as exc:
+            if str(exc) != self._unwritten:
+                log.warning("%s: cannot write its status file: %s", self.identity["service"], exc)
+            self._unwritten = str(exc)
 
     def _read_numbers(self) -> dict[str, Any]:
         """The service's numbers, or the last ones read where reading them fails. Observing must never
@@ -127,10 +139,7 @@ class Observer:
 
     def _tick_forever(self) -> None:
         while not self._stop.wait(INTERVAL):
-            try:
-                self.publish()
-            except OSError:
-                pass  # a full disk or a removed run directory: the next write tries again
+            self.publish()
 
     def _at_exit(self) -> None:
         if self.state not in FINAL:  # the service never said how it ended: an error it did not survive

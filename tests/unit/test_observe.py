@@ -3,6 +3,7 @@ in-process training run whose source stage reports through them."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import threading
@@ -294,6 +295,28 @@ def test_numbers_that_cannot_be_read_leave_the_status_moving_and_say_why(tmp_pat
     finally:
         observer.close("done")  # with its numbers broken: the final state is still written
     assert read_status(path)["state"] == "done"
+
+
+def test_a_status_file_that_cannot_be_written_does_not_stop_the_loop_that_writes_it(tmp_path, monkeypatch, caplog):
+    """A gateway ticks from its message loop: a removed run directory (or a full disk) must cost
+    the file, logged once, not the gateway; the next write after it is back succeeds."""
+    monkeypatch.setattr(observer_module, "INTERVAL", 0.0)
+    status = tmp_path / "status"
+    observer = Observer("gateway", "gateway", "a/gateway/0", lambda: {"messages_in": 7}, status / "gateway.json")
+    observer.start()
+    try:
+        shutil.rmtree(status)
+        for _ in range(3):
+            observer.tick()  # raised FileNotFoundError into the loop before
+        assert observer.record["messages_in"] == 7  # what a scrape reads still moves
+        logged = [r.getMessage() for r in caplog.records if r.name == "nebula.observe"]
+        assert len(logged) == 1 and "cannot write its status file" in logged[0]
+        status.mkdir()
+        observer.tick()
+        assert read_status(status / "gateway.json")["messages_in"] == 7
+    finally:
+        observer.close("stopped")
+    assert read_status(status / "gateway.json")["state"] == "stopped"
 
 
 def test_nebula_health_exit_codes_for_a_status_file(tmp_path, capsys):
