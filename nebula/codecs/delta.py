@@ -22,65 +22,150 @@ null, "r": [parts, inner meta] or null}. Layout and rules: docs/protocol.md §3.
 """
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from nebula.codecs.base import Codec, Meta, Parts, check_part, meta_shape, register_codec, require_float
+from nebula.codecs.spill import SpillFile
 from nebula.errors import CodecError, ConfigError
 
 MIB = 1 << 20
+log = logging.getLogger(__name__)
 
 
 class RowCache:
     """Last decoded row per example id, least recently used first; bounded by bytes (float32 rows).
 
     Both ends run the same operations in the same order (touch the delta rows, then put every row), so
-    with the same cap their contents and evictions stay identical."""
+    with the same cap their contents and evictions stay identical. Where the rows live does not change
+    which rows there are: past `ram_bytes` the least recently used ones move to a `SpillFile` (the
+    older rows all on disk, the newer all in memory) and come back to memory when touched.
+    A row that cannot be written to disk (a full disk) stays in memory, over `ram_bytes`, and the
+    cache says so once in the log: a row lost at one end would put the two caches out of step."""
 
-    def __init__(self, cap_bytes: int):
+    def __init__(self, cap_bytes: int, ram_bytes: int | None = None, spill_dir: str | Path | None = None):
         self.cap_bytes = cap_bytes
-        self._rows: OrderedDict[int, tuple[int, torch.Tensor]] = OrderedDict()  # id -> (seq, row)
-        self.bytes = 0
-        self.counts = {"hits": 0, "misses": 0, "evictions": 0}
+        self.ram_cap = cap_bytes if ram_bytes is None else min(ram_bytes, cap_bytes)
+        self.spill_dir = spill_dir
+        self._rows: OrderedDict[int, tuple[int, torch.Tensor]] = OrderedDict()  # id -> (seq, row), newer
+        self._disk: OrderedDict[int, tuple[int, torch.Size, int]] = OrderedDict()  # id -> (seq, shape, blocks)
+        self._spill: SpillFile | None = None
+        self.bytes = self.ram_bytes = 0
+        self.counts = {"hits": 0, "misses": 0, "evictions": 0, "spilled": 0, "read_back": 0}
+        self._spill_failed = False
+
+    def entry(self, key: int) -> tuple[int, torch.Size] | None:
+        """(seq, shape) of the example's row, wherever it lives; None if there is none."""
+        if key in self._rows:
+            seq, row = self._rows[key]
+            return seq, row.shape
+        held = self._disk.get(key)
+        return None if held is None else held[:2]
 
     def get(self, key: int) -> tuple[int, torch.Tensor] | None:
-        return self._rows.get(key)
+        """(seq, row), read back from disk if it lives there; does not change the LRU order."""
+        if key in self._rows:
+            return self._rows[key]
+        held = self._disk.get(key)
+        return None if held is None else (held[0], self._read(*held))
 
-    def touch(self, key: int) -> None:
-        self._rows.move_to_end(key)
+    def take(self, key: int) -> torch.Tensor:
+        """The example's row, now the most recently used (back in memory if it was on disk)."""
+        if key in self._rows:
+            self._rows.move_to_end(key)
+            return self._rows[key][1]
+        seq, shape, blocks = self._disk.pop(key)
+        row = self._read(seq, shape, blocks)
+        self._spill.free(blocks, shape)
+        self.counts["read_back"] += 1
+        self._rows[key] = (seq, row)
+        self.ram_bytes += row.numel() * 4
+        self._demote()
+        return row
 
     def put(self, key: int, seq: int, row: torch.Tensor) -> None:
-        old = self._rows.pop(key, None)
-        if old is not None:
-            self.bytes -= old[1].numel() * 4
+        self._drop(key)
         self._rows[key] = (seq, row)
         self.bytes += row.numel() * 4
-        while self.bytes > self.cap_bytes and self._rows:
-            _, (_, evicted) = self._rows.popitem(last=False)
-            self.bytes -= evicted.numel() * 4
+        self.ram_bytes += row.numel() * 4
+        while self.bytes > self.cap_bytes and (self._disk or self._rows):
+            self._drop(next(iter(self._disk or self._rows)))  # the least recently used: disk's oldest first
             self.counts["evictions"] += 1
+        self._demote()
+
+    def _drop(self, key: int) -> None:
+        if key in self._rows:
+            _, row = self._rows.pop(key)
+            self.bytes -= row.numel() * 4
+            self.ram_bytes -= row.numel() * 4
+        elif key in self._disk:
+            _, shape, blocks = self._disk.pop(key)
+            self._spill.free(blocks, shape)
+            self.bytes -= shape.numel() * 4
+
+    def _demote(self) -> None:
+        """Move the least recently used rows in memory to disk until memory holds at most ram_cap."""
+        while self.ram_bytes > self.ram_cap and self._rows:
+            key, (seq, row) = next(iter(self._rows.items()))
+            try:
+                if self._spill is None:
+                    self._spill = SpillFile(self.spill_dir)
+                blocks = self._spill.write(row)
+            except OSError as exc:
+                if not self._spill_failed:
+                    log.warning("delta cache: cannot spill rows to disk (%s); keeping them in memory, "
+                                "%d MiB over the %d MiB asked for", exc, (self.ram_bytes - self.ram_cap) >> 20,
+                                self.ram_cap >> 20)
+                self._spill_failed = True
+                return
+            del self._rows[key]
+            self._disk[key] = (seq, row.shape, blocks)
+            self.ram_bytes -= row.numel() * 4
+            self.counts["spilled"] += 1
+        self._spill_failed = False
+
+    def _read(self, seq: int, shape: torch.Size, blocks: list[int]) -> torch.Tensor:
+        try:
+            return self._spill.read(blocks, shape)
+        except OSError as exc:
+            raise CodecError(f"delta cache: the spilled row of message {seq} cannot be read back ({exc})") from exc
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._rows) + len(self._disk)
 
     def stats(self) -> dict[str, int]:
-        """hits, misses, evictions (since creation), and the entries and bytes held now, the cap."""
-        return {**self.counts, "entries": len(self._rows), "bytes": self.bytes, "cap_bytes": self.cap_bytes}
+        """hits, misses, evictions, rows spilled to disk and read back (since creation); the entries and
+        bytes held now, those in memory and on disk, the spill file's size; the caps."""
+        return {**self.counts, "entries": len(self), "bytes": self.bytes, "cap_bytes": self.cap_bytes,
+                "ram_bytes": self.ram_bytes, "ram_cap_bytes": self.ram_cap,
+                "disk_bytes": self._spill.bytes if self._spill else 0,
+                "disk_file_bytes": self._spill.end if self._spill else 0}
+
+    def close(self) -> None:
+        """Free the spill file now rather than when the cache is collected."""
+        if self._spill is not None:
+            self._spill.close()
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain tensors and ints (loads with torch.load(weights_only=True)), least recent first."""
-        return {"cap_bytes": self.cap_bytes, "ids": torch.tensor(list(self._rows), dtype=torch.int64),
-                "seqs": torch.tensor([s for s, _ in self._rows.values()], dtype=torch.int64),
-                "rows": [r for _, r in self._rows.values()], "counts": dict(self.counts)}
+        """Plain tensors and ints (loads with torch.load(weights_only=True)), least recent first;
+        spilled rows are read back into it."""
+        keys = [*self._disk, *self._rows]
+        entries = [self.get(key) for key in keys]
+        return {"cap_bytes": self.cap_bytes, "ram_cap_bytes": self.ram_cap, "ids": torch.tensor(keys, dtype=torch.int64),
+                "seqs": torch.tensor([s for s, _ in entries], dtype=torch.int64),
+                "rows": [r for _, r in entries], "counts": dict(self.counts)}
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        self.__init__(int(saved["cap_bytes"]))
+        self.close()
+        self.__init__(int(saved["cap_bytes"]), int(saved.get("ram_cap_bytes", saved["cap_bytes"])), self.spill_dir)
         for key, seq, row in zip(saved["ids"].tolist(), saved["seqs"].tolist(), saved["rows"]):
             self.put(key, seq, row)
-        self.counts = dict(saved["counts"])
+        self.counts = {**self.counts, **saved["counts"]}
 
 
 @register_codec("delta")
@@ -89,11 +174,15 @@ class Delta(Codec):
     inner: Codec
     mb: int = 1024  # cache cap per stream, MiB of float32 rows, the same at both ends (it is in the spec)
     first: Codec | None = None  # for rows with no base (first visit, evicted, another shape); None: inner
+    ram: int | None = None  # MiB of the mb held in memory, the rest spilled to disk; None: all of it
 
     def __post_init__(self) -> None:
         if type(self.mb) is not int or not 1 <= self.mb <= 1 << 20:
             raise ConfigError(f"codec 'delta': mb={self.mb!r} must be an integer in 1..1048576 (MiB of cached "
                               "activations per stream), e.g. delta(int8, mb=1024)")
+        if self.ram is not None and (type(self.ram) is not int or not 0 <= self.ram <= self.mb):
+            raise ConfigError(f"codec 'delta': ram={self.ram!r} must be an integer in 0..mb ({self.mb}): the MiB of "
+                              "cached rows kept in memory, the rest on disk, e.g. delta(int8, mb=8192, ram=1024)")
         if isinstance(self.first, Delta) or isinstance(self.inner, Delta):
             raise ConfigError("codec 'delta' cannot hold another delta: its rows' bases are per example already")
 
@@ -110,12 +199,12 @@ class Delta(Codec):
         require_float(self.spec, x)
         ids = _check_ids(self.spec, state.pop("ids"), x)
         x = x.detach().cpu().float()  # (B, ...)
-        cache = _cache(state, self.mb)
+        cache = self._cache(state)
         seq = state["seq"] = state.get("seq", 0) + 1
         tags = torch.zeros(len(ids), dtype=torch.int64)
         for i, key in enumerate(ids.tolist()):
-            entry = cache.get(key)
-            if entry is not None and fits(entry[1].shape, x.shape[1:]):
+            entry = cache.entry(key)
+            if entry is not None and fits(entry[1], x.shape[1:]):
                 tags[i] = entry[0]
         bases = self._bases(cache, ids, tags, x.shape[1:])
         delta = tags != 0
@@ -151,11 +240,11 @@ class Delta(Codec):
         if type(seq) is not int or seq < 1 or tags.shape != ids.shape or bool((tags < 0).any()):
             raise CodecError(f"codec {self.spec!r}: meta 'seq' must be a positive int and part 1 one non-negative "
                              f"int64 per row, got seq={seq!r}, {tuple(tags.shape)} for {len(ids)} rows")
-        cache = _cache(state, self.mb)
+        cache = self._cache(state)
         for key, tag in zip(ids.tolist(), tags.tolist()):  # refuse before anything is applied
-            entry = cache.get(key)
-            if tag and (entry is None or entry[0] != tag or not fits(entry[1].shape, shape[1:])):
-                held = "no base" if entry is None else f"the base of message {entry[0]} {tuple(entry[1].shape)}"
+            entry = cache.entry(key)
+            if tag and (entry is None or entry[0] != tag or not fits(entry[1], shape[1:])):
+                held = "no base" if entry is None else f"the base of message {entry[0]} {tuple(entry[1])}"
                 raise CodecError(f"codec {self.spec!r}: example {key:#x} is a delta against the base of message "
                                  f"{tag} {tuple(shape[1:])}, and this receiver holds {held}: the two caches are "
                                  "out of step; reset the link's codec state at both ends (a resume does)")
@@ -164,13 +253,21 @@ class Delta(Codec):
         _remember(cache, ids, tags, seq, out)
         return out
 
+    def _cache(self, state: dict) -> RowCache:
+        """The stream's cache; spilled rows go to the directory the runtime put in the state (a stage's
+        run directory), else the system's temporary directory."""
+        cache = state.get("cache")
+        if not isinstance(cache, RowCache):
+            ram = None if self.ram is None else self.ram * MIB
+            cache = state["cache"] = RowCache(self.mb * MIB, ram, state.get("spill_dir"))
+        return cache
+
     def _bases(self, cache: RowCache, ids: torch.Tensor, tags: torch.Tensor, row: torch.Size) -> torch.Tensor:
         """(D, *row) the cached rows of the delta rows, in row order; touches them (LRU), counts hits/misses."""
         rows = []
         for key, tag in zip(ids.tolist(), tags.tolist()):
             if tag:
-                rows.append(fit(cache.get(key)[1], row))
-                cache.touch(key)
+                rows.append(fit(cache.take(key), row))
         cache.counts["hits"] += len(rows)
         cache.counts["misses"] += len(ids) - len(rows)
         return torch.stack(rows) if rows else torch.zeros(0, *row)
@@ -214,11 +311,6 @@ def fit(base: torch.Tensor, row: torch.Size) -> torch.Tensor:
     return out
 
 
-def _cache(state: dict, mb: int) -> RowCache:
-    cache = state.get("cache")
-    if not isinstance(cache, RowCache):
-        cache = state["cache"] = RowCache(mb * MIB)
-    return cache
 
 
 def _remember(cache: RowCache, ids: torch.Tensor, tags: torch.Tensor, seq: int, out: torch.Tensor) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,14 +21,16 @@ from nebula.wire import DEFAULT_LIMITS, ITEMSIZE, TensorPayload, dtype_names, to
 
 
 def pack(name: str, role: str, x: torch.Tensor, codec: Codec | str,
-         state: dict[str, Any] | None = None, ids: torch.Tensor | None = None) -> TensorPayload:
+         state: dict[str, Any] | None = None, ids: torch.Tensor | None = None,
+         spill_dir: str | Path | None = None) -> TensorPayload:
     """Encode `x` for the wire. `state`: this stream's slot, `CodecState.slot(link, name)`;
-    `ids`: the (B,) int64 example-id hashes of x's rows, which `delta` needs."""
+    `ids`: the (B,) int64 example-id hashes of x's rows, which `delta` needs; `spill_dir`: where
+    `delta(..., ram=)` may spill its cached rows (default: the system's temporary directory)."""
     codec = parse(codec) if isinstance(codec, str) else codec
     if x.dtype not in dtype_names():
         raise CodecError(f"tensor {name!r}: dtype {x.dtype} cannot travel (allowed: "
                          f"{', '.join(ITEMSIZE)}); cast it to float32 first")
-    state = claim(state, codec.spec)
+    state = _claim(state, codec.spec, spill_dir)
     if state is not None and ids is not None:
         state["ids"] = ids  # taken by `delta`'s encoder
     parts, meta = codec.encode(x, state)
@@ -42,10 +45,11 @@ def pack(name: str, role: str, x: torch.Tensor, codec: Codec | str,
                          codec=codec.spec, meta=meta_bytes, parts=parts)
 
 
-def unpack(payload: TensorPayload, state: dict[str, Any] | None = None) -> torch.Tensor:
+def unpack(payload: TensorPayload, state: dict[str, Any] | None = None,
+           spill_dir: str | Path | None = None) -> torch.Tensor:
     """Decode a received payload into a tensor of payload.dtype and payload.shape. `state`: the
     receiver's slot for this stream (`CodecState.slot(link, name)` at the receiving end), which `delta`
-    needs for its cached rows; every other codec decodes without one.
+    needs for its cached rows (and `spill_dir`, as for `pack`); every other codec decodes without one.
 
     With codec `none` (and a matching dtype) the result is the zero-copy, read-only view of the
     received frame: clone it before writing to it.
@@ -58,7 +62,8 @@ def unpack(payload: TensorPayload, state: dict[str, Any] | None = None) -> torch
     except ConfigError as exc:
         raise CodecError(f"{where}: {exc}") from exc
     try:
-        x = codec.decode_with_state(list(payload.parts), decode_meta(payload.meta), claim(state, codec.spec))
+        x = codec.decode_with_state(list(payload.parts), decode_meta(payload.meta),
+                                    _claim(state, codec.spec, spill_dir))
     except NebulaError as exc:
         raise CodecError(f"{where}: {exc}") from exc
     except (RuntimeError, ValueError, TypeError, IndexError, KeyError, OverflowError, MemoryError) as exc:
@@ -67,6 +72,13 @@ def unpack(payload: TensorPayload, state: dict[str, Any] | None = None) -> torch
         raise CodecError(f"{where}: codec {payload.codec!r} decoded {x.numel()} elements, the header's "
                          f"shape {list(payload.shape)} has {math.prod(payload.shape)}")
     return x.reshape(payload.shape).to(torch_dtypes()[payload.dtype])
+
+
+def _claim(state: dict[str, Any] | None, spec: str, spill_dir: str | Path | None) -> dict[str, Any] | None:
+    state = claim(state, spec)
+    if state is not None and spill_dir is not None and spec.startswith("delta("):
+        state["spill_dir"] = str(spill_dir)  # read by `delta` when it creates its cache
+    return state
 
 
 def encode_meta(meta: dict[str, Any]) -> bytes:

@@ -193,6 +193,7 @@ def _codec_value(text: str, where: str, f: dataclasses.Field, value: Any) -> Cod
 
 def _convert(where: str, f: dataclasses.Field, value: Any) -> Any:
     kind = f.type if isinstance(f.type, str) else f.type.__name__
+    kind = kind.removesuffix(" | None")  # an optional number (delta's `ram`): None is its default, never written
     if isinstance(value, _Call):
         raise ConfigError(f"{where}: parameter {f.name!r} must be {_KIND_WORDS.get(kind, kind)}, got the codec "
                           f"{value.name!r}")

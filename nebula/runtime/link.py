@@ -111,11 +111,12 @@ class LinkCodecs:
     ends instead (see load_state_dict)."""
 
     def __init__(self, policy: "codecs.CompressionPolicy | Sequence[Phase]", link: str,
-                 meter: LinkMeter | None = None):
+                 meter: LinkMeter | None = None, spill_dir: str | Path | None = None):
         self.phases = (Phase(1, 0, policy),) if isinstance(policy, codecs.CompressionPolicy) else tuple(policy)
         if not self.phases:
             raise ConfigError(f"link {link}: at least one compression phase is required")
         self.link, self.meter = link, meter
+        self.spill_dir = spill_dir  # where `delta(..., ram=)` spills cached rows: the stage's run directory
         self.state = codecs.CodecState()
         self.received = codecs.CodecState()  # receiver side: one slot per (link:direction, tensor)
         self._bytes: Counter = Counter()
@@ -128,9 +129,10 @@ class LinkCodecs:
         self._compute: deque[float] = deque(maxlen=COMPUTE_STEPS)  # the sending stage's recent compute_s
 
     @classmethod
-    def from_table(cls, table: Mapping[str, Any], link: str, meter_path: str | Path | None = None) -> "LinkCodecs":
+    def from_table(cls, table: Mapping[str, Any], link: str, meter_path: str | Path | None = None,
+                   spill_dir: str | Path | None = None) -> "LinkCodecs":
         """From a job's [compression] table (one policy or `phases`); meter lines go to `meter_path`."""
-        return cls(parse_phases(table), link, LinkMeter(meter_path) if meter_path else None)
+        return cls(parse_phases(table), link, LinkMeter(meter_path) if meter_path else None, spill_dir)
 
     def policy_for(self, step: int) -> "codecs.CompressionPolicy":
         return phase_at(self.phases, step).policy
@@ -178,7 +180,8 @@ class LinkCodecs:
         codec, choice = self._resolve(self.policy_for(step), direction, name, tensor, step)
         started = time.perf_counter()
         payload = codecs.pack(name, ROLES.get(direction, direction), tensor.contiguous(), codec,
-                              state=(slot := self.state.slot(f"{self.link}:{direction}", name)), ids=ids)
+                              state=(slot := self.state.slot(f"{self.link}:{direction}", name)), ids=ids,
+                              spill_dir=self.spill_dir)
         encode_s = time.perf_counter() - started
         raw = tensor.numel() * tensor.element_size()
         with self._meter_lock:
@@ -198,7 +201,8 @@ class LinkCodecs:
 
     def unpack(self, payload: TensorPayload) -> torch.Tensor:
         direction = DIRECTIONS.get(payload.role, payload.role)
-        return codecs.unpack(payload, state=self.received.slot(f"{self.link}:{direction}", payload.name))
+        return codecs.unpack(payload, state=self.received.slot(f"{self.link}:{direction}", payload.name),
+                             spill_dir=self.spill_dir)
 
     def state_dict(self) -> dict[str, Any]:
         """The sender's codec state without `delta` streams: their caches are not checkpointed."""

@@ -72,7 +72,7 @@ class StageRunner(ResumeProtocol, InferencePasses):
         self.codecs = {}
         for link in (*self.in_links, *self.out_links):  # `auto` goes by the goodput of the path it sends on
             ends = {"forward": self.addresses[link.dst], "backward": self.addresses[link.src]}
-            self.codecs[link.name] = LinkCodecs(link.compression, link.name, meter)
+            self.codecs[link.name] = LinkCodecs(link.compression, link.name, meter, spill_dir=self.workdir)
             self.codecs[link.name].attach(lambda direction, size, ends=ends: channel.goodput(ends[direction], size),
                                           lambda **event: metrics.event("compression", **event),
                                           stale=bool(self.schedule.stale))

@@ -53,7 +53,9 @@ def test_first_visit_is_direct_and_the_second_a_delta_with_less_error(inner):
     assert payload2.wire_bytes <= alone.wire_bytes + 2 * 8 * len(IDS) + 64  # ids, bases, a longer meta
     assert error(y2, x2) < 0.1 * error(unpack(alone), x2)
     assert sender["cache"].stats() == {**receiver["cache"].stats()} == {
-        "hits": 4, "misses": 4, "evictions": 0, "entries": 4, "bytes": 4 * 24 * 384 * 4, "cap_bytes": 1024 * MIB}
+        "hits": 4, "misses": 4, "evictions": 0, "entries": 4, "bytes": 4 * 24 * 384 * 4, "cap_bytes": 1024 * MIB,
+        "spilled": 0, "read_back": 0, "ram_bytes": 4 * 24 * 384 * 4, "ram_cap_bytes": 1024 * MIB, "disk_bytes": 0,
+        "disk_file_bytes": 0}
 
 
 def test_both_ends_hold_bit_identical_bases_and_errors_do_not_pile_up():

@@ -28,7 +28,9 @@ def test_forward_deltas_decode_at_the_other_end_and_are_metered(tmp_path):
         grad = src.unpack(dst.pack("backward", "h", x, step))  # gradients: ef(int8), no ids needed
         assert grad.shape == x.shape
     assert src.cache_stats()["send a->b:forward/h"] == dst.cache_stats()["recv a->b:forward/h"] == {
-        "hits": 6, "misses": 3, "evictions": 0, "entries": 3, "bytes": 3 * 8 * 64 * 4, "cap_bytes": 1 << 30}
+        "hits": 6, "misses": 3, "evictions": 0, "entries": 3, "bytes": 3 * 8 * 64 * 4, "cap_bytes": 1 << 30,
+        "spilled": 0, "read_back": 0, "ram_bytes": 3 * 8 * 64 * 4, "ram_cap_bytes": 1 << 30, "disk_bytes": 0,
+        "disk_file_bytes": 0}
     src.meter.close()
     lines = [json.loads(line) for line in (tmp_path / "meter.jsonl").read_text().splitlines()]
     assert [line["cache"]["hits"] for line in lines if line["dir"] == "forward"] == [0, 3, 6]

@@ -132,12 +132,13 @@ def test_each_leaf_codec_has_its_section_and_parameter_table():
     leaves = [cls for name, cls in CODECS.items() if name not in ("ef", "delta")]
     assert sorted(headings) == sorted(_signature(cls) for cls in leaves)
     assert "### 3.4 `ef(inner)`" in wire_sections() and set(CODECS) - {cls.name for cls in leaves} == {"ef", "delta"}
-    heading = "### 3.7 `delta(inner, mb=1024, first=inner)`"
+    heading = "### 3.7 `delta(inner, mb=1024, first=inner, ram=mb)`"
     assert heading in wire_sections()
     rows = table_rows(subsection(heading))
     assert [row[0] for row in rows] == [f"`{f.name}`" for f in dataclasses.fields(CODECS["delta"])[1:]]
     assert rows[0][:2] == ["`mb`", "1024"] and rows[0][2].startswith("integer 1..1048576")
     assert rows[1][:2] == ["`first`", "`inner`"] and rows[1][2].startswith("a codec (not `delta`)")
+    assert rows[2][:2] == ["`ram`", "`mb`"] and rows[2][2].startswith("integer 0..mb")
     _check_range(CODECS["delta"], dataclasses.fields(CODECS["delta"])[1], rows[0][2])
     for cls in leaves:
         body = subsection(f"#### `{_signature(cls)}`")
