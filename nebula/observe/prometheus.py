@@ -145,12 +145,24 @@ def stage_families(record: dict[str, Any]) -> Iterator[Any]:
                               "link and direction", labels=["link", "direction", "codec"])
     wire = CounterMetricFamily("nebula_stage_wire_bytes", "encoded tensor bytes, per link and direction",
                                labels=["link", "direction"])
+    cache = GaugeMetricFamily("nebula_stage_delta_cache_bytes", "rows `delta` keeps per link and direction, in "
+                              "memory or spilled to disk (the sender's; the receiver holds the same)",
+                              labels=["link", "direction", "where"])
+    lookups = CounterMetricFamily("nebula_stage_delta_cache_lookups", "rows sent as a delta against a cached base "
+                                  "(hit) or direct (miss)", labels=["link", "direction", "result"])
     for key, c in sorted(links.items()):
         link, direction = key.rsplit(":", 1)
         ratio.add_metric([link, direction, c.get("codec", "")], c.get("ratio", 0))
         wire.add_metric([link, direction], c.get("wire_bytes", 0))
+        if "delta_cache" in c:
+            for where, field in (("memory", "ram_bytes"), ("disk", "disk_bytes")):
+                cache.add_metric([link, direction, where], c["delta_cache"][field])
+            for result, field in (("hit", "hits"), ("miss", "misses")):
+                lookups.add_metric([link, direction, result], c["delta_cache"][field])
     yield ratio
     yield wire
+    yield cache
+    yield lookups
 
 
 def _counters(name: str, help_: str, label: str, values: Mapping[str, int]):

@@ -26,11 +26,14 @@ class LinkTail:
         self.offset = path.stat().st_size if path.exists() else 0  # this process's bytes only
         self.totals: dict[str, Counter] = defaultdict(Counter)  # "link:dir" -> raw, wire
         self.latest: dict[str, tuple[int, dict[str, Counter]]] = {}  # "link:dir" -> (step, codec -> raw, wire)
+        self.caches: dict[str, dict[str, dict]] = defaultdict(dict)  # "link:dir" -> tensor -> delta's cache stats
 
     def read(self) -> dict[str, dict[str, Any]]:
         """Per "link:direction": raw and wire bytes so far (an evaluation's too: they crossed the link);
         the codec that carried most of the latest training step's bytes (a link's ids or masks may go
-        uncompressed beside it) and that step's raw / wire."""
+        uncompressed beside it) and that step's raw / wire; for `delta` tensors, their caches now
+        (`delta_cache`: entries, bytes in memory and on disk, hits and misses, summed over tensors; the
+        sender's, which the receiver's equals)."""
         if self.path.exists():
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
@@ -39,7 +42,7 @@ class LinkTail:
             self.offset += len(complete)
             for line in complete.splitlines():
                 self._add(json.loads(line))
-        return {key: {"raw_bytes": total["raw"], "wire_bytes": total["wire"], **self._now(key)}
+        return {key: {"raw_bytes": total["raw"], "wire_bytes": total["wire"], **self._now(key), **self._cache(key)}
                 for key, total in self.totals.items()}
 
     def _add(self, entry: dict[str, Any]) -> None:
@@ -48,6 +51,8 @@ class LinkTail:
         key, step = f"{entry['link']}:{entry['dir']}", entry["step"]
         sizes = Counter(raw=entry["raw"], wire=entry["wire"])
         self.totals[key].update(sizes)
+        if isinstance(entry.get("cache"), dict):
+            self.caches[key][entry.get("name", "")] = entry["cache"]
         if "split" in entry:
             return  # an evaluation's tensors carry the last step's number but are no part of it
         latest_step, codecs = self.latest.get(key, (step, {}))
@@ -56,6 +61,12 @@ class LinkTail:
         if step == latest_step:
             codecs.setdefault(entry["codec"], Counter()).update(sizes)
         self.latest[key] = (latest_step, codecs)
+
+    def _cache(self, key: str) -> dict[str, Any]:
+        if not self.caches.get(key):
+            return {}
+        fields = ("entries", "ram_bytes", "disk_bytes", "hits", "misses")
+        return {"delta_cache": {f: sum(int(c.get(f, 0)) for c in self.caches[key].values()) for f in fields}}
 
     def _now(self, key: str) -> dict[str, Any]:
         codecs = self.latest[key][1]

@@ -189,6 +189,28 @@ def test_link_tail_reads_past_auto_switches_and_keeps_evaluations_out_of_the_ste
                                             "wire_bytes": 1088 + 4096}}
 
 
+def test_link_tail_reports_delta_caches_in_memory_and_on_disk_and_prometheus_exports_them(tmp_path):
+    from nebula.observe.prometheus import stage_families
+
+    path = tmp_path / "link.jsonl"
+    tail = LinkTail(path)
+
+    def line(step, name, ram, disk, hits, split=None):
+        cache = {"hits": hits, "misses": 4, "entries": 8, "ram_bytes": ram, "disk_bytes": disk, "spilled": 3}
+        return json.dumps({"step": step, "link": "s->t", "dir": "forward", "name": name, "codec": "delta(int8)",
+                           "raw": 4096, "wire": 1100, "cache": cache, **({"split": split} if split else {})})
+    path.write_text("\n".join([line(1, "h", 100, 0, 0), line(2, "h", 60, 40, 4), line(2, "g", 10, 5, 1),
+                               line(2, "h", 50, 70, 4, split="valid")]) + "\n")
+    now = tail.read()["s->t:forward"]  # the latest of each tensor, an evaluation's included, summed over tensors
+    assert now["delta_cache"] == {"entries": 16, "ram_bytes": 60, "disk_bytes": 75, "hits": 5, "misses": 8}
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in stage_families({"links": {"s->t:forward": now}})
+               for s in f.samples}
+    assert samples[("nebula_stage_delta_cache_bytes", (("direction", "forward"), ("link", "s->t"),
+                                                       ("where", "disk")))] == 75
+    assert samples[("nebula_stage_delta_cache_lookups_total", (("direction", "forward"), ("link", "s->t"),
+                                                               ("result", "hit")))] == 5
+
+
 def test_metered_channel_counts_payload_and_body_bytes():
     hub = InProcHub()
     a, b = MeteredChannel(hub.channel("a/x/0")), MeteredChannel(hub.channel("a/y/0"))
