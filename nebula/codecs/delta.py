@@ -41,10 +41,10 @@ log = logging.getLogger(__name__)
 class RowCache:
     """Last decoded row per example id, least recently used first; bounded by bytes (float32 rows).
 
-    Both ends run the same operations in the same order (touch the delta rows, then put every row), so
+    Both ends run the same operations in the same order (take the delta rows' bases, then put every row), so
     with the same cap their contents and evictions stay identical. Where the rows live does not change
     which rows there are: past `ram_bytes` the least recently used ones move to a `SpillFile` (the
-    older rows all on disk, the newer all in memory) and come back to memory when touched.
+    older rows all on disk, the newer all in memory) and come back to memory when taken.
     A row that cannot be written to disk (a full disk) stays in memory, over `ram_bytes`, and the
     cache says so once in the log: a row lost at one end would put the two caches out of step."""
 
@@ -53,7 +53,7 @@ class RowCache:
         self.ram_cap = cap_bytes if ram_bytes is None else min(ram_bytes, cap_bytes)
         self.spill_dir = spill_dir
         self._rows: OrderedDict[int, tuple[int, torch.Tensor]] = OrderedDict()  # id -> (seq, row), newer
-        self._disk: OrderedDict[int, tuple[int, torch.Size, int]] = OrderedDict()  # id -> (seq, shape, blocks)
+        self._disk: OrderedDict[int, tuple[int, torch.Size, list[int]]] = OrderedDict()  # id -> (seq, shape, blocks)
         self._spill: SpillFile | None = None
         self.bytes = self.ram_bytes = 0
         self.counts = {"hits": 0, "misses": 0, "evictions": 0, "spilled": 0, "read_back": 0}
