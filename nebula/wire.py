@@ -192,6 +192,8 @@ def _check_shape(where: str, dtype: str, shape: Sequence[int], limits: Limits) -
         raise WireError(f"{where}.shape: rank {len(shape)} exceeds the limit of {limits.max_rank}")
     if any(dim < 0 for dim in shape):
         raise WireError(f"{where}.shape: negative dimension in {list(shape)}")
+    if any(dim > limits.max_message_bytes for dim in shape):  # with a 0 beside it the product would pass
+        raise WireError(f"{where}.shape: a dimension of {list(shape)} exceeds the message limit")
     nbytes = math.prod(shape) * ITEMSIZE[dtype]
     if nbytes > limits.max_message_bytes:
         raise WireError(f"{where}.shape: {list(shape)} implies {nbytes} bytes, over the message limit")

@@ -49,8 +49,10 @@ class Codec(ABC):
     def decode(self, parts: Parts, meta: Meta) -> torch.Tensor:
         """Parts may be read-only views of received frames: never modify them in place."""
 
-    def decode_with_state(self, parts: Parts, meta: Meta, state: dict | None) -> torch.Tensor:
-        """Decode with the receiver's state for this stream; only `delta` keeps one (its cached rows)."""
+    def decode_with_state(self, parts: Parts, meta: Meta, state: dict | None,
+                          shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """Decode with the receiver's state for this stream; only `delta` keeps one (its cached rows),
+        and changes it only for a message it accepts whole, `shape` (the header's, if given) included."""
         return self.decode(parts, meta)
 
     def __str__(self) -> str:

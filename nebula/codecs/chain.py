@@ -5,12 +5,15 @@ pass through. Wire: the parts of each inner part's encoding, in order. Meta:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from nebula.codecs.base import FLOAT_DTYPES, Codec, Meta, Parts, format_call, spec_args
+from nebula.codecs.base import FLOAT_DTYPES, MAX_DECODED_NUMEL, Codec, Meta, Parts, format_call, spec_args
 from nebula.errors import CodecError
+
+MAX_GROUPS = 16  # the inner codecs make at most 3 parts (svd: U, S, V); nested chains a few more
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,10 @@ class Chain(Codec):
         inner_meta, groups = meta.get("i"), meta.get("o")
         if not isinstance(inner_meta, dict) or not isinstance(groups, list):
             raise CodecError(f"codec {self.spec!r}: meta needs a dict 'i' and a list 'o', got {meta!r:.200}")
-        inner_parts, pos = [], 0
+        if len(groups) > MAX_GROUPS:
+            raise CodecError(f"codec {self.spec!r}: meta 'o' lists {len(groups)} parts, more than {MAX_GROUPS}")
+        limit = _parts_limit(inner_meta)
+        inner_parts, pos, decoded = [], 0, 0
         for group in groups:
             if group is None:
                 inner_parts.append(parts[pos] if pos < len(parts) else None)
@@ -48,11 +54,31 @@ class Chain(Codec):
             if not (isinstance(group, list) and len(group) == 2 and type(group[0]) is int and group[0] >= 0
                     and isinstance(group[1], dict)):
                 raise CodecError(f"codec {self.spec!r}: meta 'o' entry must be [count, dict], got {group!r:.200}")
+            declared = _numel(group[1])  # counted before decoding where the meta says (topk, svd: they expand)
+            if decoded + (declared or 0) > limit:
+                raise CodecError(f"codec {self.spec!r}: its parts would decode to more than {limit} elements")
             inner_parts.append(self.outer.decode(parts[pos:pos + group[0]], group[1]))
             pos += group[0]
+            decoded += inner_parts[-1].numel()
+            if decoded > limit:
+                raise CodecError(f"codec {self.spec!r}: its parts decode to more than {limit} elements")
         if pos != len(parts):
             raise CodecError(f"codec {self.spec!r}: meta accounts for {pos} parts, the message has {len(parts)}")
         return self.inner.decode(inner_parts, inner_meta)
+
+
+def _numel(meta: dict) -> int | None:
+    shape = meta.get("shape")
+    if isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape):
+        return math.prod(shape)
+    return None
+
+
+def _parts_limit(inner_meta: dict) -> int:
+    """Elements the inner codec's parts may hold in all: a few times the tensor it decodes to, where its
+    meta gives the shape (svd's U and V hold at most twice the matrix), and never more than one message."""
+    numel = _numel(inner_meta)
+    return MAX_DECODED_NUMEL if numel is None else min(MAX_DECODED_NUMEL, 4 * numel + 4096)
 
 
 def _sub(state: dict | None, key: str) -> dict | None:

@@ -142,23 +142,44 @@ def _varints(flat: torch.Tensor) -> np.ndarray:
     return groups[k < count[:, None]]  # row-major: element after element
 
 
+VARINT_CHUNK = 1 << 20  # bytes decoded at once: the vector decode needs ~60 B of temporaries per byte
+
+
 def _from_varints(raw: bytes, numel: int, dtype: str) -> torch.Tensor:
+    """The elements of `raw`'s zigzag varints, decoded a chunk at a time into the output, so that a
+    stream of small values (a 64 KB zlib stream of zeros holds 2^26 of them) costs the output's memory,
+    not 60 times the element count."""
     b = np.frombuffer(raw, dtype=np.uint8)
-    if not len(b) and not numel:
-        return torch.zeros(0, dtype=torch_dtypes()[dtype])
-    last = (b & 128) == 0  # the last byte of an element
-    if int(last.sum()) != numel or (len(b) and not last[-1]):
-        raise CodecError(f"codec 'deflate': part 0 holds {int(last.sum())} complete varints, meta says {numel}")
+    complete = int(np.count_nonzero(b < 128))  # bytes without "another follows": one per element
+    if complete != numel or (len(b) and b[-1] >= 128):
+        raise CodecError(f"codec 'deflate': part 0 holds {complete} complete varints, meta says {numel}")
+    out = np.empty(numel, dtype=np.int32 if dtype == "int32" else np.int64)
+    start = done = 0
+    while start < len(b):
+        stop = min(start + VARINT_CHUNK, len(b))
+        ends = np.flatnonzero(b[start:stop] < 128)
+        if not len(ends):
+            raise CodecError(f"codec 'deflate': a varint longer than {VARINT_MAX[dtype]} bytes for {dtype}")
+        stop = start + int(ends[-1]) + 1  # the chunk ends with its last whole varint
+        values = _varint_chunk(b[start:stop], len(ends), dtype)
+        out[done:done + len(values)] = values
+        start, done = stop, done + len(values)
+    return torch.from_numpy(out)
+
+
+def _varint_chunk(b: np.ndarray, numel: int, dtype: str) -> np.ndarray:
+    """int64 values of `numel` whole varints in `b`, vectorised."""
+    last = b < 128  # the last byte of an element
     element = np.concatenate([[0], np.cumsum(last)[:-1]]).astype(np.int64)  # which element each byte is of
-    starts = np.concatenate([[0], np.flatnonzero(last)[:-1] + 1]) if numel else np.zeros(0, np.int64)
-    position = np.arange(len(b)) - starts[element] if len(b) else np.zeros(0, np.int64)
-    if len(b) and int(position.max()) >= VARINT_MAX[dtype]:
+    starts = np.concatenate([[0], np.flatnonzero(last)[:-1] + 1])
+    position = np.arange(len(b)) - starts[element]
+    if int(position.max()) >= VARINT_MAX[dtype]:
         raise CodecError(f"codec 'deflate': a varint longer than {VARINT_MAX[dtype]} bytes for {dtype}")
     z = np.zeros(numel, dtype=np.uint64)
     for k in range(VARINT_MAX[dtype]):
         at = position == k  # at most one byte per element at each position: plain assignment suffices
         z[element[at]] |= (b[at] & 127).astype(np.uint64) << np.uint64(7 * k)
     a = (z >> np.uint64(1)).view(np.int64) ^ -(z & np.uint64(1)).view(np.int64)
-    if dtype == "int32" and numel and (a.min() < -(1 << 31) or a.max() >= 1 << 31):
+    if dtype == "int32" and (a.min() < -(1 << 31) or a.max() >= 1 << 31):
         raise CodecError("codec 'deflate': a varint outside the int32 range")
-    return torch.from_numpy(a.astype(np.int32 if dtype == "int32" else np.int64)).contiguous().clone()
+    return a

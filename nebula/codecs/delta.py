@@ -23,6 +23,7 @@ null, "r": [parts, inner meta] or null}. Layout and rules: docs/protocol.md §3.
 from __future__ import annotations
 
 import logging
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,17 +77,21 @@ class RowCache:
 
     def take(self, key: int) -> torch.Tensor:
         """The example's row, now the most recently used (back in memory if it was on disk)."""
+        row = self._rows[key][1] if key in self._rows else self._read(*self._disk[key])
+        self.touch(key, row)
+        return row
+
+    def touch(self, key: int, row: torch.Tensor) -> None:
+        """Make the example the most recently used; `row` is its row, already read (from `get`)."""
         if key in self._rows:
             self._rows.move_to_end(key)
-            return self._rows[key][1]
+            return
         seq, shape, blocks = self._disk.pop(key)
-        row = self._read(seq, shape, blocks)
         self._spill.free(blocks, shape)
         self.counts["read_back"] += 1
         self._rows[key] = (seq, row)
         self.ram_bytes += row.numel() * 4
         self._demote()
-        return row
 
     def put(self, key: int, seq: int, row: torch.Tensor) -> None:
         self._drop(key)
@@ -206,7 +211,7 @@ class Delta(Codec):
             entry = cache.entry(key)
             if entry is not None and fits(entry[1], x.shape[1:]):
                 tags[i] = entry[0]
-        bases = self._bases(cache, ids, tags, x.shape[1:])
+        held, bases = self._bases(cache, ids, tags, x.shape[1:])
         delta = tags != 0
         parts, meta = [ids, tags], {"seq": seq, "row": list(x.shape[1:])}
         for key, rows, sub, codec in (("d", x[~delta], "direct", self.direct),
@@ -218,14 +223,17 @@ class Delta(Codec):
             parts += encoded
             meta[key] = [len(encoded), inner_meta]
         out = self._rebuild(parts[2:], meta, tags, bases, x.shape)  # what the receiver will decode
-        _remember(cache, ids, tags, seq, out)
+        _commit(cache, ids, tags, held, seq, out)
         return parts, meta
 
     def decode(self, parts: Parts, meta: Meta) -> torch.Tensor:
         raise CodecError(f"codec {self.spec!r} applies differences to the receiver's cached rows: decode it with "
                          "unpack(payload, state=...), one state per (link, tensor)")
 
-    def decode_with_state(self, parts: Parts, meta: Meta, state: dict | None) -> torch.Tensor:
+    def decode_with_state(self, parts: Parts, meta: Meta, state: dict | None,
+                          shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        """Decode against the receiver's cache, which changes only once the whole message decoded: a
+        refused message (CodecError) leaves its entries, their order and its counts as they were."""
         if state is None:
             return self.decode(parts, meta)
         if len(parts) < 2:
@@ -236,7 +244,9 @@ class Delta(Codec):
         seq, row = meta.get("seq"), meta.get("row")
         if not isinstance(row, list):
             raise CodecError(f"codec {self.spec!r}: meta needs 'row', the shape of one example, got {row!r:.100}")
-        shape = meta_shape(self.spec, {"shape": [len(ids), *row]})
+        header, shape = shape, meta_shape(self.spec, {"shape": [len(ids), *row]})
+        if header is not None and math.prod(header) != math.prod(shape):
+            raise CodecError(f"codec {self.spec!r}: {len(ids)} rows of {row} are not the header's shape {list(header)}")
         if type(seq) is not int or seq < 1 or tags.shape != ids.shape or bool((tags < 0).any()):
             raise CodecError(f"codec {self.spec!r}: meta 'seq' must be a positive int and part 1 one non-negative "
                              f"int64 per row, got seq={seq!r}, {tuple(tags.shape)} for {len(ids)} rows")
@@ -248,9 +258,9 @@ class Delta(Codec):
                 raise CodecError(f"codec {self.spec!r}: example {key:#x} is a delta against the base of message "
                                  f"{tag} {tuple(shape[1:])}, and this receiver holds {held}: the two caches are "
                                  "out of step; reset the link's codec state at both ends (a resume does)")
-        bases = self._bases(cache, ids, tags, shape[1:])
+        held, bases = self._bases(cache, ids, tags, shape[1:])
         out = self._rebuild(list(parts[2:]), meta, tags, bases, shape)
-        _remember(cache, ids, tags, seq, out)
+        _commit(cache, ids, tags, held, seq, out)
         return out
 
     def _cache(self, state: dict) -> RowCache:
@@ -262,15 +272,12 @@ class Delta(Codec):
             cache = state["cache"] = RowCache(self.mb * MIB, ram, state.get("spill_dir"))
         return cache
 
-    def _bases(self, cache: RowCache, ids: torch.Tensor, tags: torch.Tensor, row: torch.Size) -> torch.Tensor:
-        """(D, *row) the cached rows of the delta rows, in row order; touches them (LRU), counts hits/misses."""
-        rows = []
-        for key, tag in zip(ids.tolist(), tags.tolist()):
-            if tag:
-                rows.append(fit(cache.take(key), row))
-        cache.counts["hits"] += len(rows)
-        cache.counts["misses"] += len(ids) - len(rows)
-        return torch.stack(rows) if rows else torch.zeros(0, *row)
+    def _bases(self, cache: RowCache, ids: torch.Tensor, tags: torch.Tensor,
+               row: torch.Size) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The delta rows' cached rows as held, and fitted and stacked (D, *row), in row order; reads
+        only: `_commit` marks them used once the message is whole."""
+        held = [cache.get(key)[1] for key, tag in zip(ids.tolist(), tags.tolist()) if tag]
+        return held, (torch.stack([fit(h, row) for h in held]) if held else torch.zeros(0, *row))
 
     def _rebuild(self, parts: Parts, meta: Meta, tags: torch.Tensor, bases: torch.Tensor,
                  shape: torch.Size | tuple) -> torch.Tensor:
@@ -313,7 +320,15 @@ def fit(base: torch.Tensor, row: torch.Size) -> torch.Tensor:
 
 
 
-def _remember(cache: RowCache, ids: torch.Tensor, tags: torch.Tensor, seq: int, out: torch.Tensor) -> None:
+def _commit(cache: RowCache, ids: torch.Tensor, tags: torch.Tensor, held: list[torch.Tensor], seq: int,
+            out: torch.Tensor) -> None:
+    """Both ends, once a message is whole: its delta rows' entries become the most recently used, in
+    row order, then every row is stored (docs/protocol.md §3.7, step 4)."""
+    delta_keys = [key for key, tag in zip(ids.tolist(), tags.tolist()) if tag]
+    for key, row in zip(delta_keys, held):
+        cache.touch(key, row)
+    cache.counts["hits"] += len(delta_keys)
+    cache.counts["misses"] += len(ids) - len(delta_keys)
     for i, key in enumerate(ids.tolist()):
         cache.put(key, seq, out[i].clone())  # a copy: `out` goes to the caller, who may write to it
 

@@ -61,9 +61,14 @@ def unpack(payload: TensorPayload, state: dict[str, Any] | None = None,
         codec = parse(payload.codec)
     except ConfigError as exc:
         raise CodecError(f"{where}: {exc}") from exc
+    if any(type(dim) is not int or dim < 0 for dim in payload.shape):
+        raise CodecError(f"{where}: the header's shape {list(payload.shape)!r:.100} needs non-negative integers")
+    # a message of another codec than the stream's empties its state only once it is accepted: decode it
+    # against a fresh slot, and keep that one if it decodes (a refused message leaves the state as it was)
+    slot = state if state is None or state.get("spec") == codec.spec else {}
     try:
         x = codec.decode_with_state(list(payload.parts), decode_meta(payload.meta),
-                                    _claim(state, codec.spec, spill_dir))
+                                    _claim(slot, codec.spec, spill_dir), shape=tuple(payload.shape))
     except NebulaError as exc:
         raise CodecError(f"{where}: {exc}") from exc
     except (RuntimeError, ValueError, TypeError, IndexError, KeyError, OverflowError, MemoryError) as exc:
@@ -71,6 +76,9 @@ def unpack(payload: TensorPayload, state: dict[str, Any] | None = None,
     if x.numel() != math.prod(payload.shape):
         raise CodecError(f"{where}: codec {payload.codec!r} decoded {x.numel()} elements, the header's "
                          f"shape {list(payload.shape)} has {math.prod(payload.shape)}")
+    if slot is not state:
+        state.clear()
+        state.update(slot)
     return x.reshape(payload.shape).to(torch_dtypes()[payload.dtype])
 
 
