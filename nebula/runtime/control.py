@@ -13,7 +13,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from nebula.config import build
+from nebula.config import build, limits
 from nebula.errors import ConfigError, StageError
 from nebula.wire import Kind, Message
 
@@ -32,11 +32,15 @@ class Topic(enum.Enum):
     DONE = "done"  # member -> coordinator: saved, exiting
 
 
+# a message's generation is a uint64 on the wire, and the coordinator bumps the largest it hears by one
+GENERATION = limits(at_least=0, below=1 << 62, hint="a generation number")
+
+
 @dataclass(frozen=True, kw_only=True)
 class Hello:
     incarnation: int  # random per process start: a new one means the member restarted
     checkpoints: tuple[int, ...]  # steps of the member's good checkpoints
-    generation: int
+    generation: int = field(metadata=GENERATION)
     answer_to: int = 0  # the RESYNC round this answers; 0: sent on start
 
 
@@ -49,7 +53,7 @@ class Resync:
 class Resume:
     round: int
     step: int
-    generation: int
+    generation: int = field(metadata=GENERATION)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,7 +123,7 @@ def parse_control(msg: Message) -> tuple[Topic, Any]:
     try:
         raw = json.loads(msg.body or b"{}")
         return topic, build(BODIES[topic], raw, f"control {topic.value!r} from {msg.src}")
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: arrays nested deeper than Python recurses
         raise StageError(f"control {topic.value!r} from {msg.src}: the body is not JSON ({exc})") from exc
     except ConfigError as exc:
         raise StageError(str(exc)) from exc

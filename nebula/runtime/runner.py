@@ -345,6 +345,9 @@ class StageRunner(ResumeProtocol, InferencePasses):
             if state is None or msg.micro_batch >= state.forwarded:
                 raise StageError(f"{msg.src} sent gradients for step {msg.step} micro-batch {msg.micro_batch}, "
                                  f"which {self.name} has not sent (at step {self.step})")
+            if msg.micro_batch < state.backwarded or link.name in state.grads.get(msg.micro_batch, {}):
+                raise StageError(f"{msg.src} sent gradients for step {msg.step} micro-batch {msg.micro_batch} "
+                                 f"twice ({self.name} is at step {self.step}): a gradient is applied once")
             grads, _ = self._decode(msg, link, [n for n in link.tensors if self.out_ports[n].dtype == FLOAT],
                                     self.out_ports, ids=False)
             state.grads.setdefault(msg.micro_batch, {})[link.name] = grads
@@ -352,14 +355,29 @@ class StageRunner(ResumeProtocol, InferencePasses):
         link = self._link(sender, self.name, "sent tensors")
         inputs, ids = self._decode(msg, link, list(link.tensors), self.in_ports, ids=True)
         if topic.kind is DataKind.INFER:
+            self._check_inference(msg, topic.origin)
             self.inference.append((msg, link, inputs, ids, topic))
             return
         item = self.item_of.get((link.name, msg.micro_batch))
-        if item is None or msg.step <= self.step:
+        # a sender runs at most its pace credit (and the schedule's one step) ahead of this stage
+        ahead = min(self.train.steps, self.step + self.schedule.pace_credit + 2)
+        if item is None or not self.step < msg.step <= ahead:
             raise StageError(f"{msg.src} sent step {msg.step} micro-batch {msg.micro_batch}, which {self.name} does "
-                             f"not expect (it applied step {self.step}; {len(self.items)} micro-batches per step)")
-        batch = Batch("train", msg.step, item.index, ids=ids, link=link.name)
-        self.open.setdefault(msg.step, StepState(msg.step)).arrived[item.index] = (batch, inputs)
+                             f"not expect (it applied step {self.step}, takes steps up to {ahead}; "
+                             f"{len(self.items)} micro-batches per step)")
+        state = self.open.setdefault(msg.step, StepState(msg.step))
+        if item.index in state.arrived or (item.index < state.forwarded):
+            raise StageError(f"{msg.src} sent step {msg.step} micro-batch {msg.micro_batch} twice: {self.name} "
+                             "takes each once")
+        state.arrived[item.index] = (Batch("train", msg.step, item.index, ids=ids, link=link.name), inputs)
+
+    def _check_inference(self, msg: Message, origin: str) -> None:
+        if origin not in self.addresses:
+            raise StageError(f"{msg.src} sent an inference pass of {origin!r}, which is no stage of the job "
+                             f"({', '.join(sorted(self.addresses))})")
+        if not 0 <= msg.step <= self.train.steps:
+            raise StageError(f"{msg.src} sent an inference pass at step {msg.step}; the job has "
+                             f"{self.train.steps} steps")
 
     def _decode(self, msg: Message, link: LinkConfig, names: list[str], ports: dict[str, Port],
                 ids: bool) -> tuple[dict[str, torch.Tensor], torch.Tensor | None]:
@@ -416,6 +434,7 @@ class StageRunner(ResumeProtocol, InferencePasses):
         if topic is Topic.PACE and (link := f"{self.name}->{sender}") in self.acked:
             self.acked[link] = max(self.acked[link], body.step)
         elif topic is Topic.INFER_END:
+            self._check_inference(msg, body.origin)
             self.inference.append((msg, self._link(sender, self.name, "ended an inference pass"), None, None, body))
         elif topic is Topic.INFER_PROGRESS and body.split in self.asked:
             total, batch_size = self._asking
