@@ -42,10 +42,10 @@ log = logging.getLogger(__name__)
 class RowCache:
     """Last decoded row per example id, least recently used first; bounded by bytes (float32 rows).
 
-    Both ends run the same operations in the same order (take the delta rows' bases, then put every row), so
+    Both ends run the same operations in the same order (read the delta rows' bases, touch them, then put every row), so
     with the same cap their contents and evictions stay identical. Where the rows live does not change
     which rows there are: past `ram_bytes` the least recently used ones move to a `SpillFile` (the
-    older rows all on disk, the newer all in memory) and come back to memory when taken.
+    older rows all on disk, the newer all in memory) and come back to memory when touched.
     A row that cannot be written to disk (a full disk) stays in memory, over `ram_bytes`, and the
     cache says so once in the log: a row lost at one end would put the two caches out of step."""
 
@@ -75,14 +75,9 @@ class RowCache:
         held = self._disk.get(key)
         return None if held is None else (held[0], self._read(*held))
 
-    def take(self, key: int) -> torch.Tensor:
-        """The example's row, now the most recently used (back in memory if it was on disk)."""
-        row = self._rows[key][1] if key in self._rows else self._read(*self._disk[key])
-        self.touch(key, row)
-        return row
-
     def touch(self, key: int, row: torch.Tensor) -> None:
-        """Make the example the most recently used; `row` is its row, already read (from `get`)."""
+        """Make the example the most recently used (back in memory if it was on disk); `row` is its
+        row, already read with `get`."""
         if key in self._rows:
             self._rows.move_to_end(key)
             return
@@ -316,8 +311,6 @@ def fit(base: torch.Tensor, row: torch.Size) -> torch.Tensor:
     n = min(row[0], base.shape[0])
     out[:n] = base[:n]
     return out
-
-
 
 
 def _commit(cache: RowCache, ids: torch.Tensor, tags: torch.Tensor, held: list[torch.Tensor], seq: int,
