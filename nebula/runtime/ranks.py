@@ -1,8 +1,9 @@
 """Data parallelism inside a stage, on torch.distributed: rank 0 owns the links, the others work for it.
 
 A stage with `ranks = N` is N processes in one process group (torchrun's variables; gloo on CPU,
-NCCL on GPUs). Rank 0 runs the StageRunner: it receives every message, and hands micro-batch k of
-a step to rank (k + 1) mod N ("scatter"; rank 0's share last, see owner); what a rank produces for a link (activations forward,
+NCCL where each rank has a GPU of its own, gloo again where ranks share one: see group_backend).
+Rank 0 runs the StageRunner: it receives every message, and hands micro-batch k of a step to rank
+(k + 1) mod N ("scatter"; rank 0's share last, see owner); what a rank produces for a link (activations forward,
 gradients of its inputs back) goes to rank 0, which sends it ("gather"). At a step's end every
 rank applies the step together: gradients are summed with `all_reduce` (each micro-batch's loss is
 already divided by the micro-batches of the whole step, so the sum equals one rank's gradient over
@@ -17,6 +18,8 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import os
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -26,11 +29,13 @@ import torch
 import torch.distributed as dist
 
 from nebula.codecs import pack, unpack
-from nebula.errors import StageError, TransportError
+from nebula.errors import ConfigError, StageError, TransportError
 from nebula.runtime.executor import Executor, Tally
 from nebula.runtime.graph import Item
 from nebula.runtime.stage import Batch, Stage
 from nebula.wire import Kind, Message, decode_message, encode_message
+
+log = logging.getLogger(__name__)
 
 COUNT, BODY = 1, 2  # p2p tags: a message's frame count (any source), then its lengths and frames
 
@@ -59,6 +64,17 @@ def recv_message(src: int | None, group: Any) -> tuple[int, Message]:
     return sender, decode_message(frames)
 
 
+def group_backend(spec: str, device_type: str, local_world: int, gpus: int) -> str:
+    """The process group's backend: NCCL where every rank on this host has a GPU of its own, else gloo.
+    NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), which is what `auto` or `cuda` gives
+    with more ranks than GPUs (rank r on cuda:r mod GPUs) and `cuda:N` with more than one rank; gloo
+    reduces CUDA tensors through host memory, so such a stage still trains, only slower."""
+    if device_type != "cuda":
+        return "gloo"
+    own_gpu = local_world == 1 or (spec in ("auto", "cuda") and local_world <= gpus)
+    return "nccl" if own_gpu else "gloo"
+
+
 class RankGroup:
     def __init__(self, job: Any, name: str, stage: Stage, rank: int, world: int, scatter: Any, gather: Any):
         self.job, self.name, self.stage, self.rank, self.world = job, name, stage, rank, world
@@ -74,7 +90,16 @@ class RankGroup:
     @classmethod
     def join(cls, job: Any, name: str, stage: Stage, rank: int, world: int, timeout: float = 600.0) -> "RankGroup":
         """This process's place in the stage's group (MASTER_ADDR and MASTER_PORT say where to meet)."""
-        backend = "nccl" if stage.device.type == "cuda" else "gloo"
+        try:  # torchrun and the supervisor set it; without it, assume every rank is on this host
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        except ValueError as exc:
+            raise ConfigError(f"LOCAL_WORLD_SIZE must be an integer: {exc}") from None
+        gpus = torch.cuda.device_count() if stage.device.type == "cuda" else 0
+        backend = group_backend(job.stage(name).device, stage.device.type, local, gpus)
+        if backend == "gloo" and stage.device.type == "cuda" and rank == 0:
+            log.warning("stage %s: its %d ranks on this host share %d GPU(s), and NCCL needs a GPU per rank: "
+                        "the ranks sum gradients with gloo through host memory (slower); give each rank a GPU "
+                        "for NCCL", name, local, gpus)
         try:
             dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout))
         except (RuntimeError, ValueError) as exc:
@@ -201,7 +226,7 @@ class RankGroup:
         stats = torch.tensor([sum(tally.losses), len(tally.losses), *(tally.stats.get(k, 0.0) for k in keys)],
                              dtype=torch.float64)
         compute = torch.tensor([tally.compute_s], dtype=torch.float64)
-        if self.stage.device.type == "cuda":
+        if dist.get_backend() == "nccl":  # NCCL reduces only device tensors; gloo takes either
             stats, compute = stats.to(self.stage.device), compute.to(self.stage.device)
         try:
             dist.all_reduce(stats)

@@ -210,3 +210,21 @@ def test_device_auto_is_the_cpu_here_and_cuda_without_one_is_a_config_error():
     assert resolve_device("auto") == torch.device("cpu") == resolve_device("cpu")
     with pytest.raises(ConfigError, match="no CUDA device"):
         resolve_device("cuda:0")
+
+
+@pytest.mark.parametrize("spec, device_type, local_world, gpus, backend", [
+    ("auto", "cpu", 4, 0, "gloo"),      # no GPU: gloo
+    ("auto", "cuda", 1, 1, "nccl"),     # one rank, one GPU
+    ("auto", "cuda", 2, 2, "nccl"),     # rank r on cuda:r
+    ("cuda", "cuda", 4, 8, "nccl"),
+    ("auto", "cuda", 2, 1, "gloo"),     # rank 1 would land on cuda:0 too: NCCL refuses ("Duplicate GPU detected")
+    ("cuda", "cuda", 4, 2, "gloo"),
+    ("cuda:1", "cuda", 1, 2, "nccl"),   # one rank on the GPU named
+    ("cuda:1", "cuda", 2, 2, "gloo"),   # every rank on the GPU named
+])
+def test_ranks_that_would_share_a_gpu_reduce_with_gloo_instead_of_failing_in_nccl(spec, device_type, local_world,
+                                                                                  gpus, backend):
+    """Found on a 1-GPU machine: a 2-rank stage with device "auto" put both ranks on cuda:0 and NCCL
+    stopped it at its first all_reduce; gloo reduces CUDA tensors through host memory."""
+    from nebula.runtime.ranks import group_backend
+    assert group_backend(spec, device_type, local_world, gpus) == backend
