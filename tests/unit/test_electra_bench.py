@@ -73,6 +73,20 @@ def test_table4_ratios_are_against_n_1_and_the_auto_row_carries_its_evidence():
     assert "calibration" not in rows[0]
 
 
+def test_table_4_alone_prints_its_table_evidence_and_verdict(capsys):
+    configs = [Config("n1", False, 170.0, 4.0, 1), Config("auto", False, 170.0, 4.0, "auto")]
+    evidence = {"stage": "disc", "ranks": 3, "t_generator_s": {"generator": 0.281}, "t_sub_s": 0.600, "most": 4,
+                "micro_batch": 16}
+    results = {"n1": [bench.step_sums(records([1.0] * 20, busy=0.37), [])],
+               "auto": [bench.step_sums(records([1.0] * 20, tokens=2380, busy=0.96), [])]}
+    rows = bench.table4_rows(configs, results, evidence)
+    bench.print_tables(rows, argparse.Namespace(json=False))
+    out = capsys.readouterr().out
+    assert "Table 3" not in out and "Table 4" in out and "n = ceil(1.1 x 2.14) = 3" in out
+    assert "auto n = 3: generator busy 0.96 (met, target >= 0.9), throughput ratio 2.38 = 0.79 x n (NOT met" in out
+    assert "inter/intra" not in out.split("targets:")[1]
+
+
 def test_fixed_n_scales_the_step_and_auto_leaves_it_to_the_launcher(tmp_path):
     fixed = bench.bench_job(bench.SCENARIO, Config("n4", False, 170.0, 4.0, 4), tmp_path, 10, 7, 4)
     auto = bench.bench_job(bench.SCENARIO, Config("auto", False, 170.0, 4.0, "auto"), tmp_path, 10, None, 6)
@@ -80,6 +94,8 @@ def test_fixed_n_scales_the_step_and_auto_leaves_it_to_the_launcher(tmp_path):
     assert (fixed["train"]["batch_size"], fixed["train"]["micro_batches"]) == (4 * auto["train"]["batch_size"], 4)
     assert auto["stages"]["disc"]["ranks"] == "auto" and auto["stages"]["disc"]["max_ranks"] == 6
     assert fixed["stages"]["disc"]["slowdown"] == 4.0 and fixed["stages"]["generator"]["threads"] == 1
+    # CPU cores even on a GPU host: with "auto", a 16-core H100 machine put both subs of n = 2 on one GPU
+    assert {s["device"] for s in fixed["stages"].values()} == {"cpu"}
     one_site = bench.bench_job(bench.SCENARIO, Config("one-site", True, None), tmp_path, 10, None, 1)
     assert {s["address"].split("/")[0] for s in one_site["stages"].values()} == {"a"}
 
