@@ -118,7 +118,7 @@ class Executor:
             self.pending[(batch.step, item.index)] = pending
         else:
             self._backprop(pending, [], [], batch.step)
-        tally.compute_s += time.perf_counter() - t0
+        tally.compute_s += self._since(t0)
 
     def backward(self, step: int, index: int, grads: dict[str, dict[str, torch.Tensor]]) -> None:
         """Gradients for micro-batch `index` of `step` from every two-way out-link arrived."""
@@ -134,7 +134,7 @@ class Executor:
                 outs.append(tensor)
                 given.append(grad.to(tensor.device, tensor.dtype))
         self._backprop(pending, outs, given, step)
-        self.tallies.setdefault(step, Tally()).compute_s += time.perf_counter() - t0
+        self.tallies.setdefault(step, Tally()).compute_s += self._since(t0)
 
     def _backprop(self, pending: _Pending, outs: list, grads: list, step: int) -> None:
         tensors, given = list(outs), list(grads)
@@ -166,8 +166,16 @@ class Executor:
             param.grad = None
         self.applied = step
         tally = self.tallies.pop(step, Tally())
-        tally.compute_s += time.perf_counter() - t0
+        tally.compute_s += self._since(t0)
         return tally
+
+    def _since(self, t0: float) -> float:
+        """Seconds of compute since t0, once the device has run what was queued: CUDA kernels run
+        asynchronously, so without the wait compute_s would time their launches, and `auto` (which
+        budgets the wire against compute) and the busy fractions would read a GPU stage as idle."""
+        if self.stage.device.type == "cuda":
+            torch.cuda.synchronize(self.stage.device)
+        return time.perf_counter() - t0
 
     def reset(self, step: int) -> None:
         """After a restore: whatever was in flight is void."""
