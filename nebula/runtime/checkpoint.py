@@ -75,7 +75,7 @@ class CheckpointDir:
             raise StageError(f"checkpoint {target} is corrupt (checksum mismatch); delete it to fall back "
                              "to an earlier one")
         try:
-            return torch.load(io.BytesIO(data), weights_only=True)
+            return read(data)
         except Exception as exc:  # torch raises many types for a bad pickle stream
             raise StageError(f"checkpoint {target} cannot be read: {exc}") from exc
 
@@ -83,6 +83,26 @@ class CheckpointDir:
         for step in self.steps()[:-self.keep]:
             self.file(step).unlink(missing_ok=True)
             Path(f"{self.file(step)}.sha256").unlink(missing_ok=True)
+
+
+def read(data: bytes) -> dict[str, Any]:
+    """A checkpoint's bytes -> its state, every tensor on the CPU: one written on a GPU site must load
+    at a CPU-only one (a hot start across sites); load_state_dict then copies each to its device."""
+    return torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """The random generators a checkpoint restores: the CPU's, and the stage's GPU's (dropout there)."""
+    state = {"rng": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda_rng"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["rng"])
+    if device.type == "cuda" and "cuda_rng" in state:  # absent when written on a CPU site
+        torch.cuda.set_rng_state(state["cuda_rng"], device)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

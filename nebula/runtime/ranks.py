@@ -16,7 +16,6 @@ read by a relay thread, so a rank never waits on rank 0's compute).
 """
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -30,6 +29,7 @@ import torch.distributed as dist
 
 from nebula.codecs import pack, unpack
 from nebula.errors import ConfigError, StageError, TransportError
+from nebula.runtime import checkpoint
 from nebula.runtime.executor import Executor, Tally
 from nebula.runtime.graph import Item
 from nebula.runtime.stage import Batch, Stage
@@ -273,9 +273,9 @@ class RankGroup:
         elif msg.topic == "apply":
             self._apply(msg.step)
         elif msg.topic == "restore":
-            state = torch.load(io.BytesIO(tensors["checkpoint"].numpy().tobytes()), weights_only=True)
+            state = checkpoint.read(tensors["checkpoint"].numpy().tobytes())
             self.stage.load_state_dict(state["stage"])
-            torch.set_rng_state(state["rng"])
+            checkpoint.set_rng_state(state, self.stage.device)
             self.executor.reset(int(state["step"]))
         elif msg.topic == "stop":
             return False

@@ -27,7 +27,7 @@ import torch
 
 from nebula.errors import DataError, LinkDown, RecvTimeout, RemoteError, StageError, TransportError
 from nebula.runtime import control as ctl
-from nebula.runtime.checkpoint import CheckpointDir
+from nebula.runtime.checkpoint import CheckpointDir, rng_state, set_rng_state
 from nebula.runtime.control import DataKind, DataTopic, Topic
 from nebula.runtime.coordinator import Phase
 from nebula.runtime.executor import Executor
@@ -481,7 +481,7 @@ class StageRunner(ResumeProtocol, InferencePasses):
         self.checkpoints.save(self.step, {
             "stage": self.stage.state_dict(), "step": self.step, "ledger": self.ledger,
             "codecs": {name: c.state_dict() for name, c in self.codecs.items()},
-            "rng": torch.get_rng_state(), "seed": self.train.seed})
+            **rng_state(self.stage.device), "seed": self.train.seed})
 
     def restore(self, step: int) -> None:
         """Load checkpoint `step` (0: the initial state saved at the first start)."""
@@ -490,7 +490,7 @@ class StageRunner(ResumeProtocol, InferencePasses):
         self.step, self.ledger = int(state["step"]), [list(e) for e in state["ledger"]]
         for name, codecs in self.codecs.items():
             codecs.load_state_dict(state.get("codecs", {}).get(name, {"slots": []}))
-        torch.set_rng_state(state["rng"])
+        set_rng_state(state, self.stage.device)
         self.open.clear()
         self.executor.reset(self.step)
         self.last_update = None
