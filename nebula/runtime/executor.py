@@ -23,7 +23,7 @@ import torch
 
 from nebula.errors import DataError, StageError
 from nebula.runtime.graph import Graph, Item, LinkConfig
-from nebula.runtime.stage import Batch, Output, Stage
+from nebula.runtime.stage import Batch, Output, Stage, finished
 
 Emit = Callable[[str, LinkConfig, int, int, dict, "torch.Tensor | None"], None]
 
@@ -170,11 +170,10 @@ class Executor:
         return tally
 
     def _since(self, t0: float) -> float:
-        """Seconds of compute since t0, once the device has run what was queued: CUDA kernels run
-        asynchronously, so without the wait compute_s would time their launches, and `auto` (which
-        budgets the wire against compute) and the busy fractions would read a GPU stage as idle."""
-        if self.stage.device.type == "cuda":
-            torch.cuda.synchronize(self.stage.device)
+        """Seconds of compute since t0, once the device has run what was queued: on CUDA, compute_s
+        would otherwise time kernel launches, and `auto` (which budgets the wire against compute) and
+        the busy fractions would read a GPU stage as idle."""
+        finished(self.stage.device)
         return time.perf_counter() - t0
 
     def reset(self, step: int) -> None:

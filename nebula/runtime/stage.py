@@ -194,6 +194,13 @@ class Stage(ABC):
         return {"split": split, "n": len(results), "results": results}
 
 
+def finished(device: torch.device) -> None:
+    """Wait until `device` has run the work queued on it: CUDA kernels run asynchronously, so a clock
+    read without this times their launches, not their compute."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def options_of(cls: type) -> type:
     options = getattr(cls, "Options", NoOptions)
     if not dataclasses.is_dataclass(options):

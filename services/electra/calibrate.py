@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nebula.runtime.order import id_hashes
-from nebula.runtime.stage import Batch
+from nebula.runtime.stage import Batch, finished
 
 WARMUP, TIMED = 1, 3  # micro-batches: the first pays for allocations and is not counted
 
@@ -53,6 +53,7 @@ def _time_generator(gen: Any, size: int, micro_batches: int) -> tuple[list[float
         if (k + 1) % micro_batches == 0:
             gen.optimizer.step()
             gen.optimizer.zero_grad()
+        finished(gen.device)
         if k >= WARMUP:
             times.append(time.perf_counter() - t0)
         outputs.append((batch, {n: t.detach() for n, t in out.tensors.items()}))
@@ -65,6 +66,7 @@ def _time_discriminator(disc: Any, outputs: list[tuple[Batch, dict]], link: str)
         t0 = time.perf_counter()
         disc.module.train(True)
         disc.forward(Batch("train", 1, k, ids=batch.ids, link=link), inputs).loss.backward()
+        finished(disc.device)
         if k >= WARMUP:
             times.append(time.perf_counter() - t0)
     disc.optimizer.zero_grad()

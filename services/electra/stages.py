@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from nebula.config import limits
-from nebula.errors import DataError
+from nebula.errors import ConfigError, DataError
 from nebula.runtime.registry import register_stage
 from nebula.runtime.stage import Batch, Output, Port, Stage
 from services.abnet.plm import pad_rows
@@ -196,6 +196,10 @@ class ElectraDiscriminator(_Electra):
             bert = BertModel(options.size.bert(len(self.vmap), options.max_len))
         self.module = Discriminator(bert, pretrained=options.init != "random")
         self._started = (0.0, 0.0)
+        if options.slowdown > 1 and self.device.type != "cpu":
+            raise ConfigError(f"[stages.{context.name}] slowdown = {options.slowdown:g} counts CPU time, which on "
+                              f"{self.device} is not the stage's compute: set device = \"cpu\" (a benchmark's "
+                              "emulated slower device), or slowdown = 1")
         if options.slowdown > 1:
             bert.embeddings.register_forward_hook(
                 lambda _m, _i, out: _Throttle.apply(out, options.slowdown, self._started) if out.requires_grad
