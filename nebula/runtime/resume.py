@@ -89,6 +89,10 @@ class ResumeProtocol:
         self.pump(lambda: self.joining is None)
 
     def _resume(self, body: ctl.Resume) -> None:
+        if body.generation < self.floor:  # the coordinator's decide() never gives one
+            raise StageError(f"{self.addresses[self.graph.coordinator]} resumed {self.name} into generation "
+                             f"{body.generation}, below {self.floor}, the first it has not abandoned: it would "
+                             "drop every message of it as abandoned work")
         self.restore(body.step)
         self.generation, self.joining = body.generation, None
         self._tell(self.graph.coordinator, ctl.Ready(round=body.round, step=body.step))

@@ -116,3 +116,14 @@ def test_gradients_sent_twice_are_refused(tmp_path):
     sink.send(gradient(1.0))
     sink.send(gradient(1000.0))
     assert "twice" in str(stopped_with(running, "src"))
+
+
+def test_a_resume_into_a_generation_already_abandoned_is_refused(tmp_path):
+    """Once refused nothing: the sink resumed into generation 1 again and dropped every message of it
+    as abandoned work until its receive timeout, silent."""
+    running, src = joined_sink(tmp_path)
+    src.send(control(ctl.Resync(round=2), 1))
+    src.send(control(ctl.Resume(round=2, step=0, generation=1), 1))
+    started = time.monotonic()
+    assert "into generation 1, below 2" in str(stopped_with(running, "sink"))
+    assert time.monotonic() - started < 10
