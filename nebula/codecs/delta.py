@@ -218,7 +218,7 @@ class Delta(Codec):
             parts += encoded
             meta[key] = [len(encoded), inner_meta]
         out = self._rebuild(parts[2:], meta, tags, bases, x.shape)  # what the receiver will decode
-        _commit(cache, ids, tags, held, seq, out)
+        _commit(cache, ids, held, seq, out)
         return parts, meta
 
     def decode(self, parts: Parts, meta: Meta) -> torch.Tensor:
@@ -255,7 +255,7 @@ class Delta(Codec):
                                  "out of step; reset the link's codec state at both ends (a resume does)")
         held, bases = self._bases(cache, ids, tags, shape[1:])
         out = self._rebuild(list(parts[2:]), meta, tags, bases, shape)
-        _commit(cache, ids, tags, held, seq, out)
+        _commit(cache, ids, held, seq, out)
         return out
 
     def _cache(self, state: dict) -> RowCache:
@@ -268,11 +268,11 @@ class Delta(Codec):
         return cache
 
     def _bases(self, cache: RowCache, ids: torch.Tensor, tags: torch.Tensor,
-               row: torch.Size) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The delta rows' cached rows as held, and fitted and stacked (D, *row), in row order; reads
-        only: `_commit` marks them used once the message is whole."""
-        held = [cache.get(key)[1] for key, tag in zip(ids.tolist(), tags.tolist()) if tag]
-        return held, (torch.stack([fit(h, row) for h in held]) if held else torch.zeros(0, *row))
+               row: torch.Size) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor]:
+        """The delta rows' (key, cached row as held), and the rows fitted and stacked (D, *row), in row
+        order; reads only: `_commit` marks them used once the message is whole."""
+        held = [(key, cache.get(key)[1]) for key, tag in zip(ids.tolist(), tags.tolist()) if tag]
+        return held, (torch.stack([fit(h, row) for _, h in held]) if held else torch.zeros(0, *row))
 
     def _rebuild(self, parts: Parts, meta: Meta, tags: torch.Tensor, bases: torch.Tensor,
                  shape: torch.Size | tuple) -> torch.Tensor:
@@ -313,15 +313,14 @@ def fit(base: torch.Tensor, row: torch.Size) -> torch.Tensor:
     return out
 
 
-def _commit(cache: RowCache, ids: torch.Tensor, tags: torch.Tensor, held: list[torch.Tensor], seq: int,
+def _commit(cache: RowCache, ids: torch.Tensor, held: list[tuple[int, torch.Tensor]], seq: int,
             out: torch.Tensor) -> None:
-    """Both ends, once a message is whole: its delta rows' entries become the most recently used, in
-    row order, then every row is stored (docs/protocol.md §3.7, step 4)."""
-    delta_keys = [key for key, tag in zip(ids.tolist(), tags.tolist()) if tag]
-    for key, row in zip(delta_keys, held):
+    """Both ends, once a message is whole: its delta rows' entries (`held`, from `_bases`) become the
+    most recently used, in row order, then every row is stored (docs/protocol.md §3.7, step 4)."""
+    for key, row in held:
         cache.touch(key, row)
-    cache.counts["hits"] += len(delta_keys)
-    cache.counts["misses"] += len(ids) - len(delta_keys)
+    cache.counts["hits"] += len(held)
+    cache.counts["misses"] += len(ids) - len(held)
     for i, key in enumerate(ids.tolist()):
         cache.put(key, seq, out[i].clone())  # a copy: `out` goes to the caller, who may write to it
 

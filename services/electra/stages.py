@@ -196,11 +196,11 @@ class ElectraDiscriminator(_Electra):
             bert = BertModel(options.size.bert(len(self.vmap), options.max_len))
         self.module = Discriminator(bert, pretrained=options.init != "random")
         self._started = (0.0, 0.0)
-        if options.slowdown > 1 and self.device.type != "cpu":
-            raise ConfigError(f"[stages.{context.name}] slowdown = {options.slowdown:g} counts CPU time, which on "
-                              f"{self.device} is not the stage's compute: set device = \"cpu\" (a benchmark's "
-                              "emulated slower device), or slowdown = 1")
         if options.slowdown > 1:
+            if self.device.type != "cpu":
+                raise ConfigError(f"[stages.{context.name}] slowdown = {options.slowdown:g} counts CPU time, which "
+                                  f"on {self.device} is not the stage's compute: set device = \"cpu\" (a "
+                                  "benchmark's emulated slower device), or slowdown = 1")
             bert.embeddings.register_forward_hook(
                 lambda _m, _i, out: _Throttle.apply(out, options.slowdown, self._started) if out.requires_grad
                 else out)
