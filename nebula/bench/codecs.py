@@ -15,9 +15,9 @@ from typing import Any
 
 RATES_MBIT = (60, 170)
 TENSORS = {"activation": (128, 64, 768), "gradient": (768, 3072)}
-CODECS = ["none", "fp16", "bf16", "int8", "int8(scale=bf16)", "int8(block=32, scale=bf16)",
+CODECS = ["none", "fp16", "bf16", "int8", "int8(scale=bf16)", "int8(block=32, scale=bf16)", "int4",
           "svd(0.9)", "svd(0.6)", "svd(0.2)", "fp16(svd(0.9))", "fp16(svd(0.6))", "fp16(svd(0.2))",
-          "lowrank(0.2)", "lowrank(0.2, iters=2)", "fp16(lowrank(0.2))", "int8(lowrank(0.2))",
+          "lowrank(0.2)", "lowrank(0.2, iters=2)", "fp16(lowrank(0.2))", "int8(lowrank(0.2))", "int4(lowrank(0.4))",
           "topk(0.01)", "fp16(topk(0.01))"]
 QUICK_CODECS = ["none", "fp16", "int8", "svd(0.2)", "fp16(svd(0.6))", "lowrank(0.2)", "int8(lowrank(0.2))",
                 "topk(0.01)"]

@@ -8,7 +8,7 @@ with worked examples: docs/protocol.md §3.
 """
 from nebula.codecs.base import CODECS, Codec, register_codec
 # importing a codec module registers it
-from nebula.codecs import none, fp16, bf16, int8, svd, lowrank, topk, ef, deflate, delta  # noqa: F401,E401
+from nebula.codecs import none, fp16, bf16, int8, int4, svd, lowrank, topk, ef, deflate, delta  # noqa: F401,E401
 from nebula.codecs.chain import Chain
 from nebula.codecs.packing import pack, unpack
 from nebula.codecs.policy import CompressionPolicy, Override

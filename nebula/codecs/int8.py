@@ -35,45 +35,58 @@ class Int8(Codec):
     scale: str = "fp32"
 
     def __post_init__(self) -> None:
-        if type(self.block) is not int or not 1 <= self.block <= 1 << 20:
-            raise ConfigError(f"codec 'int8': block={self.block!r} must be an integer in 1..1048576, e.g. 64")
-        if self.scale not in SCALE_DTYPES:
-            raise ConfigError(f"codec 'int8': scale={self.scale!r} must be one of {', '.join(SCALE_DTYPES)}")
+        check_block_and_scale("int8", self.block, self.scale)
 
     def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
         require_float("int8", x)
-        flat = x.detach().cpu().reshape(-1).float()  # no copy for a contiguous float32 tensor
-        nblocks = -(-flat.numel() // self.block)
-        q = torch.empty(flat.numel(), dtype=torch.int8)
-        scales = torch.empty(nblocks, dtype=SCALE_DTYPES[self.scale])
-        nfull = flat.numel() // self.block
-        _quantize(flat[:nfull * self.block].view(nfull, self.block), q[:nfull * self.block].view(nfull, self.block),
-                  scales[:nfull])
-        if nfull < nblocks:  # the short last block
-            _quantize(flat[nfull * self.block:].view(1, -1), q[nfull * self.block:].view(1, -1), scales[nfull:])
-        if not torch.isfinite(scales).all():
-            raise CodecError("codec 'int8': tensor has NaN/Inf values (or |x| beyond the range of "
-                             f"{self.scale} scales); fix the producer or send it with codec 'none'")
+        q, scales = quantize("int8", x, self.block, self.scale, 127)
         return [q.view(x.shape), scales], {}
 
     def decode(self, parts: Parts, meta: Meta) -> torch.Tensor:
         check_parts("int8", parts, 2)
         q, scales = parts
         check_part("int8", q, "part 0 (values)", (torch.int8,))
-        check_part("int8", scales, "part 1 (scales)", tuple(SCALE_DTYPES.values()), ndim=1)
-        numel, nfull = q.numel(), q.numel() // self.block
-        if scales.numel() != -(-numel // self.block):
-            raise CodecError(f"codec 'int8': {scales.numel()} scales for {numel} values in blocks of {self.block}, "
-                             f"expected {-(-numel // self.block)}")
-        out = torch.empty(q.shape, dtype=torch.float32)
-        flat_q, flat_out, s32 = q.reshape(-1), out.view(-1), scales.float()
-        _dequantize(flat_q[:nfull * self.block].view(nfull, self.block),
-                    flat_out[:nfull * self.block].view(nfull, self.block), s32[:nfull])
-        _dequantize(flat_q[nfull * self.block:].view(1, -1), flat_out[nfull * self.block:].view(1, -1), s32[nfull:])
-        return out
+        return dequantize("int8", q, scales, self.block)
 
 
-def _quantize(blocks: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> None:
+def check_block_and_scale(codec: str, block: object, scale: object) -> None:
+    if type(block) is not int or not 1 <= block <= 1 << 20:
+        raise ConfigError(f"codec {codec!r}: block={block!r} must be an integer in 1..1048576, e.g. 64")
+    if scale not in SCALE_DTYPES:
+        raise ConfigError(f"codec {codec!r}: scale={scale!r} must be one of {', '.join(SCALE_DTYPES)}")
+
+
+def quantize(codec: str, x: torch.Tensor, block: int, scale: str, levels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x -> (q, scales): q (numel,) int8 in -levels..levels, one scale per block of `block` elements
+    (the last may be short), in the `scale` dtype; shared by `int8` (levels 127) and `int4` (7)."""
+    flat = x.detach().cpu().reshape(-1).float()  # no copy for a contiguous float32 tensor
+    nblocks, nfull = -(-flat.numel() // block), flat.numel() // block
+    q = torch.empty(flat.numel(), dtype=torch.int8)
+    scales = torch.empty(nblocks, dtype=SCALE_DTYPES[scale])
+    _quantize(flat[:nfull * block].view(nfull, block), q[:nfull * block].view(nfull, block), scales[:nfull], levels)
+    if nfull < nblocks:  # the short last block
+        _quantize(flat[nfull * block:].view(1, -1), q[nfull * block:].view(1, -1), scales[nfull:], levels)
+    if not torch.isfinite(scales).all():
+        raise CodecError(f"codec {codec!r}: tensor has NaN/Inf values (or |x| beyond the range of "
+                         f"{scale} scales); fix the producer or send it with codec 'none'")
+    return q, scales
+
+
+def dequantize(codec: str, q: torch.Tensor, scales: torch.Tensor, block: int) -> torch.Tensor:
+    """q (any shape) int8 and its blocks' scales -> float32 of q's shape; the scale count is checked."""
+    check_part(codec, scales, "part 1 (scales)", tuple(SCALE_DTYPES.values()), ndim=1)
+    numel, nfull = q.numel(), q.numel() // block
+    if scales.numel() != -(-numel // block):
+        raise CodecError(f"codec {codec!r}: {scales.numel()} scales for {numel} values in blocks of {block}, "
+                         f"expected {-(-numel // block)}")
+    out = torch.empty(q.shape, dtype=torch.float32)
+    flat_q, flat_out, s32 = q.reshape(-1), out.view(-1), scales.float()
+    _dequantize(flat_q[:nfull * block].view(nfull, block), flat_out[:nfull * block].view(nfull, block), s32[:nfull])
+    _dequantize(flat_q[nfull * block:].view(1, -1), flat_out[nfull * block:].view(1, -1), s32[nfull:])
+    return out
+
+
+def _quantize(blocks: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, levels: int) -> None:
     """blocks (n, block) float32 -> q (n, block) int8 and scales (n,), chunk by chunk."""
     if blocks.numel() == 0:
         return
@@ -83,12 +96,12 @@ def _quantize(blocks: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> No
         chunk = blocks[start:start + rows]  # (r, block)
         tmp = scratch[:chunk.shape[0]]
         torch.abs(chunk, out=tmp)
-        scale = tmp.amax(1).div_(127).to(scales.dtype)  # (r,)
+        scale = tmp.amax(1).div_(levels).to(scales.dtype)  # (r,)
         scales[start:start + rows] = scale
         inverse = torch.nan_to_num_(scale.float().reciprocal_(), posinf=0.0)  # all-zero block: scale 0
         torch.mul(chunk, inverse[:, None], out=tmp).round_()
-        if scales.dtype != torch.float32:  # a scale rounded down by up to 2^-9 could give 128
-            tmp.clamp_(-127, 127)
+        if scales.dtype != torch.float32:  # a scale rounded down by up to 2^-9 could give levels + 1
+            tmp.clamp_(-levels, levels)
         q[start:start + rows].copy_(tmp)  # exact in int8
 
 

@@ -36,6 +36,8 @@ CASES = {
     "int8(scale=bf16)": (gaussian(64, 768), 0.0062, 0.2579),
     "int8(block=32, scale=bf16)": (gaussian(64, 768), 0.0056, 0.2657),
     "int8(7)": (gaussian(5, 13), 0.006, 0.62),  # a short last block
+    "int4": (gaussian(64, 768), 0.11, 0.1329),
+    "int4(7, scale=fp32)": (gaussian(5, 13), 0.075, 0.5),  # an odd count, a short last block
     "svd(0.25)": (low_rank(96, 64).view(4, 24, 64), 0.02, 0.43),
     "lowrank(0.25)": (low_rank(96, 64).view(4, 24, 64), 0.02, 0.43),
     "lowrank(0.25, oversample=0, iters=3)": (low_rank(64, 160).view(64, 160), 0.02, 0.5),  # wide: transposed
@@ -43,6 +45,7 @@ CASES = {
     "ef(topk(0.25))": (gaussian(16, 64), 0.75, 0.5),
     "fp16(svd(0.25))": (low_rank(96, 64).view(4, 24, 64), 0.02, 0.22),
     "int8(lowrank(0.25))": (low_rank(96, 64), 0.025, 0.12),
+    "int4(lowrank(0.25))": (low_rank(96, 64), 0.2, 0.06),
     "fp16(topk(0.25))": (gaussian(16, 64), 0.75, 0.38),
     "ef(int8(topk(0.5), block=16))": (gaussian(16, 64), 0.75, 0.69),
     "deflate": (gaussian(4, 8, 32), 0.0, 0.95),  # lossless, any dtype: token ids in test_codecs_deflate.py
@@ -118,6 +121,20 @@ def test_int8_keeps_every_magnitude_and_zero_blocks(scale):
     assert torch.equal(y[:64], torch.zeros(64, dtype=torch.double))
     for got, want in zip(y.split([len(s) for s in segments])[1:], segments[1:]):
         assert float((got - want.double()).norm() / want.double().norm()) < 0.008  # 640 samples: noisy
+
+
+def test_int4_at_twice_the_rank_beats_int8_at_the_same_bytes_on_a_spread_spectrum():
+    """The trade int4 exists for: a matrix whose singular values fall slowly (as activations' do), where
+    the extra rank removes more error than the coarser values add."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 384, generator=g) @ torch.diag(torch.arange(1, 385, dtype=torch.float32) ** -0.7) \
+        @ torch.linalg.qr(torch.randn(384, 384, generator=g)).Q
+    errors, sizes = {}, {}
+    for spec in ("int8(lowrank(0.125))", "int4(lowrank(0.25))"):  # ranks 8 and 16
+        payload = pack("h", "activation", x, spec)
+        errors[spec], sizes[spec] = float((unpack(payload) - x).norm() / x.norm()), payload.wire_bytes
+    assert sizes["int4(lowrank(0.25))"] <= 1.01 * sizes["int8(lowrank(0.125))"]
+    assert errors["int4(lowrank(0.25))"] < 0.95 * errors["int8(lowrank(0.125))"], errors
 
 
 def test_integer_tensors_pass_through_none_untouched():

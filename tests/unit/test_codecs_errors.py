@@ -11,13 +11,14 @@ from nebula.codecs import Codec, pack, parse, register_codec, unpack
 from nebula.errors import CodecError, ConfigError
 from nebula.wire import TensorPayload
 
-LOSSY = ["fp16", "bf16", "int8", "svd(0.5)", "lowrank(0.5)", "topk(0.1)", "fp16(svd(0.5))"]
+LOSSY = ["fp16", "bf16", "int8", "int4", "svd(0.5)", "lowrank(0.5)", "topk(0.1)", "fp16(svd(0.5))"]
 
 
 @pytest.mark.parametrize("spec, words", [
     ("zstd", "unknown codec"), ("fp16(svd(", "expected"), ("svd", "missing parameter 'ratio'"),
     ("svd(0)", "(0, 1]"), ("svd(1.5)", "(0, 1]"), ("lowrank(-0.2)", "(0, 1]"), ("topk(2)", "(0, 1]"),
     ("int8(block=0)", "block"), ("int8(block=1.5)", "integer"), ("int8(scale=fp16)", "must be one of bf16, fp32"),
+    ("int4(block=0)", "block"), ("int4(scale=fp16)", "must be one of bf16, fp32"),
     ("int8(size=3)", "unknown parameter 'size'"), ("svd(0.5, 0.6)", "at most 1 positional"),
     ("svd(0.5, ratio=0.6)", "both by position and by name"), ("fp16(svd(0.5), svd(0.5))", "inner codec"),
     ("ef", "needs an inner codec"), ("fp16)", "unexpected"), ("fp16 fp16", "unexpected"), ("", "codec name"),
@@ -86,6 +87,9 @@ def _payload(spec: str, x: torch.Tensor | None = None, **changes) -> TensorPaylo
     ("fp16", {"codec": "int8"}, "expected 2 parts"),
     ("none", {"shape": (3, 3)}, "shape"),
     ("int8", {"dtype": "complex64"}, "unknown dtype"),
+    ("int4", {"meta": b'{"shape": [4, 4]}'}, "bytes of nibbles"),
+    ("int4", {"meta": b'{"shape": [-1]}'}, "shape"),
+    ("int4", {"meta": b''}, "shape"),
     ("fp16", {"meta": b'[' * 3000 + b']' * 3000}, "JSON"),
 ])
 def test_malformed_payloads_raise_codec_errors(spec, changes, words):
@@ -102,7 +106,7 @@ def test_int8_scales_that_do_not_match_the_values_are_refused():
 
 
 @settings(max_examples=150, deadline=None)
-@given(spec=st.sampled_from(["int8", "fp16(svd(0.5))", "topk(0.5)", "svd(0.5)", "lowrank(0.5)", "none"]),
+@given(spec=st.sampled_from(["int8", "int4", "fp16(svd(0.5))", "topk(0.5)", "svd(0.5)", "lowrank(0.5)", "none"]),
        meta=st.one_of(st.binary(max_size=64), st.recursive(
            st.none() | st.booleans() | st.integers(-2**40, 2**40) | st.text(max_size=4),
            lambda c: st.lists(c, max_size=3) | st.dictionaries(st.sampled_from(["shape", "i", "o", "x"]), c,

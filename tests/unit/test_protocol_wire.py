@@ -179,19 +179,20 @@ def bf16_value(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def int8_reference(x: np.ndarray, block: int, scale: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(q, scales, decoded) from §3.3's rule."""
+def int8_reference(x: np.ndarray, block: int, scale: str, levels: int = 127
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(q, scales, decoded) from §3.3's rule (`int4`: the same with 7 levels)."""
     flat = x.astype(np.float32).reshape(-1)
     q, scales = np.empty(flat.size, np.int8), []
     for start in range(0, flat.size, block):
         part = flat[start:start + block]
-        s = np.float32(np.abs(part).max() / np.float32(127))
+        s = np.float32(np.abs(part).max() / np.float32(levels))
         if scale == "bf16":
             s = bf16_value(bf16_bits(np.array([s])))[0]
         with np.errstate(divide="ignore", over="ignore"):
             inv = np.float32(np.float32(1) / s)
         inv = np.float32(0) if np.isinf(inv) else inv
-        q[start:start + block] = np.clip(np.rint(part * inv), -127, 127)
+        q[start:start + block] = np.clip(np.rint(part * inv), -levels, levels)
         scales.append(s)
     scales = np.array(scales, np.float32)
     decoded = (q.astype(np.float32) * np.repeat(scales, block)[:flat.size]).reshape(x.shape)
@@ -228,6 +229,24 @@ def test_int8_is_the_documented_rounding_bit_for_bit(scale):
             differs += int((divided != q).sum()) if i < 40 else 0  # the tie blocks: normal, non-zero scales
     # the tie blocks are built around fp32 scales
     assert differs > 0 or scale == "bf16", "no input where rint(x / s) and rint(x * fl(1/s)) differ: the test lost its point"
+
+
+@pytest.mark.parametrize("scale", ["fp32", "bf16"])
+def test_int4_is_the_documented_rule_and_nibble_layout_bit_for_bit(scale):
+    rng = np.random.default_rng(4)
+    inputs = [rng.standard_normal(n).astype(np.float32) * 10.0 ** e for n, e in ((1000, 0), (777, -3), (65, 4))]
+    inputs += [np.array([0.0, -0.0, 3.5, -2.5, 0.5, 7.0, 1e-38, 0.0, 0.0], np.float32)]  # ties, a zero block
+    for x in inputs:
+        for block in (64, 7, 2):
+            q, scales, decoded = int8_reference(x, block, scale, levels=7)
+            nibbles = np.append(q.astype(np.int16) + 8, [8] * (q.size % 2)).astype(np.uint8)
+            payload = pack("x", "a", torch.from_numpy(x.copy()), f"int4(block={block}, scale={scale})")
+            assert np.array_equal(payload.parts[0].numpy(), nibbles[0::2] | (nibbles[1::2] << 4))
+            assert np.array_equal(payload.parts[1].float().numpy().view(np.uint32), scales.view(np.uint32))
+            assert np.array_equal(unpack(payload).numpy().view(np.uint32), decoded.view(np.uint32))
+    ratios = {spec: pack("x", "a", torch.randn(64 * 100), spec).wire_bytes / (64 * 100 * 4)
+              for spec in ("int4", "int4(scale=fp32)")}
+    assert ratios == {"int4": 0.1328125, "int4(scale=fp32)": 0.140625}
 
 
 def test_the_thresholds_the_text_gives():

@@ -141,6 +141,13 @@ VECTORS: dict[str, list[Vector]] = {
         encoded("int8-tiny-block", "absmax 1e-38: s = 7.87e-41 is not 0, but 1/s overflows to +Inf, so inv = 0 "
                 "and every q is 0", "int8", f32(1e-38, -5e-39)),
     ],
+    "int4": [
+        encoded("int4-nibbles", "scale = absmax / 7; q + 8 in nibbles, element 2i low, 2i + 1 high; an odd count "
+                "pads the last high nibble with 8 (a zero); bf16 scales", "int4",
+                torch.tensor([[7.0, -7.0, 2.5], [3.5, -0.5, 1.0], [0.0, 0.25, 6.0]])),
+        encoded("int4-blocks", "blocks of 2 with fp32 scales: one all-zero block (scale 0)", "int4(block=2, scale=fp32)",
+                f32(0.7, -0.1, 0.0, 0.0, 14.0, 3.0)),
+    ],
     "svd": [
         encoded("svd-rank1", "k = round(0.5 * min(2, 3)) = 1: U_1 S_1 (2, 1), V_1^T (1, 3)", "svd(0.5)",
                 torch.tensor([[1.0, 2.0, 2.0], [2.0, 4.0, 4.0]]), FACTORS, 1e-6),
@@ -282,6 +289,10 @@ REJECTS: list[tuple[str, str, Callable[[], list[bytes]]]] = [
     ("reject-int8-scales", "ceil(numel / block) scales, not fewer",
      lambda: _codec_reject("int8(block=2)", f32(1.0, 2.0, 3.0), parts=[torch.tensor([1, 2, 3], dtype=torch.int8),
                                                                      f32(1.0)])),
+    ("reject-int4-nibbles", "ceil(numel / 2) bytes of nibbles for the meta's shape, not fewer",
+     lambda: _codec_reject("int4", f32(1.0, 2.0, 3.0), parts=[torch.tensor([0x99], dtype=torch.uint8),
+                                                             torch.tensor([1.0], dtype=torch.bfloat16)],
+                           meta=b'{"shape":[3]}')),
     ("reject-meta-json", "codec_meta must be a JSON object", lambda: _codec_reject("topk(0.5)", f32(1.0, 2.0),
                                                                                      meta=b"[2]")),
     ("reject-deflate-trailing", "bytes after the zlib stream",
