@@ -67,10 +67,24 @@ class Pace:
     step: int
 
 
+# a stage or split name from a peer: a split names files at the sink (`{split}.hyp`), so no path in it
+_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _names(body: Any, *fields: str) -> None:
+    for name in fields:
+        if not _NAME.match(getattr(body, name)):
+            raise ConfigError(f"control {TOPICS[type(body)].value!r}: {name} {getattr(body, name)!r:.80} must be "
+                              "1-64 letters, digits, '_', '-' or '.'")
+
+
 @dataclass(frozen=True, kw_only=True)
 class InferEnd:
     origin: str
     split: str
+
+    def __post_init__(self) -> None:
+        _names(self, "origin", "split")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,12 +92,18 @@ class InferProgress:
     split: str
     n: int
 
+    def __post_init__(self) -> None:
+        _names(self, "split")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Scores:
     split: str
     sink: str
     scores: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _names(self, "split", "sink")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,8 +154,6 @@ class DataKind(enum.Enum):
     BACKWARD = "bwd"  # gradients of a training micro-batch, back along a two-way link
     INFER = "infer"  # an inference batch: topic "infer:ORIGIN:SPLIT"
 
-
-_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
 @dataclass(frozen=True)

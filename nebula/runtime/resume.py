@@ -36,6 +36,7 @@ class ResumeProtocol:
         self.incarnation = random.SystemRandom().randrange(1, 1 << 62)  # a new one per process start
         self.joining: int | None = None  # member: the RESYNC round answered last, while awaiting RESUME
         self.later: list[Message] = []  # newer-generation messages, until this stage resumes into it
+        self.later_bytes = 0  # their bodies' and tensors' bytes, bounded (runner.LATER_BYTES)
         self.floor = 0  # messages of generations below it belong to abandoned work
 
     def _protocol(self, sender: str, topic: Topic, body: Any) -> None:
@@ -138,9 +139,11 @@ class ResumeProtocol:
             if not ready:
                 return
             self.later = [m for m in self.later if m.generation > self.generation]
+            self.later_bytes = sum(len(m.body) + m.payload_bytes for m in self.later)
             for i, msg in enumerate(ready):
                 try:
                     self.handle(msg)
                 except BaseException:
                     self.later = ready[i + 1:] + self.later  # keep what is not handled yet
+                    self.later_bytes = sum(len(m.body) + m.payload_bytes for m in self.later)
                     raise

@@ -43,6 +43,9 @@ from nebula.transport.base import Channel
 from nebula.wire import Kind, Message
 
 IDS = "example_ids"  # the runtime's own tensor on every data message: (B,) int64 example-id hashes
+# what a stage keeps of a generation it has not resumed into yet: a peer that resumed first runs at most
+# its pace credit ahead (a few micro-batches per link); past this, it is flooding the stage
+LATER_BYTES = 1 << 30
 WAIT_NOTICE_S = 10.0  # a stage that has received nothing for this long says whom it waits for, and again as often
 
 
@@ -334,8 +337,17 @@ class StageRunner(ResumeProtocol, InferencePasses):
         """Whether `msg` belongs to this generation (older, or this one once it is abandoned:
         dropped; newer: kept for later)."""
         if msg.generation > self.generation:
-            self.later.append(msg)
+            self._keep_for_later(msg)
         return msg.generation == self.generation >= self.floor
+
+    def _keep_for_later(self, msg: Message) -> None:
+        size = len(msg.body) + msg.payload_bytes
+        if self.later_bytes + size > LATER_BYTES:
+            raise StageError(f"{msg.src} sent generation {msg.generation} while {self.name} is in "
+                             f"{self.generation}: {len(self.later) + 1} such messages, over the "
+                             f"{LATER_BYTES >> 20} MiB a stage keeps until it resumes; a peer is flooding it")
+        self.later.append(msg)
+        self.later_bytes += size
 
     def _data(self, sender: str, msg: Message) -> None:
         topic = ctl.parse_data_topic(msg)

@@ -83,6 +83,9 @@ class TokenizedSide:
         return self.vmap.to_new(ids), mask, torch.tensor([part["hashes"][i] for i in indices])
 
     def lookup(self, split: str, hashes: torch.Tensor) -> list[int]:
+        if split not in self.splits:  # a split the other site asked for by name (an inference pass)
+            raise DataError(f"the other site sent examples of a {split!r} split; this site's data has "
+                            f"{', '.join(sorted(self.splits))}: both sites must use the same prepared data")
         index = self.splits[split]["index"]
         missing = [h for h in hashes.tolist() if h not in index]
         if missing:

@@ -215,15 +215,17 @@ class AbnetDecoder(Stage):
         """Beam search (ar) or mask-predict with a length beam (cmlm), beam 4 as the paper's ->
         [translation, reference] per sentence (no reference for `nebula translate`'s input)."""
         from services.abnet.decoding import detokenize
+        refs = None  # `nebula translate`'s input has none; a split this site lacks fails here, before decoding
+        if batch.split != INPUT_SPLIT:
+            refs = [self.data.splits[batch.split]["text"][i] for i in self.data.lookup(batch.split, batch.ids)]
         hidden, src_mask = self.boundary(inputs)
         o = self.options
         search = ({"max_len_a": o.max_len_a, "max_len_b": o.max_len_b, "no_repeat_ngram": o.no_repeat_ngram}
                   if o.objective == "ar" else {})
         rows = self.module.decode(hidden, src_mask, iterations=o.decode_iterations, beam=o.beam, **search)
         hyps = [detokenize(r, self.pre.tokenizer, self.data.vmap) for r in rows]
-        if batch.split == INPUT_SPLIT:
+        if refs is None:
             return [[h, ""] for h in hyps]
-        refs = [self.data.splits[batch.split]["text"][i] for i in self.data.lookup(batch.split, batch.ids)]
         return [[h, r] for h, r in zip(hyps, refs)]
 
     def score(self, split: str, results: list[list[str]]) -> dict:

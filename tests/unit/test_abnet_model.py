@@ -254,6 +254,21 @@ def test_bad_inputs_raise_errors_that_say_what_to_do(tmp_path, minilm):
         minilm.model(torch.zeros(1, 600, dtype=torch.long), torch.ones(1, 600, dtype=torch.bool))
 
 
+def test_examples_the_other_site_names_must_be_in_this_sites_data(e5):
+    """An inference pass of a split this site lacks once reached the decoder as a KeyError."""
+    from pathlib import Path
+
+    from nebula.errors import DataError
+    from services.abnet.sides import TokenizedSide
+    side = TokenizedSide(str(Path(__file__).parents[1] / "e2e" / "data" / "es-en"), "tgt", e5, max_len=24, limit=None)
+    hashes = torch.tensor(side.splits["valid"]["hashes"][:3])
+    assert side.lookup("valid", hashes) == [0, 1, 2]
+    with pytest.raises(DataError, match="a 'nosuch' split; this site's data has test, train, valid"):
+        side.lookup("nosuch", hashes)
+    with pytest.raises(DataError, match="3 example ids .* not in this site's test split"):
+        side.lookup("test", hashes)
+
+
 def test_evaluation_sentences_spread_over_the_whole_test_set():
     from services.abnet.stages import spread
     assert spread(6000, 4) == [0, 1500, 3000, 4500]  # every package region, not the first few

@@ -3,6 +3,7 @@ exception, were buffered without bound, or were applied silently twice (found by
 stops the stage with a StageError naming what is wrong (docs/runtime.md, "Failures")."""
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from nebula.codecs import pack
 from nebula.errors import StageError
 from nebula.runtime import control as ctl
+from nebula.runtime import runner as runner_module
 from nebula.runtime.order import id_hashes
 from nebula.transport.inproc import InProcHub
 from nebula.wire import Kind, Message
@@ -127,3 +129,33 @@ def test_a_resume_into_a_generation_already_abandoned_is_refused(tmp_path):
     started = time.monotonic()
     assert "into generation 1, below 2" in str(stopped_with(running, "sink"))
     assert time.monotonic() - started < 10
+
+
+def test_messages_of_a_generation_not_yet_entered_are_kept_within_a_bound(tmp_path, monkeypatch):
+    """They were kept without bound: a peer in a newer generation could fill the memory of a stage
+    that had not resumed into it yet."""
+    monkeypatch.setattr(runner_module, "LATER_BYTES", 64 << 10)
+    running, src = joined_sink(tmp_path)
+    ahead = forward(1, 0)
+    ahead.generation = 2
+    for _ in range(200):  # (4, 16) float32 + ids: ~300 bytes each, ~60 KB in all: kept
+        src.send(ahead)
+    ahead.tensors[0] = pack("hidden", "activation", torch.randn(4, 4096), "none")
+    for _ in range(2):  # 64 KB each: the second passes the bound
+        src.send(ahead)
+    error = str(stopped_with(running, "sink"))
+    assert "generation 2 while sink is in 1" in error and "flooding" in error
+    assert running.runners["sink"].later_bytes <= 64 << 10
+
+
+@pytest.mark.parametrize("topic, body, says", [
+    ("infer-end", {"origin": "src", "split": "../../escape"}, "split '../../escape'"),  # it names the sink's files
+    ("infer-end", {"origin": "a b", "split": "test"}, "origin 'a b'"),
+    ("infer-progress", {"split": "a/b", "n": 1}, "split 'a/b'"),
+    ("scores", {"split": "", "sink": "sink"}, "split ''"),
+])
+def test_a_split_or_stage_name_that_is_no_name_is_refused(tmp_path, topic, body, says):
+    running, src = joined_sink(tmp_path)
+    src.send(Message(kind=Kind.CONTROL, dst=SINK, generation=1, topic=topic, body=json.dumps(body).encode()))
+    assert says in str(stopped_with(running, "sink"))
+    assert not list(tmp_path.parent.rglob("escape*"))
