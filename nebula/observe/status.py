@@ -6,7 +6,9 @@ rewrites PATH at most every INTERVAL seconds while it runs and once more when it
 
     service, kind ("gateway" | "stage"), address, pid, host, pid_start, state, started, updated
 
-state is one of STATES: starting -> running -> done | stopped | failed (`error` then says why).
+state is one of STATES: starting -> running -> done | stopped | failed (`error` then says why); a
+running service that works but refuses its work meanwhile (a gateway that cannot write its audit
+log) is `degraded` (`error` says why) until it recovers: alive, and unhealthy.
 `updated` (unix time) moves on every write, so a file that stops moving means a stuck or dead
 service. The numbers each kind adds are listed in docs/runtime.md ("Health and metrics").
 """
@@ -24,7 +26,7 @@ from nebula.errors import DataError
 
 INTERVAL = 2.0  # seconds between writes of a running service
 DEFAULT_MAX_AGE = 10.0  # a status older than this is stale (five missed writes)
-STATES = ("starting", "running", "done", "stopped", "failed")
+STATES = ("starting", "running", "degraded", "done", "stopped", "failed")
 FINAL = ("done", "stopped", "failed")
 
 

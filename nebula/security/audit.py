@@ -19,9 +19,16 @@ interval, and counts the rest into one summary record, so every decision stays a
 the file is rotated past `max_bytes`, the chain continuing in the next file
 (nebula.security.audit_series names them). The keys counted per interval are bounded (`MAX_KEYS`):
 beyond, events share one key whose values are all `OTHER`.
+
+A write that fails (a full disk, an I/O error) never leaves half a record: the file is cut back to
+its last whole one. By default the error is raised. With `hold_on_failure` (the gateway's log) the
+log goes *down* instead: it writes nothing and counts per event what it could not write, until
+`retry()` succeeds in writing an `audit.resumed` record that says for how long and what was lost.
+Its owner reads `down` and fails closed meanwhile (the gateway forwards nothing it cannot record).
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -90,7 +97,8 @@ class AuditLog:
 
     def __init__(self, path: str | os.PathLike, fsync_interval: float | None = 1.0,
                  max_bytes: int = DEFAULT_MAX_BYTES, summary_interval: float = DEFAULT_SUMMARY_INTERVAL,
-                 full_records: int = DEFAULT_FULL_RECORDS, clock: Callable[[], float] = time.time):
+                 full_records: int = DEFAULT_FULL_RECORDS, clock: Callable[[], float] = time.time,
+                 hold_on_failure: bool = False):
         self.path = Path(path)
         self.clock = clock
         self.fsync_interval = fsync_interval
@@ -106,12 +114,32 @@ class AuditLog:
         self._tallies: dict[tuple, list] = {}  # (event, key items) -> [messages, bytes, first_ts, last_ts]
         self._repeats: dict[tuple, _Repeats] = {}  # (event, key items) -> this interval's counts
         self._tally_pid, self._tally_since = os.getpid(), 0.0
+        self.hold_on_failure = hold_on_failure
+        self.down: str | None = None  # why the last write failed, while the log is down (hold_on_failure)
+        self._down_since = 0.0
+        self._lost: dict[str, int] = {}  # event -> records not written while down
 
-    def append(self, event: str, **fields: Any) -> dict:
-        """Append one record and return it. Values must be JSON: log sizes and hashes, never payloads."""
+    def append(self, event: str, **fields: Any) -> dict | None:
+        """Append one record and return it (None if the log is down). Values must be JSON: log sizes and
+        hashes, never payloads."""
         _check(event, fields, RESERVED)
         with self._lock:
-            return self._write([(event, fields)])[0]
+            written = self._write([(event, fields)])
+        return written[0] if written else None
+
+    def retry(self) -> bool:
+        """While down: try to write `audit.resumed` {down_s, reason, lost: {event: records}}; -> up now."""
+        with self._lock:
+            if self.down is None:
+                return True
+            resumed = {"down_s": round(time.monotonic() - self._down_since, 3), "reason": self.down,
+                       "lost": dict(self._lost)}
+            try:
+                self._write_records([("audit.resumed", resumed)], [])
+            except OSError:
+                return False  # still down, for the first cause
+            self.down, self._lost = None, {}
+            return True
 
     def tally(self, event: str, nbytes: int, **key: Any) -> None:
         """Count one message of `nbytes` under (event, key); `flush_summaries` writes one record per key:
@@ -145,7 +173,7 @@ class AuditLog:
             full = counts.recorded < self.full_records
             if full:
                 _check(event, fields, RESERVED)
-                self._write([(event, {**key, **fields})])
+                full = bool(self._write([(event, {**key, **fields})]))
                 counts.recorded += 1
             else:
                 counts.count(reason, distinct, now)
@@ -197,8 +225,13 @@ class AuditLog:
         self.flush_summaries()
         with self._lock:
             if self._fd is not None and self._pid == os.getpid():
-                os.fsync(self._fd)
-                os.close(self._fd)
+                try:
+                    os.fsync(self._fd)
+                except OSError:
+                    if not self.hold_on_failure:  # held: what could not be written is counted already
+                        raise
+                finally:
+                    os.close(self._fd)
             self._fd = None
 
     def __enter__(self) -> AuditLog:
@@ -209,8 +242,22 @@ class AuditLog:
 
     # --- under self._lock ----------------------------------------------------------------
     def _write(self, entries: list[tuple[str, dict]]) -> list[dict]:
+        """The records written, in order; all of them, unless the log is held down (then the rest are
+        counted as lost)."""
+        written: list[dict] = []
+        if self.down is None:
+            try:
+                self._write_records(entries, written)
+            except OSError as exc:
+                if not self.hold_on_failure:
+                    raise
+                self.down, self._down_since = _failure(self.path, exc), time.monotonic()
+        for event, _ in entries[len(written):]:
+            self._lost[event] = self._lost.get(event, 0) + 1
+        return written
+
+    def _write_records(self, entries: list[tuple[str, dict]], written: list[dict]) -> None:
         fd = self._locked_descriptor()
-        written = []
         try:
             self._catch_up(fd)
             for event, fields in entries:
@@ -219,14 +266,13 @@ class AuditLog:
                     fd = self._rotate(fd)
                     self._catch_up(fd)  # normally the archive's last record; another process may have written
                     record, line = self._next(event, fields)
-                os.write(fd, line)
+                _write_whole(fd, line, self._end)
                 self._end += len(line)
                 self._seq, self._hash = record["seq"], record["hash"]
                 written.append(record)
             self._maybe_fsync(fd)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
-        return written
 
     def _next(self, event: str, fields: dict) -> tuple[dict, bytes]:
         record = {"seq": self._seq + 1, "ts": self.clock(), "event": event, **fields, "prev": self._hash}
@@ -287,6 +333,19 @@ class AuditLog:
         if now - self._last_fsync >= self.fsync_interval:
             os.fsync(fd)
             self._last_fsync = now
+
+
+def _write_whole(fd: int, line: bytes, end: int) -> None:
+    """One record in one write(2), or none of it: a short write (the disk filled up meanwhile) is cut
+    back to `end`, the file's size before it, so that the next record starts on a line of its own."""
+    done = os.write(fd, line)  # when it raises, it wrote nothing
+    if done < len(line):
+        os.ftruncate(fd, end)
+        raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (a short write: {done} of {len(line)} bytes)")
+
+
+def _failure(path: Path, exc: OSError) -> str:
+    return f"cannot write {path}: {exc.strerror or exc}"
 
 
 def _check(event: str, fields: dict, reserved: frozenset) -> None:

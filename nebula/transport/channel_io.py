@@ -222,9 +222,10 @@ class ChannelIO(threading.Thread):
 
     def _on_gateway_error(self, msg: Message) -> None:
         log.debug("%s: gateway error %s: %s", self.address, msg.error_code, msg.error_message)
-        if msg.error_code in ("unreachable", "rate-limited"):
+        if msg.error_code in ("unreachable", "rate-limited", "audit-unavailable"):
             # The destination (msg.topic) is not connected yet, or its gateway is down, or this stage
-            # sent faster than its gateway takes from one sender: try again soon.
+            # sent faster than its gateway takes from one sender, or a gateway on the way cannot write
+            # its audit log (a full disk) and forwards nothing meanwhile: try again soon.
             site = self._site(msg.topic)
             if msg.error_code == "unreachable" and msg.src == self.gateway and site != self._site(self.address):
                 self.down_since.setdefault(site, time.monotonic())  # the WAN or that site's gateway is down:

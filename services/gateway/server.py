@@ -40,6 +40,7 @@ log = logging.getLogger("nebula.gateway")
 BATCH = 64  # messages taken from one socket before the others get their turn
 SUMMARISED = (Kind.ACK, Kind.HEARTBEAT)  # audited as per-interval counts, not one record each
 TRUST_RECHECK = 1.0  # seconds between re-checks of live connections against trust (and the clock)
+AUDIT_RETRY = 2.0  # seconds between attempts to write the audit log again while it cannot be written
 
 
 class Gateway:
@@ -48,7 +49,11 @@ class Gateway:
         self.site, self.address = site, site.gateway.address
         self.stop_requested = threading.Event()
         self.meter = Meter()
-        self.audit = AuditLog(site.audit, max_bytes=audit_max_bytes, summary_interval=audit_summary_interval)
+        # Held, not raised: a full disk makes the gateway refuse traffic until it can record it again
+        # (`_check_audit`), instead of exiting into a restart loop that fails at its first record.
+        self.audit = AuditLog(site.audit, max_bytes=audit_max_bytes, summary_interval=audit_summary_interval,
+                              hold_on_failure=True)
+        self._audit_retry_at = 0.0
         credentials = site.credentials_for(self.address)
         self.identity = load_identity(credentials, self.address)  # refuses a readable ca.key
         self.store = TrustStore.load(credentials)
@@ -133,10 +138,29 @@ class Gateway:
                 if self.observer is not None:
                     self.observer.tick()  # from the loop: a stuck loop shows as a stale status
                 self.audit.flush_summaries(due_only=True)  # acks and heartbeats of the last interval
+                self._check_audit()
                 self._recheck_trust()
         except BaseException as exc:
             self.failure = exc
             raise
+
+    def _check_audit(self) -> None:
+        """While the audit log cannot be written: say so (log, status, health), and try it again every
+        AUDIT_RETRY seconds; the first record that goes in again is `audit.resumed`, with what was lost."""
+        if self.audit.down is None or time.monotonic() < self._audit_retry_at:
+            return
+        if self._audit_retry_at == 0.0:
+            log.error("gateway %s forwards nothing until it can write its audit log again: %s",
+                      self.address, self.audit.down)
+            if self.observer is not None:
+                self.observer.set_state("degraded", f"audit log: {self.audit.down}")
+        if self.audit.retry():
+            log.warning("gateway %s: its audit log takes records again; forwarding", self.address)
+            self._audit_retry_at = 0.0
+            if self.observer is not None:
+                self.observer.set_state("running")
+        else:
+            self._audit_retry_at = time.monotonic() + AUDIT_RETRY
 
     def _poller(self) -> tuple[zmq.Poller, dict, dict]:
         poller = zmq.Poller()
@@ -228,6 +252,9 @@ class Gateway:
         self.meter.passed(peer, "in", msg.nbytes, resend=msg.env.kind == Kind.ACK and msg.env.topic == "resend")
         if msg.env.dst == self.address:
             self._answer_local(msg)
+        elif self.audit.down is not None:  # fail closed: nothing passes that the log cannot record
+            raise Refusal("audit-unavailable", f"gateway {self.address} cannot write its audit log and forwards "
+                                               "nothing until it can; it will be resent", msg.env)
         elif dst_site == self.site.name:
             self._send(self.internal, [self._stage_route(msg), *msg.frames], msg, "internal")
         elif dst_site in self.site.peers and msg.origin == INTERNAL:

@@ -84,3 +84,54 @@ def test_tensors_stay_individual_acks_become_summaries_and_the_log_rotates(gatew
     received = sum(r["messages"] for r in acks_in)
     assert 0 < received <= sum(r["messages"] for r in acks_out)
     assert all(r["bytes"] >= r["messages"] and r["first_ts"] <= r["last_ts"] <= r["ts"] for r in acks_in)
+
+
+def test_a_gateway_whose_audit_log_fills_up_refuses_traffic_until_it_can_record_it(gateways):
+    """A full disk once ended the gateway at its next record, and its restarts at their first. Now it
+    stays up and fails closed: it refuses what it cannot record (`audit-unavailable`, which senders
+    resend), writes `audit.resumed` with what it lost once the disk has room, and nothing is lost or
+    delivered twice. /dev/full answers every write with ENOSPC, as a full disk does."""
+    import os
+    import time
+
+    from nebula.security.audit_series import archive_path, archives
+    from tests.integration.conftest import wait_for
+
+    world = gateways.world
+    gateway = next(g for g, _ in gateways.running if g.site.name == "a")
+    path = world.site("a").config.audit
+    with open_channel(world.site("a").config, "a/enc/0", config=FAST) as a, \
+            open_channel(world.site("b").config, "b/dec/0", config=FAST) as b:
+        a.send(tensor_message("b/dec/0", 0), timeout=5)
+        assert b.recv(timeout=10).step == 0
+        os.rename(path, archive_path(path, max((n for n, _ in archives(path)), default=0) + 1))
+        os.symlink("/dev/full", path)
+        for step in range(1, 6):
+            a.send(tensor_message("b/dec/0", step), timeout=5)
+        wait_for(lambda: gateway.meter.refused["audit-unavailable"] > 0, 10, "a refusal for the full audit log")
+        assert "No space left on device" in gateway.audit.down
+        got = []
+        try:
+            got.append(b.recv(timeout=1.5).step)  # the one whose record failed had gone through already
+            got.append(b.recv(timeout=1.5).step)
+        except Exception:
+            pass
+        assert got in ([], [1]), got
+        os.unlink(path)  # room on the disk again
+        started = time.monotonic()
+        got += [b.recv(timeout=15).step for _ in range(5 - len(got))]
+        assert got == [1, 2, 3, 4, 5] and gateway.audit.down is None
+        assert time.monotonic() - started < 10
+    gateways.stop()
+
+    result = verify(path)
+    assert result.ok, str(result)
+    log = audit(world, "a")
+    resumed = [r for r in log if r["event"] == "audit.resumed"]
+    assert len(resumed) == 1 and "No space left on device" in resumed[0]["reason"]
+    lost = resumed[0]["lost"]
+    assert lost.get("gateway.refused", 0) >= 1  # the refusals themselves could not be recorded either
+    # every message that went out has its record, or is counted in `lost` (the one that went out as the
+    # disk filled, if a transfer record was the first write to fail)
+    sent = {r["msg_seq"] for r in log if r["event"] == "transfer.out" and r["kind"] == "TENSORS"}
+    assert len(sent) + lost.get("transfer.out", 0) >= 6

@@ -71,6 +71,9 @@ def test_health_needs_a_fresh_file_a_live_pid_and_a_live_state(tmp_path):
     assert not health(path, max_age=10).ok and "not updated for 30 s" in health(path, max_age=10).reason
     write_status(path, status_of(state="failed", error="ConfigError: bad key"))
     assert not health(path).ok and health(path).reason.endswith("ConfigError: bad key")
+    write_status(path, status_of(state="degraded", error="audit log: cannot write a.jsonl: No space left on device"))
+    assert not health(path).ok and "gateway is degraded" in health(path).reason
+    assert health(path).reason.endswith("No space left on device")
     exited = subprocess.Popen([sys.executable, "-c", "pass"])
     exited.wait()
     write_status(path, status_of(pid=exited.pid))

@@ -235,8 +235,8 @@ WRITERS = ("append", "tally", "repeated", "_audit")
 
 def audit_writes() -> dict[str, set[str]]:
     """Every audit record the source writes: event -> its fields (besides seq, ts, event, prev, hash).
-    Found by reading the calls: `<...>audit.append|tally|repeated(EVENT, ...)`, `<...>._audit(EVENT, ...)`
-    and `audit(DIR, EVENT, ...)` (nebula.security.accounts.audit)."""
+    Found by reading the calls: `<...>audit.append|tally|repeated(EVENT, ...)`, `<...>._audit(EVENT, ...)`,
+    `audit(DIR, EVENT, ...)` (nebula.security.accounts.audit) and the log's own `_write_records([(EVENT, ...)])`."""
     trees = [ast.parse(p.read_text()) for p in sorted([*ROOT.glob("nebula/**/*.py"), *ROOT.glob("services/**/*.py")])]
     # module-level functions that build a record's fields: `**transfer_fields(env, n)` has their keys
     builders = {f.name: f for tree in trees for f in tree.body if isinstance(f, ast.FunctionDef)}
@@ -252,6 +252,9 @@ def audit_writes() -> dict[str, set[str]]:
 
 def _audit_call(call: ast.Call, func: ast.AST, builders: dict) -> list[tuple[str, set[str]]]:
     f = call.func
+    if isinstance(f, ast.Attribute) and f.attr == "_write_records" and isinstance(call.args[0], ast.List):
+        return [(entry.elts[0].value, _dict_keys(entry.elts[1], func, builders)) for entry in call.args[0].elts  # `audit.resumed`
+                if isinstance(entry, ast.Tuple) and isinstance(entry.elts[0], ast.Constant)]
     if isinstance(f, ast.Attribute) and f.attr in WRITERS and (f.attr == "_audit" or ast.unparse(f.value).endswith("audit")):
         kind, args = f.attr, call.args
     elif isinstance(f, ast.Name) and f.id == "audit":
