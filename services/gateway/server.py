@@ -359,6 +359,7 @@ class Gateway:
         if self.zap is not None:  # after the server sockets: never leave them without a handler
             self.zap.stop()
         self.ctx.term()
+        self.audit.retry()  # if it was down and there is room now, its gap is recorded before the end
         self.audit.flush_summaries()  # the last interval's counts before the final record
         self.audit.append("gateway.stopped", address=self.address, stats=self.meter.snapshot())
         self.audit.close()
