@@ -155,7 +155,6 @@ class DataKind(enum.Enum):
     INFER = "infer"  # an inference batch: topic "infer:ORIGIN:SPLIT"
 
 
-
 @dataclass(frozen=True)
 class DataTopic:
     kind: DataKind

@@ -138,12 +138,18 @@ class ResumeProtocol:
             ready = [m for m in self.later if m.generation <= self.generation]
             if not ready:
                 return
-            self.later = [m for m in self.later if m.generation > self.generation]
-            self.later_bytes = sum(len(m.body) + m.payload_bytes for m in self.later)
+            self._set_later([m for m in self.later if m.generation > self.generation])
             for i, msg in enumerate(ready):
                 try:
                     self.handle(msg)
                 except BaseException:
-                    self.later = ready[i + 1:] + self.later  # keep what is not handled yet
-                    self.later_bytes = sum(len(m.body) + m.payload_bytes for m in self.later)
+                    self._set_later(ready[i + 1:] + self.later)  # keep what is not handled yet
                     raise
+
+    def _set_later(self, kept: list[Message]) -> None:
+        self.later, self.later_bytes = kept, sum(held_bytes(m) for m in kept)
+
+
+def held_bytes(msg: Message) -> int:
+    """What a message kept for a later generation holds: its body and its tensors' frames."""
+    return len(msg.body) + msg.payload_bytes

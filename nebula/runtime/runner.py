@@ -36,7 +36,7 @@ from nebula.runtime.inference import InferencePasses
 from nebula.runtime.link import LinkCodecs, LinkMeter
 from nebula.runtime.metrics import MetricsLog
 from nebula.runtime.order import ExampleOrder, digest
-from nebula.runtime.resume import ResumeProtocol, Resync
+from nebula.runtime.resume import ResumeProtocol, Resync, held_bytes
 from nebula.runtime.sender import BackgroundSender
 from nebula.runtime.stage import FLOAT, Batch, Port, Stage
 from nebula.transport.base import Channel
@@ -341,7 +341,7 @@ class StageRunner(ResumeProtocol, InferencePasses):
         return msg.generation == self.generation >= self.floor
 
     def _keep_for_later(self, msg: Message) -> None:
-        size = len(msg.body) + msg.payload_bytes
+        size = held_bytes(msg)
         if self.later_bytes + size > LATER_BYTES:
             raise StageError(f"{msg.src} sent generation {msg.generation} while {self.name} is in "
                              f"{self.generation}: {len(self.later) + 1} such messages, over the "
