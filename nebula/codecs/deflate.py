@@ -53,8 +53,8 @@ class Deflate(Codec):
             raise CodecError(f"codec 'deflate': dtype {x.dtype} cannot go on the wire "
                              f"(allowed: {', '.join(ITEMSIZE)})")
         flat = x.detach().cpu().contiguous().reshape(-1)  # (N,): a 0-d tensor cannot be viewed as bytes
-        if not flat.numel():  # an empty tensor may have stride 0 (from numpy), which cannot be viewed as bytes
-            flat = flat.new_empty(0)
+        if flat.numel() <= 1 and flat.stride(-1) != 1:  # torch calls a 0- or 1-element tensor contiguous
+            flat = flat.clone(memory_format=torch.contiguous_format)  # at any stride; bytes need stride 1
         meta = {"dtype": dtype_names()[x.dtype], "shape": list(x.shape)}
         data = _varints(flat) if _is_varint(meta["dtype"]) else None
         if data is None or len(data) > flat.numel() * flat.element_size():  # hashes: varints would only grow

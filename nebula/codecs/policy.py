@@ -135,8 +135,8 @@ def _overrides(where: str, table: Any) -> tuple[Override, ...]:
     overrides = []
     for pattern, value in table.items():
         at = f"{where}.{pattern!r}"
-        if isinstance(value, str):
-            codec = _codec(at, value)
+        if isinstance(value, str):  # both directions, so not `delta`
+            codec = _gradients(at, _codec(at, value))
             overrides.append(Override(pattern=pattern, forward=codec, backward=codec))
             continue
         if not isinstance(value, Mapping) or not value or set(value) - set(DIRECTIONS):

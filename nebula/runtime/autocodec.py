@@ -162,8 +162,9 @@ class AutoChoice:
         for name, raw in self.last_raw.items():
             sample = self.samples[name]
             key = (codec.spec, name, tuple(sample.shape))
-            if key not in self.ratios:  # a trial encode, stateless, on the sender thread
-                payload = codecs.pack(name, "activation", sample.contiguous(), codec)
+            if key not in self.ratios:  # a trial encode on the sender thread, with a throwaway state
+                # (`ef` refuses to encode without one; the stream's own state is not touched)
+                payload = codecs.pack(name, "activation", sample.contiguous(), codec, state={})
                 self.ratios[key] = payload.wire_bytes / max(sample.numel() * sample.element_size(), 1)
             total += raw * self.ratios[key]
         return total

@@ -65,6 +65,23 @@ def test_bad_auto_tables_are_config_errors(table, message):
         parse_phases(table)
 
 
+def test_a_ladder_of_error_feedback_rungs_is_climbed_on_gradients(tmp_path):
+    """`ef` encodes only with a state: sizing its rungs used to stop the sender at the first decision."""
+    ladder = ["ef(int8)", "ef(int8(lowrank(0.1)))"]
+    sender = LinkCodecs.from_table({"backward": "auto", "auto": {"backward": ladder, "every": 1}}, "src->sink")
+    receiver = LinkCodecs.from_table({}, "src->sink")
+    sender.attach(Path_(0.5), lambda **event: None)  # 4 x 37 KB of int8 a step at 0.5 Mbit/s: 2.4 s > 0.16 s
+    used = []
+    for step in range(1, 4):
+        for _ in range(4):
+            g = torch.randn(4, 24, 384)
+            payload = sender.pack("backward", "hidden", g, step)
+            assert receiver.unpack(payload).shape == g.shape
+            used.append(payload.codec)
+        sender.observe_step(0.4)
+    assert used[:4] == ["ef(int8)"] * 4 and used[-1] == "ef(int8(lowrank(0.1)))"
+
+
 class Path_:
     """A path whose goodput the test sets, as the channel's ACKs would report it."""
 

@@ -36,7 +36,9 @@ def through_wire(payload):
 def same_bits(x: torch.Tensor, y: torch.Tensor) -> bool:
     if x.dtype != y.dtype or x.shape != y.shape:
         return False
-    return x.numel() == 0 or torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8))
+    def raw(t):  # stride 1 even for one element (torch calls it contiguous at any stride)
+        return t.reshape(-1).clone(memory_format=torch.contiguous_format).view(torch.uint8)
+    return x.numel() == 0 or torch.equal(raw(x), raw(y))
 
 
 def special_floats(dtype: torch.dtype) -> torch.Tensor:
@@ -62,6 +64,9 @@ TENSORS = {
     # no elements, with stride 0 (torch.from_numpy of an empty array): viewing them as bytes for the byte
     # shuffle raised RuntimeError
     "empty float32, stride 0": torch.from_numpy(np.zeros(0, np.float32)),
+    # one element at stride 2 (a batch of one, sliced): torch calls it contiguous, bytes need stride 1
+    "one float32 at stride 2": torch.tensor([[1.5, 2.0]])[:, 0],
+    "one int64 at stride 2": torch.tensor([[5, 6]])[:, 0],
 }
 
 

@@ -51,6 +51,14 @@ def test_fp16_overflow_is_refused_with_a_fix():
         pack("h", "activation", torch.full((4,), 1e6), "fp16")
 
 
+def test_bf16_refuses_only_values_that_round_to_inf():
+    """The check sums the copy in float32, which overflows for large finite values: those travel."""
+    big = torch.full((1000,), 1e36)
+    assert torch.equal(unpack(pack("h", "activation", big, "bf16")), big.bfloat16().float())
+    with pytest.raises(CodecError, match="round to Inf"):
+        pack("h", "activation", torch.tensor([1.0, 3.399e38]), "bf16")
+
+
 def test_ef_without_state_is_refused():
     with pytest.raises(CodecError, match="state"):
         pack("g", "gradient", torch.randn(16), "ef(topk(0.5))")

@@ -73,8 +73,9 @@ def test_unknown_direction_is_refused():
 
 
 @pytest.mark.parametrize("table", [{"forward": "delta(int8)", "backward": "delta(int8)"},
-                                   {"overrides": {"hidden": {"backward": "delta(fp16)"}}}])
+                                   {"overrides": {"hidden": {"backward": "delta(fp16)"}}},
+                                   {"overrides": {"hidden": "delta(int8)"}}])  # a string names both directions
 def test_delta_backward_is_refused_when_the_job_is_read(table):
     """Gradients carry no example ids: delta backward used to fail only at the first send, in the sender thread."""
-    with pytest.raises(ConfigError, match=r"backward = 'delta\(.*gradients carry no example ids"):
+    with pytest.raises(ConfigError, match=r"= 'delta\(.*gradients carry no example ids"):
         CompressionPolicy.from_dict(table, "links[0].compression")
