@@ -107,15 +107,24 @@ class ResumeProtocol:
             self._join(resync.round)
 
     def _late_joiner(self, sender: str, hello: ctl.Hello) -> None:
-        """A member restarted after the job's end was announced: resume it at the end and finish it."""
+        """A member restarted after the job's end was announced: resume it at the end and finish it,
+        or, if it died before saving the final step, roll every stage back as during training."""
         if self.coordination.incarnations.get(sender) == hello.incarnation:
             return
         self.coordination.incarnations[sender] = hello.incarnation
-        if self.finish_at not in hello.checkpoints:
-            raise StageError(f"{sender} restarted after the job ended without its final checkpoint "
-                             f"(step {self.finish_at}; it has {list(hello.checkpoints)})")
-        self._tell(sender, ctl.Resume(round=self.coordination.round, step=self.finish_at, generation=self.generation))
-        self._tell(sender, ctl.Finish(step=self.finish_at))
+        if self.finish_at in hello.checkpoints:
+            self._tell(sender, ctl.Resume(round=self.coordination.round, step=self.finish_at,
+                                          generation=self.generation))
+            self._tell(sender, ctl.Finish(step=self.finish_at))
+            return
+        exited = sorted(self.done - {sender})
+        if exited:  # they saved the end and are gone: nobody can replay the steps it lacks with it
+            raise StageError(f"{sender} restarted after the job ended without its final checkpoint (step "
+                             f"{self.finish_at}; it has {list(hello.checkpoints)}), and {', '.join(exited)} "
+                             "already finished; start every stage again to resume from a common checkpoint")
+        self.finishing, self.finish_at = False, None  # the end is announced again once it is reached
+        self.ended.clear()
+        raise Resync()
 
     def _hello(self, answer_to: int) -> ctl.Hello:
         return ctl.Hello(incarnation=self.incarnation, checkpoints=tuple(self.good_checkpoints()),
