@@ -16,7 +16,8 @@ _NAME = re.compile(r"^step-(\d{8})\.pt$")
 
 
 class CheckpointDir:
-    """`<dir>/step-00000120.pt` files, each followed by its sha256 in `<file>.sha256`."""
+    """`<dir>/step-00000120.pt` files, each followed by its sha256 in `<file>.sha256`; the `keep` newest
+    and step 0 stay."""
 
     def __init__(self, path: str | Path, keep: int = 3):
         self.path, self.keep = Path(path), keep
@@ -80,9 +81,17 @@ class CheckpointDir:
             raise StageError(f"checkpoint {target} cannot be read: {exc}") from exc
 
     def _prune(self) -> None:
-        for step in self.steps()[:-self.keep]:
+        for step in self.steps()[1:-self.keep]:  # never step 0: the one checkpoint every stage has
             self.file(step).unlink(missing_ok=True)
             Path(f"{self.file(step)}.sha256").unlink(missing_ok=True)
+
+
+def checkpoints_to_keep(stages: int, pace_credit: int, checkpoint_every: int) -> int:
+    """Enough that the stage furthest ahead still holds the newest checkpoint of the one furthest
+    behind: a sender runs at most its pace credit + 2 steps ahead of a receiver, per link of a chain
+    (runner.handle refuses more); at least 3."""
+    lag = (stages - 1) * (pace_credit + 2)
+    return max(3, 2 + -(-lag // checkpoint_every))
 
 
 def read(data: bytes) -> dict[str, Any]:

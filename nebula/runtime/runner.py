@@ -27,7 +27,7 @@ import torch
 
 from nebula.errors import DataError, LinkDown, RecvTimeout, RemoteError, StageError, TransportError
 from nebula.runtime import control as ctl
-from nebula.runtime.checkpoint import CheckpointDir, rng_state, set_rng_state
+from nebula.runtime.checkpoint import CheckpointDir, checkpoints_to_keep, rng_state, set_rng_state
 from nebula.runtime.control import DataKind, DataTopic, Topic
 from nebula.runtime.coordinator import Phase
 from nebula.runtime.executor import Executor
@@ -90,7 +90,8 @@ class StageRunner(ResumeProtocol, InferencePasses):
         self.sender = BackgroundSender(channel, timeout)
         if ranks is not None:
             ranks.attach(self._emit, self.executor)
-        self.checkpoints = CheckpointDir(self.workdir / "checkpoints")
+        self.checkpoints = CheckpointDir(self.workdir / "checkpoints", checkpoints_to_keep(
+            len(self.graph.stages), self.schedule.pace_credit, self.train.checkpoint_every))
         self.step, self.generation, self.ledger = 0, 0, []
         self.open: dict[int, StepState] = {}  # steps started and not applied yet
         self.acked = {link.name: 0 for link in self.out_links if not link.backward}  # PACE per forward-only link

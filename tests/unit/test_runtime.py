@@ -111,14 +111,18 @@ def test_lossy_codec_stays_close_to_the_reference(tmp_path):
     assert 0 < diff < 0.05  # compressed, so not identical, but close
 
 
+FAR_AHEAD = dict(CASES["forward-only"], credit=3, checkpoint_every=1)
+
+
 @pytest.mark.parametrize("case, crash_at", [("sync", 8), ("chain-stale", 8), ("forward-only", 8),
-                                             ("sync", 12), ("forward-only", 11)])
+                                             ("sync", 12), ("forward-only", 11), ("far-ahead", 8)])
 def test_killed_stage_resumes_without_loss_or_repeat(tmp_path, case, crash_at):
     """The sink dies in the middle of step 8 (after the checkpoint of step 6) and is restarted: the job
     equals its reference and every stage's ledger lists every step once. Also in the last step (12),
     or, forward-only, in step 11 (the source ran its credit ahead to the end): the source has
-    announced the end by then, and the sink comes back without the final checkpoint."""
-    kw = {**CASES[case], "sink_impl": CRASHING}
+    announced the end by then, and the sink comes back without the final checkpoint. "far-ahead": a
+    source 3 steps ahead with a checkpoint every step still holds one the sink has (it kept only 3)."""
+    kw = {**(FAR_AHEAD if case == "far-ahead" else CASES[case]), "sink_impl": CRASHING}
     job, crashed = example_job(**kw), example_job(**kw, sink_options={"crash_at": crash_at})
     running = run_job(job, tmp_path / "run", crash="sink", crashed_job=crashed)
     stages, expected = reference(job, tmp_path / "ref")
