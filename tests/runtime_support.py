@@ -118,6 +118,15 @@ class CrashingSink(Sink):
         return super().infer(batch, inputs)
 
 
+class NormedSink(CrashingSink):
+    """The example sink behind a BatchNorm: its running statistics are state that is not a weight."""
+
+    def __init__(self, context, options):
+        super().__init__(context, options)
+        self.module = torch.nn.Sequential(torch.nn.BatchNorm1d(options.width), torch.nn.Linear(options.width, 1))
+        self._optimise()
+
+
 class TimedSource(Source):
     def forward(self, batch, inputs):
         if batch.training and batch.micro_batch == 0:

@@ -161,8 +161,12 @@ class Stage(ABC):
             self.scheduler.step()
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps: the trainable weights, the optimiser and the LR schedule."""
-        state = {"weights": {k: p.detach().clone() for k, p in self.trainable().items()}}
+        """What a checkpoint keeps: the trainable weights, the module's buffers (BatchNorm's running
+        statistics: training changes them too), the optimiser and the LR schedule. Frozen weights are
+        not kept: the stage builds them the same way again."""
+        params = dict(self.module.named_parameters())
+        state = {"weights": {k: p.detach().clone() for k, p in self.trainable().items()},
+                 "buffers": {k: b.detach().clone() for k, b in self.module.state_dict().items() if k not in params}}
         if self.optimizer is not None:
             state["optimizer"] = self.optimizer.state_dict()
         if self.scheduler is not None:
@@ -170,7 +174,7 @@ class Stage(ABC):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        missing = self.module.load_state_dict(state["weights"], strict=False).missing_keys
+        missing = self.module.load_state_dict({**state.get("buffers", {}), **state["weights"]}, strict=False).missing_keys
         if set(self.trainable()) & set(missing):
             raise StageError(f"checkpoint of stage {self.context.name} lacks weights "
                              f"{sorted(set(self.trainable()) & set(missing))[:5]}: was it written by another model?")

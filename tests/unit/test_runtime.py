@@ -147,6 +147,19 @@ def test_resumed_run_equals_uninterrupted_with_stateful_codecs(tmp_path):
     assert not torch.allclose(whole.weights("src")["layer.weight"], reference_stages["src"].trainable()["layer.weight"])
 
 
+def test_a_resumed_stage_has_the_running_statistics_of_an_uninterrupted_one(tmp_path):
+    """BatchNorm's running mean is module state that is not a weight: it used to be left out of the
+    checkpoint, and a resumed sink had only the steps after its restart in it."""
+    kw = dict(stages=2, sink_impl="tests.runtime_support:NormedSink")
+    job, crashed = example_job(**kw), example_job(**kw, sink_options={"crash_at": 8})
+    whole = run_job(job, tmp_path / "whole")
+    resumed = run_job(job, tmp_path / "resumed", crash="sink", crashed_job=crashed)
+    norms = [run.runners["sink"].stage.module[0] for run in (whole, resumed)]
+    assert int(norms[0].num_batches_tracked) == 12 * 4
+    for name in ("running_mean", "running_var", "num_batches_tracked"):
+        torch.testing.assert_close(getattr(norms[1], name), getattr(norms[0], name), rtol=0, atol=0)
+
+
 def test_pace_credit_bounds_how_far_a_forward_only_sender_runs_ahead(tmp_path):
     TIMELINE.clear()
     job = example_job(schedule="forward-only", backward=False, local_loss=True, credit=2, steps=10,
