@@ -12,6 +12,7 @@ results"): a job's [train] batch_size and micro_batches are those of one rank, m
 from __future__ import annotations
 
 import json
+import dataclasses
 import sys
 import tomllib
 from pathlib import Path
@@ -21,9 +22,12 @@ from nebula.errors import ConfigError
 
 
 def scale_step(train: dict, n: int) -> None:
-    """A raw [train] table's batch_size and micro_batches, given for one rank, made those of n ranks."""
-    train["batch_size"] = n * train.get("batch_size", 32)
-    train["micro_batches"] = n * train.get("micro_batches", 1)
+    """A raw [train] table's batch_size and micro_batches, given for one rank, made those of n ranks
+    (an omitted one is TrainConfig's default, as the job would have read it)."""
+    from nebula.runtime.job import TrainConfig
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    for key in ("batch_size", "micro_batches"):
+        train[key] = n * train.get(key, defaults[key])
 
 
 def auto_stages(job: Any) -> list[str]:

@@ -42,7 +42,7 @@ class TrainConfig:
     steps: int = field(default=300, metadata=limits(at_least=1))
     batch_size: int = field(default=32, metadata=limits(at_least=1, hint="examples per step, per source stage"))
     micro_batches: int = field(default=4, metadata=limits(at_least=1))
-    seed: int = 1  # example order, and each stage's initialisation
+    seed: int = field(default=1, metadata=limits(at_least=0, at_most=2**32 - 1))  # example order, each stage's init
     checkpoint_every: int = field(default=25, metadata=limits(at_least=1))
     log_every: int = field(default=10, metadata=limits(at_least=1))
     tensorboard: bool = False  # rank 0 of each stage also writes its step records as TensorBoard scalars

@@ -47,8 +47,9 @@ def resolve_stage(impl: str) -> type:
         module_name, _, attr = impl.partition(":")
         try:
             cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ConfigError(f"stage impl {impl!r} cannot be imported: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - ":" or ".x:C" raise ValueError/TypeError; a module may raise anything
+            raise ConfigError(f"stage impl {impl!r} cannot be imported: {type(exc).__name__}: {exc} "
+                              "(expected 'package.module:Class')") from exc
     else:
         _load_entry_point(impl)
         if impl not in _STAGES:

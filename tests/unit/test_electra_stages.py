@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from nebula.errors import DataError
-from nebula.runtime.autoranks import resolve
-from nebula.runtime.job import load_job
+from nebula.runtime.autoranks import resolve, scale_step
+from nebula.runtime.job import TrainConfig, load_job
 from nebula.runtime.metrics import read_records
 from nebula.runtime.onesite import run_one_site
 from nebula.runtime.order import id_hashes
@@ -252,6 +252,14 @@ def test_auto_ranks_resolve_to_a_measured_n_that_scales_the_step(tmp_path):
     assert resolved.stage("disc").ranks == n and not resolved.stage("disc").auto_ranks
     assert (resolved.train.batch_size, resolved.train.micro_batches) == (8 * n, 2 * n)  # n x one rank's step
     assert resolved.data == load_job(tmp_path / "job.toml").data
+
+
+def test_an_omitted_step_size_scales_from_the_jobs_own_defaults():
+    """micro_batches left out reads as TrainConfig's 4, not 1: n = 2 gave 2 micro-batches, fewer than one rank's."""
+    train = {}
+    scale_step(train, 2)
+    assert train == {"batch_size": 2 * TrainConfig.batch_size, "micro_batches": 2 * TrainConfig.micro_batches} \
+        == {"batch_size": 64, "micro_batches": 8}
 
 
 def test_a_k_times_slower_discriminator_gets_every_rank_it_may_have(tmp_path):

@@ -65,6 +65,8 @@ def _set(path, value):
     (_set(["train", "batch_size"], 9), "multiple of micro_batches"),
     (_set(["train", "stepz"], 3), r"unknown key 'stepz' \(did you mean 'steps'\?\)"),
     (_set(["train", "seed"], "abc"), r"\[train\].seed: expected an integer, got 'abc'"),
+    (_set(["train", "seed"], 20000000000000), r"\[train\].seed: 20000000000000 must be >= 0 and <= 4294967295"),
+    (_set(["train", "seed"], -1), r"\[train\].seed: -1 must be >= 0 and <= 4294967295"),
     (_set(["train", "staleness"], 1), r'\[train\].staleness: the schedule is chosen by name now: \[schedule\] name = "one-step-stale"'),
     (_set(["train", "lr"], 1e-3), r"\[train\].lr: lr is an option of each stage now"),
     (_set(["stages", "encoder", "lr"], "fast"), r"\[stages.encoder\].lr: expected a number, got 'fast'"),
@@ -115,6 +117,9 @@ def test_unknown_stage_lists_the_registered_ones():
         resolve_stage("no-such-stage")
     with pytest.raises(ConfigError, match="cannot be imported"):
         resolve_stage("no.such.module:Stage")
+    for malformed in (":", ".x:Stage", "nebula:"):  # ValueError, TypeError, AttributeError from importlib
+        with pytest.raises(ConfigError, match="cannot be imported.*expected 'package.module:Class'"):
+            resolve_stage(malformed)
     with pytest.raises(ConfigError, match="not a subclass of nebula.runtime.stage.Stage"):
         resolve_stage("pathlib:Path")
 
