@@ -219,5 +219,23 @@ def _link(i: int, table: dict, where: str) -> LinkConfig:
     body = build(_LinkTable, {k: v for k, v in table.items() if k not in ends}, at)
     if len(set(body.tensors)) != len(body.tensors):
         raise ConfigError(f"{at}.tensors: a tensor is listed twice")
+    if not body.backward and (named := _backward_codecs(body.compression)):
+        raise ConfigError(f"{at}.compression: {named} names a backward codec, but the link has "
+                          "backward = false: no gradients go back on it; remove it, or set backward = true")
     return LinkConfig(src=ends["from"], dst=ends["to"], tensors=body.tensors, backward=body.backward,
                       compression=parse_phases(body.compression, f"{at}.compression"))
+
+
+def _backward_codecs(compression: dict[str, Any] | str) -> str | None:
+    """Where a link's compression table names a backward codec (a key `backward`), or None."""
+    if not isinstance(compression, dict):
+        return None  # "auto": both directions, of which a forward-only link has one
+    tables = [("", compression)] + [(f"phases[{i}].", p) for i, p in enumerate(compression.get("phases", []))
+                                    if isinstance(p, dict)]
+    for prefix, table in tables:
+        if "backward" in table:
+            return f"{prefix}backward"
+        for name, override in (table.get("overrides") or {}).items():
+            if isinstance(override, dict) and "backward" in override:
+                return f"{prefix}overrides.{name}.backward"
+    return None

@@ -112,6 +112,23 @@ def test_a_source_must_read_data():
         parse_job(raw)
 
 
+@pytest.mark.parametrize("compression, named", [
+    ({"forward": "fp16", "backward": "ef(topk(0.01))"}, "backward names"),
+    ({"phases": [{"steps": 2, "forward": "fp16"}, {"steps": 2, "backward": "int8"}]}, r"phases\[1\].backward names"),
+    ({"overrides": {"hidden": {"backward": "int8"}}}, "overrides.hidden.backward names"),
+])
+def test_a_backward_codec_on_a_forward_only_link_is_refused(compression, named):
+    """It used to load and never be used: the job said it compressed gradients it never sent."""
+    raw = {"job": {"name": "t"}, "schedule": {"name": "forward-only"},
+           "stages": {"src": {"address": "a/src/0", "impl": "example-source", "local_loss": True},
+                      "sink": {"address": "b/sink/0", "impl": "example-sink"}},
+           "links": [{"from": "src", "to": "sink", "tensors": ["hidden"], "backward": False, "compression": compression}]}
+    with pytest.raises(ConfigError, match=f"src->sink.compression: {named}.*backward = false"):
+        parse_job(raw)
+    raw["links"][0]["compression"] = "auto"  # both directions, of which this link has one: fine
+    assert parse_job(raw).links[0].compression[0].policy.forward.spec == "auto"
+
+
 def test_unknown_stage_lists_the_registered_ones():
     with pytest.raises(ConfigError, match="abnet-encoder"):
         resolve_stage("no-such-stage")
