@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import deque
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from nebula.transport.base import Channel
+
+RECENT = 10_000  # records kept in memory for in-process readers (tests); the file keeps every one
 
 
 class MetricsLog:
@@ -25,7 +28,7 @@ class MetricsLog:
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1) if self.path else None
-        self.records: list[dict[str, Any]] = []
+        self.records: deque[dict[str, Any]] = deque(maxlen=RECENT)  # a long job must not grow it forever
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self.observed = None  # (Observer, StageNumbers) when NEBULA_STATUS_FILE or NEBULA_METRICS_PORT is set
         if self.path:

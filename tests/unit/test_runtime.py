@@ -212,3 +212,15 @@ def test_a_stage_that_receives_nothing_says_whom_it_waits_for_and_goes_on_waitin
     lines = re.findall(r"^\[sink\] waiting for src \(a/src/0\) since \d+ s$", capsys.readouterr().err, re.M)
     assert len(lines) == len(waiting())
     assert ledgers(running)["sink"] == ledgers(running)["src"]
+
+
+def test_the_in_memory_records_keep_only_the_latest(tmp_path, monkeypatch):
+    """Every step and event record was kept in memory for the life of the process; the file has them all."""
+    from nebula.runtime import metrics
+    monkeypatch.setattr(metrics, "RECENT", 5)
+    log = metrics.MetricsLog(tmp_path / "m.jsonl", "s", quiet=True)
+    for step in range(1, 13):
+        log.step(step=step, loss=1.0)
+    log.close()
+    assert [r["step"] for r in log.records] == [8, 9, 10, 11, 12]
+    assert len((tmp_path / "m.jsonl").read_text().splitlines()) == 12
