@@ -75,10 +75,13 @@ class Executor:
         self.stash: dict[int, dict[str, torch.Tensor]] = {}
         self.tallies: dict[int, Tally] = {}
         self.applied = 0
+        self.restored = 0  # the step last restored: like a checkpoint step, nothing was stashed across it
         self._bound = _Bound(stage)
 
     def uses_stale(self, step: int) -> bool:
-        return self.stale and step > 1 and not self.train.saves_after(step - 1)
+        """Step `step` runs at the weights before step - 1's update (stashed), except right after a
+        checkpoint: the grid's, or one restored off it (a hot start from `one-site --until N`)."""
+        return self.stale and step > 1 and not self.train.saves_after(step - 1) and step - 1 != self.restored
 
     def ready_for(self, step: int) -> bool:
         """Whether step `step`'s forward may run now (the weights it needs exist)."""
@@ -181,7 +184,7 @@ class Executor:
         self.pending.clear()
         self.stash.clear()
         self.tallies.clear()
-        self.applied = step
+        self.applied = self.restored = step
         for param in self.stage.trainable().values():
             param.grad = None
 

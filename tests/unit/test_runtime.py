@@ -224,3 +224,16 @@ def test_the_in_memory_records_keep_only_the_latest(tmp_path, monkeypatch):
     log.close()
     assert [r["step"] for r in log.records] == [8, 9, 10, 11, 12]
     assert len((tmp_path / "m.jsonl").read_text().splitlines()) == 12
+
+
+def test_a_one_step_stale_job_hot_starts_from_a_step_off_its_checkpoint_grid(tmp_path):
+    """`one-site --until 5` then the cross-site run from step 5 (checkpoint_every 3): step 6 used to look
+    for weights stashed across step 5, which nothing had stashed, and the job failed."""
+    from nebula.launch import hot_start
+    from nebula.runtime.onesite import run_one_site
+    job = example_job(stages=2, schedule="one-step-stale")
+    run_one_site(job, tmp_path / "one-site", quiet=True, until=5)
+    hot_start(tmp_path / "run", tmp_path / "one-site", list(job.stages))
+    running = run_job(job, tmp_path / "run")
+    assert all(runner.step == 12 for runner in running.runners.values())
+    assert all(len(ledger) == 12 for ledger in ledgers(running).values())
