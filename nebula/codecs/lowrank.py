@@ -9,6 +9,8 @@ with A (m, n), n <= m (else A^T), l = k + oversample basis vectors V (n, l),
 That is 2 iters + 1 large matmuls instead of a full SVD. With a state, the l Ritz vectors are kept
 and start the next step (warm start): activations and gradients drift slowly between steps, so
 the subspace only needs refining, and the error falls below a cold start's at the same cost.
+A^T (A V) squares A's magnitude, so a tensor with max |x| outside 2^+-40 is iterated on scaled by a
+power of two (exact, `scale_exponent`), and U_k S_k is scaled back.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from nebula.codecs.base import Codec, Meta, Parts, check_ratio, register_codec
-from nebula.codecs.svd import as_matrix, decode_factors, rank_for
+from nebula.codecs.svd import as_matrix, decode_factors, rank_for, require_finite_factor, scale_exponent
 from nebula.errors import CodecError, ConfigError
 
 SEED = 0x6E6562  # a fixed seed: encoding is deterministic and never touches the global RNG
@@ -43,7 +45,11 @@ class LowRank(Codec):
         if k == 0:
             return [a.new_zeros(a.shape[0], 0), a.new_zeros(0, a.shape[1])], {"shape": list(x.shape)}
         transpose = a.shape[1] > a.shape[0]  # iterate on the smaller side
-        p, v = _factor(a.T if transpose else a, k, self.oversample, self.iters, state)
+        e = scale_exponent(a)
+        b = a * 2.0 ** -e if e else a  # exact: a power of two; the Ritz vectors do not depend on it
+        p, v = _factor(b.T if transpose else b, k, self.oversample, self.iters, state)
+        p = p * 2.0 ** e if e else p  # back to a's scale, exact (or Inf, refused next)
+        require_finite_factor("lowrank", p)
         # a ~ p @ v[:, :k].T, p (m, k) = U_k S_k, v (n, l) Ritz vectors best first
         us, vh = (v[:, :k].contiguous(), p.T.contiguous()) if transpose else (p, v[:, :k].T.contiguous())
         return [us, vh], {"shape": list(x.shape)}

@@ -32,8 +32,11 @@ class Svd(Codec):
         k = rank_for(self.ratio, *a.shape)
         if k == 0:  # an empty tensor
             return [a.new_zeros(a.shape[0], 0), a.new_zeros(0, a.shape[1])], {"shape": list(x.shape)}
-        u, s, vh = torch.linalg.svd(a, full_matrices=False)  # (m, q), (q,), (q, n), q = min(m, n)
-        return [(u[:, :k] * s[:k]).contiguous(), vh[:k].contiguous()], {"shape": list(x.shape)}
+        e = scale_exponent(a)  # a (4, 4) of 1e38 has a singular value of 4e38, Inf in float32, and U S of 2e38
+        u, s, vh = torch.linalg.svd(a * 2.0 ** -e if e else a, full_matrices=False)  # (m, q), (q,), (q, n)
+        us = (u[:, :k] * s[:k] * 2.0 ** e).contiguous()  # exact: a power of two, left to right
+        require_finite_factor("svd", us)
+        return [us, vh[:k].contiguous()], {"shape": list(x.shape)}
 
     def decode(self, parts: Parts, meta: Meta) -> torch.Tensor:
         return decode_factors("svd", parts, meta)
@@ -50,6 +53,31 @@ def as_matrix(codec: str, x: torch.Tensor) -> torch.Tensor:
 
 def rank_for(ratio: float, m: int, n: int) -> int:
     return min(max(1, round(ratio * min(m, n))), m, n)
+
+
+def scale_exponent(a: torch.Tensor) -> int:
+    """e such that a * 2^-e is safe to factor in float32; 0 (nothing scaled, so those tensors encode
+    bit for bit as they always did) when max |a| is within 2^+-40. lowrank's A^T (A V) squares a's
+    magnitude: it overflows from |x| ~ 1e19 (Inf from a finite tensor) and underflows below ~1e-20
+    (most of the accuracy lost by 1e-25); svd's singular values reach sqrt(m n) max |a|. Outside
+    2^+-40, e is the exponent of max |a| (bringing it to [0.5, 1)), within +-125 so that 2^e is a
+    float32. Scaling by a power of two is exact, and the singular vectors do not depend on it."""
+    if a.numel() == 0:
+        return 0
+    lo, hi = torch.aminmax(a)  # no copy of |a|
+    top = max(-float(lo), float(hi))
+    if top == 0 or 2.0 ** -40 <= top <= 2.0 ** 40:
+        return 0
+    return max(-125, min(125, math.frexp(top)[1]))
+
+
+def require_finite_factor(codec: str, us: torch.Tensor) -> None:
+    """U_k S_k (m, k) of a finite tensor can still pass float32's range (a (16, 16) of 1e38 has 4e38),
+    and the receiver would decode Inf."""
+    if not bool(torch.isfinite(us).all()):
+        raise CodecError(f"codec {codec!r}: the factor U S of this tensor has entries beyond float32's range "
+                         "(3.4e38), which would decode to Inf; scale the tensor down, or send it with codec "
+                         "'bf16' or 'none'")
 
 
 def decode_factors(codec: str, parts: Parts, meta: Meta) -> torch.Tensor:

@@ -84,6 +84,27 @@ def test_svd_is_optimal_and_lowrank_close_to_it():
     assert exact <= fast <= 1.05 * exact
 
 
+@pytest.mark.parametrize("magnitude", [1e-25, 1e-15, 1.0, 1e20, 1e36])
+def test_svd_and_lowrank_keep_every_magnitude(magnitude):
+    """lowrank's A^T (A V) squares |x|: unscaled, 1e-25 underflowed (error 0.88 against svd's 0.003) and
+    1e19 overflowed (a false NaN/Inf refusal); svd's singular value of 5e38 at 1e36 was Inf."""
+    x = low_rank(256, 128) * magnitude
+    errors = {}
+    for spec in ("svd(0.1)", "lowrank(0.1)"):
+        y = unpack(through_wire(pack("x", "activation", x, spec))).double()
+        errors[spec] = float((y - x.double()).norm() / x.double().norm())
+    assert errors["svd(0.1)"] == pytest.approx(optimal_rank_error(x.double(), 13), rel=1e-3)
+    assert errors["lowrank(0.1)"] <= 1.05 * errors["svd(0.1)"], errors
+
+
+@pytest.mark.parametrize("spec", ["svd(0.5)", "lowrank(0.5)", "int8(svd(0.5))"])
+def test_a_finite_tensor_near_float32s_limit_factors_to_finite_parts(spec):
+    x = torch.full((4, 4), 1e38)  # one singular value, 4e38: beyond float32, though U S (2e38) is not
+    payload = pack("x", "activation", x, spec)
+    assert all(bool(torch.isfinite(part.float()).all()) for part in payload.parts)
+    assert float((unpack(payload).double() - x.double()).norm() / x.double().norm()) < 0.01
+
+
 def test_svd_wire_bytes_follow_eq4():
     x = gaussian(8192 // 64, 64, 96)  # m = 8192, n = 96
     k = round(0.5 * 96)
