@@ -25,6 +25,8 @@ from nebula.errors import ConfigError
 
 MAX_SPEC_CHARS = 256
 MAX_DEPTH = 8
+WHITESPACE = " \t\r\n\f\v"  # the grammar's (§3.1), TOKEN's \s; str.strip() would also take '\x1c' or '\u3000'
+_ONLY_ASCII_SPACE = " (only space, tab, CR, LF, FF and VT may separate tokens)"
 TOKEN = re.compile(r"\s*(?:(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)|(?P<name>[A-Za-z_]\w*)|(?P<sym>[(),=]))", re.ASCII)
 
 
@@ -97,9 +99,18 @@ class _Parser:
             self.i += 1
             node.kwargs[text] = _number(value) if vkind == "num" else _Bare(value, value_at)
         elif kind == "name":
+            if node.args or node.kwargs:  # §3.1: the inner codec MUST be the first argument
+                raise self.fail(_misplaced_inner(node, text), at)
             node.args.append(self.call(depth + 1))
         else:
             raise self.fail(f"expected an argument, found {_describe(self.peek())}")
+
+
+def _misplaced_inner(node: _Call, name: str) -> str:
+    if node.args and isinstance(node.args[0], _Call):
+        return f"{node.name!r} takes one inner codec, found a second one, {name!r},"
+    return (f"the inner codec must be the first argument, e.g. int8(lowrank(0.2), block=64): move {name!r} "
+            "before the others; found it")
 
 
 def parse(spec: str) -> Codec:
@@ -136,7 +147,7 @@ def _build(text: str, node: _Call) -> Codec:
     cls = CODECS.get(node.name)
     if cls is None:
         raise ConfigError(f"{where}: unknown codec (known: {', '.join(sorted(CODECS))})")
-    inner, numbers = _split_args(where, node)
+    inner, numbers = _split_args(node)
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     inner_field = next((f for f in fields if f.type in ("Codec", Codec)), None)
     params = [f for f in fields if f is not inner_field]
@@ -170,12 +181,10 @@ def _build(text: str, node: _Call) -> Codec:
     return Chain(codec, _build(text, inner)) if inner is not None else codec
 
 
-def _split_args(where: str, node: _Call) -> tuple[_Call | None, list[int | float]]:
+def _split_args(node: _Call) -> tuple[_Call | None, list[int | float]]:
+    """The inner codec (the parser let one in only as the first argument) and the numbers after it."""
     inner = node.args[0] if node.args and isinstance(node.args[0], _Call) else None
-    numbers = node.args[1:] if inner is not None else node.args
-    if any(isinstance(a, _Call) for a in numbers):
-        raise ConfigError(f"{where}: the inner codec must be the first argument, and there is only one")
-    return inner, numbers  # type: ignore[return-value]
+    return inner, node.args[1:] if inner is not None else node.args  # type: ignore[return-value]
 
 
 def _codec_typed(f: dataclasses.Field) -> bool:
@@ -222,10 +231,11 @@ def _tokenize(text: str) -> list[tuple[str, str, int]]:
     while pos < len(text):
         match = TOKEN.match(text, pos)
         if match is None:
-            if text[pos:].strip() == "":
+            if text[pos:].strip(WHITESPACE) == "":
                 break
-            bad = pos + len(text[pos:]) - len(text[pos:].lstrip())
-            raise ConfigError(f"codec spec {text!r}: unexpected character {text[bad]!r} at column {bad + 1}")
+            bad = len(text) - len(text[pos:].lstrip(WHITESPACE))
+            raise ConfigError(f"codec spec {text!r}: unexpected character {text[bad]!r} at column {bad + 1}"
+                              + _ONLY_ASCII_SPACE * text[bad].isspace())
         kind = match.lastgroup or "sym"
         tokens.append((kind, match.group(kind), match.start(kind)))
         pos = match.end()

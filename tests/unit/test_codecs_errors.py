@@ -24,6 +24,16 @@ LOSSY = ["fp16", "bf16", "int8", "int4", "svd(0.5)", "lowrank(0.5)", "topk(0.1)"
     ("ef", "needs an inner codec"), ("fp16)", "unexpected"), ("fp16 fp16", "unexpected"), ("", "codec name"),
     ("int8(block=3, block=4)", "given twice"), ("fp16(#)", "unexpected character '#'"), ("a" * 300, "limit"),
     ("f(" * 20 + ")" * 20, "nested"),
+    # only ASCII whitespace separates tokens (str.strip() took Unicode's, and counted '\x1c' as one column)
+    ("int8\x1c", "unexpected character '\\x1c' at column 5 (only space, tab"),
+    ("int8(block=64)\u3000", "unexpected character '\\u3000' at column 15"),
+    ("int8\xa0", "'\\xa0' at column 5"), ("int8\x85", "'\\x85' at column 5"),
+    ("\x1cint8", "unexpected character '\\x1c' at column 1"), ("int8(\u2003)", "'\\u2003' at column 6"),
+    # the inner codec before any other argument
+    ("int8(block=32, lowrank(0.5))", "the inner codec must be the first argument"),
+    ("delta(mb=8, int8)", "move 'int8' before the others; found it at column 13"),
+    ("int8(64, lowrank(0.5))", "move 'lowrank' before the others; found it at column 10"),
+    ("delta(int8, 8, fp16)", "'delta' takes one inner codec, found a second one, 'fp16', at column 16"),
 ])
 def test_bad_specs_raise_config_errors_that_say_what(spec, words):
     with pytest.raises(ConfigError, match=None) as info:
@@ -44,6 +54,13 @@ def test_nan_and_inf_are_refused(spec, bad):
     x[3, 5] = bad
     with pytest.raises(CodecError, match="NaN/Inf"):
         pack("h", "activation", x, spec)
+
+
+@pytest.mark.parametrize("spec", ["svd(1.0)", "lowrank(1.0)", "fp16(svd(1.0))"])
+def test_a_factor_beyond_float32_is_refused_not_sent_as_inf(spec):
+    """A (16, 16) of 1e38 is finite, but its U S = A V is 4e38: svd sent Inf, lowrank blamed NaN/Inf input."""
+    with pytest.raises(CodecError, match=r"U S of this tensor has entries beyond float32's range .* 'bf16'"):
+        pack("h", "activation", torch.full((16, 16), 1e38), spec)
 
 
 def test_fp16_overflow_is_refused_with_a_fix():

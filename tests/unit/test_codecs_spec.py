@@ -79,6 +79,8 @@ def test_composition_builds_a_chain_with_the_inner_codec_first():
     ("int8(block=64)", "int8"), ("int8(128)", "int8(block=128)"), ("svd(1)", "svd(1.0)"),
     (" fp16 ( svd ( .6 ) ) ", "fp16(svd(0.6))"), ("lowrank(0.2, 16, 1)", "lowrank(0.2)"),
     ("lowrank(0.2, iters=2)", "lowrank(0.2, iters=2)"), ("topk(1e-2)", "topk(0.01)"),
+    ("\t\n\r\f\vint8\v(\fblock\r=\n128\t)\f ", "int8(block=128)"),  # §3.1's whitespace, all of it
+    ("delta(int8, first=int8, ram=1024)", "delta(int8)"), ("delta(int8, mb=8, ram=8)", "delta(int8, mb=8)"),
 ])
 def test_canonical_forms(text, canon):
     assert canonical(text) == canon
