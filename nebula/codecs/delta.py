@@ -4,16 +4,16 @@ visit (AQ-SGD, Wang et al., NeurIPS 2022), compressed with `inner`; rows with no
 stays in the base every later delta is taken against.
 
 Rows of x (its first dimension) are examples; the caller hands their (B,) int64 id hashes to `pack`.
-Both ends keep, per stream, the last *decoded* value of each example (a `RowCache`, LRU by bytes,
-capped at `mb` MiB by the spec, so both ends evict alike). The sender decodes what it sent, exactly
-as the receiver will, so the two caches hold bit-identical bases. A row whose example has a base that
-fits it goes as x_row - base ("delta"), any other row as x_row ("direct": first visit, evicted, or
-another shape). A base fits a row of its own shape, or of its shape but for the first dimension
-(another padded length of a sequence), cut or zero-extended to the row's. Every base carries the
-sequence number of the message that wrote it; a delta row names it, and a receiver that holds no
-base or another one for that example refuses the whole message (CodecError) before changing anything.
-Since each delta is taken against what the receiver holds, the previous visit's quantisation error is
-part of the next delta: errors never pile up.
+Both ends keep, per stream, the last *decoded* value of each example (a `RowCache`, LRU by bytes:
+4 per element and ENTRY_BYTES per entry, capped at `mb` MiB by the spec, so both ends evict alike).
+The sender decodes what it sent, exactly as the receiver will, so the two caches hold bit-identical
+bases. A row whose example has a base that fits it goes as x_row - base ("delta"), any other row as
+x_row ("direct": first visit, evicted, or another shape). A base fits a row of its own shape, or of
+its shape but for the first dimension (another padded length of a sequence), cut or zero-extended to
+the row's. Every base carries the sequence number of the message that wrote it; a delta row names
+it, and a receiver that holds no base or another one for that example refuses the whole message
+(CodecError) before changing anything. Since each delta is taken against what the receiver holds,
+the previous visit's quantisation error is part of the next delta: errors never pile up.
 
 Wire: part 0 = ids int64 (B,); part 1 = base seq int64 (B,), 0 for a direct row; then `first`'s
 parts for the stacked direct rows, then `inner`'s for the stacked delta rows (a group with no rows has
@@ -36,11 +36,18 @@ from nebula.codecs.spill import SpillFile
 from nebula.errors import CodecError, ConfigError
 
 MIB = 1 << 20
+# What a cache entry counts against the cap besides its float32 elements: its Python and torch objects
+# (id, seq, tensor, storage, dict slot) take about 620 B for a row of no elements and 730 B for one
+# (measured with CPython 3.11, torch 2.13). Without it, rows of few or no elements cost next to nothing
+# against the cap, and a peer could grow the receiver's memory without bound. Part of the protocol
+# (docs/protocol.md §3.7): both ends must evict alike.
+ENTRY_BYTES = 1024
 log = logging.getLogger(__name__)
 
 
 class RowCache:
-    """Last decoded row per example id, least recently used first; bounded by bytes (float32 rows).
+    """Last decoded row per example id, least recently used first; bounded by bytes: 4 per element of
+    each row plus ENTRY_BYTES per entry (`bytes` in the stats counts the rows' elements only).
 
     Both ends run the same operations in the same order (read the delta rows' bases, touch them, then put every row), so
     with the same cap their contents and evictions stay identical. Where the rows live does not change
@@ -93,7 +100,7 @@ class RowCache:
         self._rows[key] = (seq, row)
         self.bytes += row.numel() * 4
         self.ram_bytes += row.numel() * 4
-        while self.bytes > self.cap_bytes and (self._disk or self._rows):
+        while self.bytes + ENTRY_BYTES * len(self) > self.cap_bytes and (self._disk or self._rows):
             self._drop(next(iter(self._disk or self._rows)))  # the least recently used: disk's oldest first
             self.counts["evictions"] += 1
         self._demote()
@@ -172,7 +179,7 @@ class RowCache:
 @dataclass(frozen=True)
 class Delta(Codec):
     inner: Codec
-    mb: int = 1024  # cache cap per stream, MiB of float32 rows, the same at both ends (it is in the spec)
+    mb: int = 1024  # cache cap per stream, MiB (RowCache counts rows and entries), the same at both ends
     first: Codec | None = None  # for rows with no base (first visit, evicted, another shape); None: inner
     ram: int | None = None  # MiB of the mb held in memory, the rest spilled to disk; None: all of it
 
@@ -185,6 +192,12 @@ class Delta(Codec):
                               "cached rows kept in memory, the rest on disk, e.g. delta(int8, mb=8192, ram=1024)")
         if isinstance(self.first, Delta) or isinstance(self.inner, Delta):
             raise ConfigError("codec 'delta' cannot hold another delta: its rows' bases are per example already")
+        # Values equal to the defaults are the defaults: one codec, one canonical spec (streams are keyed by it,
+        # so `delta(int8, first=int8)` and `delta(int8)` must not empty both ends' caches at a switch).
+        if self.first == self.inner:
+            object.__setattr__(self, "first", None)
+        if self.ram == self.mb:
+            object.__setattr__(self, "ram", None)
 
     @property
     def direct(self) -> Codec:

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import io
+import math
 import re
 
 import pytest
 import torch
 
 from nebula.codecs import CodecState, pack, parse, unpack
-from nebula.codecs.delta import MIB
+from nebula.codecs.delta import ENTRY_BYTES, MIB
 from nebula.errors import CodecError, ConfigError
 from nebula.wire import Kind, Message, decode_message, encode_message
 
@@ -117,7 +118,7 @@ def test_rows_without_a_base_go_through_first_and_differences_through_inner():
 
 def test_evicted_examples_go_direct_at_both_ends_alike():
     sender, receiver = CodecState().slot("a->b", "h"), CodecState().slot("a->b", "h")
-    x = activations(shape=(6, 256, 1024))  # 1 MiB rows: a 3 MiB cache holds 3
+    x = activations(shape=(6, 255, 1024))  # rows of 1 MiB less 4 KiB: with ENTRY_BYTES each, 3 MiB holds 3
     ids = torch.arange(6, dtype=torch.int64)
     send(x, "delta(int8, mb=3)", sender, receiver, ids=ids)
     assert sorted(k for k in ids.tolist() if sender["cache"].get(k)) == [3, 4, 5]
@@ -126,6 +127,28 @@ def test_evicted_examples_go_direct_at_both_ends_alike():
     assert sender["cache"].stats() == receiver["cache"].stats()
     # message 1 evicted 0-2; message 2 put 0-2 (evicting 3-5, their bases already read), then 3-5 (evicting 0-2)
     assert sender["cache"].stats()["evictions"] == 9 and sender["cache"].stats()["hits"] == 3
+
+
+def same_caches(sender, receiver) -> bool:
+    """The same entries in the same order of use, with the same seqs and bit-identical rows."""
+    a, b = sender["cache"].state_dict(), receiver["cache"].state_dict()
+    return (torch.equal(a["ids"], b["ids"]) and torch.equal(a["seqs"], b["seqs"])
+            and all(torch.equal(r, q) for r, q in zip(a["rows"], b["rows"])))
+
+
+@pytest.mark.parametrize("row", [(0,), (1,), (3, 0)])
+def test_rows_of_no_or_few_elements_count_against_the_cap_at_both_ends(row):
+    """Each entry costs ~600 B of objects at any size: counted as 4 bytes per element alone, 9,000 empty
+    rows under a 1 MiB cap were all kept (and a peer could grow the receiver's memory without bound)."""
+    sender, receiver = CodecState().slot("a->b", "h"), CodecState().slot("a->b", "h")
+    most = MIB // (ENTRY_BYTES + 4 * math.prod(row))  # entries that fit in mb=1
+    for message in range(3):
+        ids = torch.arange(message * 3000, (message + 1) * 3000, dtype=torch.int64)
+        send(torch.randn(3000, *row), "delta(int8, mb=1)", sender, receiver, ids=ids)
+        assert len(receiver["cache"]) == len(sender["cache"]) == most
+        assert same_caches(sender, receiver)
+    assert receiver["cache"].stats() == sender["cache"].stats()
+    assert sender["cache"].stats()["evictions"] == 9000 - most
 
 
 def test_another_shape_is_a_miss_sent_direct():
@@ -189,6 +212,11 @@ def test_specs_print_canonically():
     assert parse("delta(int8(lowrank(0.1)),first = int8(lowrank( 0.25 )),mb=64)").spec == \
         "delta(int8(lowrank(0.1)), mb=64, first=int8(lowrank(0.25)))"
     assert parse("delta(int8, first=none)").first == parse("none")  # a bare name is a codec here
+    # arguments equal to their defaults (first=inner, ram=mb) are not written: one codec, one spec, one state
+    assert parse("delta(int8, first=int8)").spec == parse("delta(int8, ram=1024)").spec == "delta(int8)"
+    assert parse("delta(int8(lowrank(0.5)), first=int8(lowrank(0.5), block=64), mb=8, ram=8)").spec == \
+        "delta(int8(lowrank(0.5)), mb=8)"
+    assert parse("delta(int8, first=int8)") == parse("delta(int8)")
     with pytest.raises(ConfigError, match="mb=0"):
         parse("delta(int8, mb=0)")
 

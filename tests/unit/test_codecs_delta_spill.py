@@ -115,7 +115,7 @@ def test_a_ram_share_outside_the_cache_is_refused(spec, message):
 
 def test_ram_is_part_of_the_spec_that_every_message_names():
     assert parse("delta(int8(lowrank(0.1)), mb=8192, ram=1024)").spec == "delta(int8(lowrank(0.1)), mb=8192, ram=1024)"
-    assert parse("delta(int8, ram=1024)").spec == "delta(int8, ram=1024)"  # equal to mb, yet said: kept as written
+    assert parse("delta(int8, ram=1024)").spec == "delta(int8)"  # equal to mb, its default: the same codec
 
 
 def test_the_two_tiers_are_one_lru_whatever_the_sizes_and_the_ram_share(tmp_path):
@@ -123,7 +123,7 @@ def test_the_two_tiers_are_one_lru_whatever_the_sizes_and_the_ram_share(tmp_path
     the same entries, in the same order of use, with the same rows, after every operation."""
     from collections import OrderedDict
 
-    from nebula.codecs.delta import RowCache
+    from nebula.codecs.delta import ENTRY_BYTES, RowCache
 
     gen = torch.Generator().manual_seed(3)
     for ram in (0, 20_000, 60_000):
@@ -139,7 +139,7 @@ def test_the_two_tiers_are_one_lru_whatever_the_sizes_and_the_ram_share(tmp_path
                 row = torch.randn(int(torch.randint(1, 3000, (), generator=gen)), generator=gen)
                 model.pop(key, None)
                 model[key] = row
-                while sum(r.numel() * 4 for r in model.values()) > 100_000:
+                while sum(r.numel() * 4 + ENTRY_BYTES for r in model.values()) > 100_000:
                     model.popitem(last=False)
                 cache.put(key, op + 1, row)
             assert cache.state_dict()["ids"].tolist() == list(model) and cache.ram_bytes <= ram  # least recent first
