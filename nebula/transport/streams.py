@@ -86,6 +86,12 @@ class RecvStream:
             if seq != 1:  # the sender restarted and its first message was lost: wait for it
                 return Verdict.GAP
             self.epoch, self.delivered, self.gap_reported = epoch, 0, None
+        if base > self.delivered + 1:
+            # The sender frees a seq only once an ACK proved it delivered, so everything below its base
+            # was, if not here then to this receiver's previous incarnation. A first copy stamped before
+            # that incarnation's last ACK arrived started us too low; waiting for those seqs, which the
+            # sender can no longer resend, would make every later message a gap forever.
+            self.delivered = base - 1
         if seq <= self.delivered:
             return Verdict.DUPLICATE
         if seq > self.delivered + 1:

@@ -89,6 +89,17 @@ def test_first_contact_starts_the_stream_at_the_senders_oldest_unacked_message()
     assert RecvStream("a/enc/0").judge(100, 7) is Verdict.DELIVER  # base unknown (0): from this message
 
 
+def test_a_later_base_moves_a_restarted_receiver_past_seqs_the_sender_freed():
+    """A restarted receiver whose first copy was stamped before the sender saw its predecessor's last
+    ACK starts too low (base 3); once a later copy says base 6, seqs 3-5 were delivered (the sender
+    frees a seq only on an ACK) and can never come again: waiting for them made every message a gap."""
+    restarted = RecvStream("a/enc/0")
+    assert restarted.judge(100, 6, base=3) is Verdict.GAP  # asks for 3, which the sender no longer has
+    assert restarted.judge(100, 6, base=6) is Verdict.DELIVER
+    assert restarted.judge(100, 5, base=6) is Verdict.DUPLICATE
+    assert [restarted.judge(100, s, base=7) for s in (7, 8)] == [Verdict.DELIVER] * 2
+
+
 def test_base_is_stamped_on_the_envelope_without_re_encoding_it():
     frames = encode_message(tensor_message("b/dec/0", 3))
     stamped = with_base(frames[0], 42)
