@@ -100,9 +100,21 @@ class DataRegistry:
             if name in datasets:
                 raise ConfigError(f"data set {name} is already registered (owner {datasets[name]['owner']}, "
                                   f"{datasets[name]['path']}); choose another name")
+            self._refuse_overlap(datasets, name, path, owner)
             datasets[name] = {"path": str(path), "owner": owner, "registered": time.time(), "grants": {}}
         audit(self.dir, "data.registered", dataset=name, path=str(path), owner=owner)
         return self.get(name)
+
+    def _refuse_overlap(self, datasets: dict, name: str, path: Path, owner: str) -> None:
+        """A data set's owner reads everything under its path without a grant: registering another
+        user's data set again, a directory inside it or one that holds it would read their data."""
+        for other, entry in sorted(datasets.items()):
+            if entry["owner"] != owner and _overlaps(path, Path(entry["path"])):
+                audit(self.dir, "data.refused", dataset=name, user=owner, job=None,
+                      reason=f"overlaps data set {other}")
+                raise AuthError(f"{path} overlaps data set {other} ({entry['path']}) of user {entry['owner']}: "
+                                f"a data set may not contain, lie inside or equal another user's; ask "
+                                f"{entry['owner']} for a grant (`nebula data grant {other} --to user:{owner}`)")
 
     def grant(self, name: str, grantee: str, by: str) -> Dataset:
         kind, who = parse_grantee(grantee)
@@ -199,6 +211,13 @@ class DataRegistry:
 
 def _dataset(name: str, entry: dict) -> Dataset:
     return Dataset(name, Path(entry["path"]), entry["owner"], entry["registered"], tuple(sorted(entry["grants"])))
+
+
+def _overlaps(path: Path, registered: Path) -> bool:
+    """Whether resolved `path` equals, holds or lies inside `registered`, as recorded or as it resolves
+    now (a symlink on its way may have changed since)."""
+    return any(path == other or other in path.parents or path in other.parents
+               for other in {registered, registered.resolve()})
 
 
 def inside_roots(path: Path, roots: tuple[Path, ...]) -> Path:
