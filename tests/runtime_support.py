@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from nebula.errors import DataError
 from nebula.runtime.job import parse_job
 from nebula.runtime.service import build_stage, make_runner
 from nebula.runtime.stage import FLOAT, Output, Port, Stage
@@ -125,6 +126,15 @@ class NormedSink(CrashingSink):
         super().__init__(context, options)
         self.module = torch.nn.Sequential(torch.nn.BatchNorm1d(options.width), torch.nn.Linear(options.width, 1))
         self._optimise()
+
+
+class BadDataSink(Sink):
+    """Rank 1 of the stage meets bad data at step 3."""
+
+    def forward(self, batch, inputs):
+        if self.context.rank == 1 and batch.step == 3:
+            raise DataError("bad example on rank 1 at step 3")
+        return super().forward(batch, inputs)
 
 
 class TimedSource(Source):

@@ -38,6 +38,7 @@ from nebula.wire import Kind, Message, decode_message, encode_message
 log = logging.getLogger(__name__)
 
 COUNT, BODY = 1, 2  # p2p tags: a message's frame count (any source), then its lengths and frames
+RELAY_GRACE_S = 5.0  # how long a failed collective waits for a failed rank's ERROR (see _lost)
 
 
 def send_message(msg: Message, dst: int, group: Any) -> None:
@@ -154,8 +155,15 @@ class RankGroup:
         if self.error is not None:
             raise StageError(f"stage {self.name}: {self.error}")
 
-    def _lost(self, exc: RuntimeError) -> TransportError:
-        """A send or all_reduce of the group failed: another rank is gone (the launcher restarts them together)."""
+    def _lost(self, exc: RuntimeError) -> StageError | TransportError:
+        """A send or all_reduce of the group failed. A rank that failed by itself (bad data, a bug) said why
+        on the gather group before it left, so the relay gets RELAY_GRACE_S to hear it: that is the stage's
+        own failure, told to its peers. Otherwise another rank is gone (killed, its host lost), and the
+        launcher restarts them together."""
+        if self._relay is not None and self._relay is not threading.current_thread():
+            self._relay.join(RELAY_GRACE_S)
+        if self.error is not None and not self.gone:
+            return StageError(f"stage {self.name}: {self.error}")
         return TransportError(f"stage {self.name} rank {self.rank}/{self.world}: another rank of the stage is gone "
                               f"({type(exc).__name__}: {str(exc)[:300]})")
 
