@@ -74,6 +74,7 @@ FRAME_BYTES = 1514  # what tbf counts for a full-size frame: 1500 MTU + 14 Ether
 TICK_S = 0.004  # one kernel tick at HZ=250
 QUEUE_S = 0.050  # queue, as time at the link rate...
 QUEUE_MIN_BYTES = 256 * 1024  # ...but never shorter than this (see the module docstring)
+SMALL_PACKET_CLASSES = ("10:10", "10:20")  # HTB classes inside tbf: small TCP packets first, then the rest
 BLACKHOLE_MAC = "02:00:00:00:de:ad"  # WanLink.cut: locally administered, on no interface
 _PREFIX_RE = re.compile(r"[a-z][a-z0-9_-]{0,40}")
 _SITE_RE = re.compile(r"[a-z0-9]{1,11}")  # 4 + 11 = 15 characters, Linux's longest interface name
@@ -244,6 +245,25 @@ class WanLink:
               "rate", f"{self.rate_mbit}mbit", "burst", str(tbf_burst_bytes(self.rate_mbit)),
               "limit", str(tbf_limit_bytes(self.rate_mbit))])
         _prioritise_small_packets(ns, dev, tbf_limit_bytes(self.rate_mbit))
+
+    def set_rate(self, rate_mbit: float) -> None:
+        """Every link to `rate_mbit` now, with the traffic on it (the WAN's capacity changing under a
+        running job): tbf's rate, bucket and queue, and the queues of the small-packet classes inside
+        it. The connections stay up; what is queued beyond the new, shorter queue is dropped, as a
+        router that shrinks its buffer would, and TCP sends it again."""
+        if not 0.1 <= rate_mbit <= 10_000:
+            raise ConfigError(f"WAN rate {rate_mbit} Mbit/s is out of range: use 0.1 to 10000")
+        check_host()
+        limit = tbf_limit_bytes(rate_mbit)
+        for site in self.sites:
+            for peer in self.peers(site):
+                tc = ["tc", "-n", self.namespace(site)]
+                dev = self.device(site, peer)
+                _run([*tc, "qdisc", "change", "dev", dev, "root", "handle", "1:", "tbf", "rate", f"{rate_mbit}mbit",
+                      "burst", str(tbf_burst_bytes(rate_mbit)), "limit", str(limit)])
+                for classid in SMALL_PACKET_CLASSES:
+                    _run([*tc, "qdisc", "replace", "dev", dev, "parent", classid, "bfifo", "limit", str(limit)])
+        self.rate_mbit = float(rate_mbit)
 
     def _delay(self, site: str, peer: str) -> None:
         """Route what the site sends to `peer` through a delay line of rtt_ms / 2 (nebula/delayline.py).
@@ -430,7 +450,7 @@ def _prioritise_small_packets(ns: str, dev: str, limit_bytes: int) -> None:
     _run([*tc, "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "htb", "default", "20"])
     _run([*tc, "class", "add", "dev", dev, "parent", "10:", "classid", "10:1", "htb",
           "rate", "10gbit", "quantum", "15140"])
-    for classid, prio in (("10:10", "0"), ("10:20", "1")):
+    for classid, prio in zip(SMALL_PACKET_CLASSES, ("0", "1")):
         _run([*tc, "class", "add", "dev", dev, "parent", "10:1", "classid", classid, "htb",
               "rate", "5gbit", "ceil", "10gbit", "prio", prio, "quantum", "15140"])
         _run([*tc, "qdisc", "add", "dev", dev, "parent", classid, "bfifo", "limit", str(limit_bytes)])

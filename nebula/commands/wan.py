@@ -1,4 +1,4 @@
-"""`nebula wan up|down|status|measure`: the WAN emulation, a full mesh of site namespaces (see
+"""`nebula wan up|down|status|rate|measure`: the WAN emulation, a full mesh of site namespaces (see
 nebula/wanem.py, docs/wan.md)."""
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ def register(sub) -> None:
     _action(wan_sub, "down", "remove the namespaces (and with them the links)", _down)
     status = _action(wan_sub, "status", "show namespaces, addresses and qdisc counters", _status)
     status.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    rate = _action(wan_sub, "rate", "change the rate of every link now, with jobs running over it", _rate)
+    rate.add_argument("rate_mbit", type=float, metavar="MBIT", help="the new rate of each link, each way, in Mbit/s")
 
     measure = _action(wan_sub, "measure", "measure TCP goodput from one site to another", _measure)
     measure.add_argument("--mbytes", type=float, default=20.0, help="transfer size in MB (default 20)")
@@ -101,6 +104,16 @@ def _format_qdisc(q: dict | None) -> str:
         return "no tbf qdisc"
     return (f"tbf {q['rate_mbit']:g} Mbit/s burst {q['burst_bytes']} B queue {q['latency_us'] / 1000:.0f} ms; "
             f"sent {q['bytes']} B / {q['packets']} pkts, dropped {q['drops']}, backlog {q['backlog']} B")
+
+
+def _rate(args) -> int:
+    from nebula.wanem import WanLink
+
+    link = WanLink.attach(args.prefix)
+    before = link.rate_mbit
+    link.set_rate(args.rate_mbit)
+    print(f"links of {args.prefix}: {before:g} -> {link.rate_mbit:g} Mbit/s each way (connections kept)")
+    return 0
 
 
 def _measure(args) -> int:

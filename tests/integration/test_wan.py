@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -157,6 +158,30 @@ def test_both_directions_saturated_each_keep_the_rate(needs_root):
         for thread in threads:
             thread.join(45)
     assert min(results.values()) >= 0.85 * rate, f"goodput both ways: {results} on a {rate} Mbit/s link"
+
+
+@pytest.mark.root
+@pytest.mark.timeout(90)
+def test_the_rate_changes_under_a_running_transfer_and_on_every_link(needs_root):
+    """`set_rate` mid-transfer (a WAN whose capacity changes under a job): one TCP connection carries on
+    at the new rate, on every link of a three-site mesh; `nebula wan rate` does the same from a shell."""
+    import threading
+    with WanLink(name_prefix=unique_prefix(), rate_mbit=20, sites=("a", "b", "c")) as link:
+        result = {}
+        transfer = threading.Thread(target=lambda: result.update(mbit=measure_goodput(link, 2_500_000)))
+        transfer.start()  # 1 s at 20 Mbit/s: cut to 2 Mbit/s after 0.3 s, it takes ~8 s more
+        time.sleep(0.3)
+        link.set_rate(2)
+        transfer.join(60)
+        assert result["mbit"] < 0.5 * 20, result  # it did not finish at the old rate
+        assert all(end["qdisc"]["rate_mbit"] == 2 for site in link.status().values() for end in site["links"].values())
+        assert 0.85 * 2 <= measure_goodput(link, 500_000, src="c", dst="b") <= 1.1 * 2
+        changed = wan_cli(link.prefix, "rate", "5")
+        assert changed.returncode == 0 and "2 -> 5 Mbit/s" in changed.stdout, changed.stderr
+        assert WanLink.attach(link.prefix).rate_mbit == 5
+        assert 0.85 * 5 <= measure_goodput(link, 1_000_000) <= 1.1 * 5
+        with pytest.raises(ConfigError, match="out of range"):
+            link.set_rate(0)
 
 
 @pytest.mark.root
