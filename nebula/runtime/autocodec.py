@@ -21,12 +21,16 @@ than the step's compute (waiting would cost more than a wrong guess, which the n
 and it looks again as soon as the meter is warm, not `every` steps later.
 
 Going back to a less lossy rung is a trial when nothing has measured messages of its size: the
-estimate then comes from smaller messages, which a token bucket passes faster than the rate (at
-0.823 Mbit/s, int8(lowrank(0.25)) messages read 2.73 Mbit/s and vouched for the twice larger
-int8(lowrank(0.5)), 1.59 s/step against 1.33). Only the next rung up is tried: it is used, judged
-as soon as its own messages are acknowledged, and kept or left. A rung whose trial failed is not
-tried again for `every` x 2, 4, ... 2**TRIES steps, so a slow link costs a step now and then, and a
-link that got faster is found within `every` x 2**TRIES steps. A failed trial leaves a queue on the
+estimate then comes from smaller messages, which mislead both ways. A token bucket passes them faster
+than the rate (at 0.823 Mbit/s, int8(lowrank(0.25)) messages read 2.73 Mbit/s and vouched for the
+twice larger int8(lowrank(0.5)), 1.59 s/step against 1.33); over a long round trip each pays fixed
+costs that make a fast link read slow (5 kB messages read 2-6 Mbit/s at 60 Mbit/s and 80 ms), so
+going by them a link that got faster was never tried again (bench wan --auto --change). So the next
+rung up is tried whatever they say, once its wait is over: it is used, judged as soon as its own
+messages are acknowledged, kept (and the next one up tried) or left. The rung above one just moved
+down to waits 2 x `every` steps; one whose trial failed is not tried again for `every` x 2, 4, ...
+2**TRIES steps, so a slow link costs a step now and then, and a link that got faster is found within
+`every` x 2**TRIES steps, then climbed about a rung a step. A failed trial leaves a queue on the
 path: the next messages wait behind it without the bucket's burst and read slower than their rung
 runs (in a token-bucket simulation, 13 of the next 16), so for `every` x HOLD steps only a clear
 bottleneck moves the rung.
@@ -108,11 +112,13 @@ class AutoChoice:
         if not sized[self.rung]:
             return False  # no recent ACKs of the rung in force's own messages (a trial's, or after other codecs)
         budget = self.headroom * compute
-        fits = [i for i, w in enumerate(wires) if self._fits(i, w, budget, sized[i], step)]
+        failed = self._judge_trial(wires[self.rung] <= budget, step)
+        fits = [i for i, w in enumerate(wires) if (i > self.rung or not failed) and self._fits(i, w, budget, sized[i], step)]
         chosen = fits[0] if fits else len(self.ladder) - 1
-        self._judge_trial(chosen, step)
         if chosen < self.rung and not sized[chosen]:
             self.trial = chosen
+        elif chosen > self.rung:  # the rung above the new one did not fit just now: not tried at once
+            self.retry_at[chosen - 1] = max(self.retry_at.get(chosen - 1, 0), step + 2 * self.settings.every)
         if chosen != self.rung:
             before, self.rung, rate = self.ladder[self.rung], chosen, rates[chosen]
             self.on_switch(link=self.link, dir=self.direction, step=step, old=before.spec,
@@ -135,26 +141,31 @@ class AutoChoice:
         return wires, rates, sized
 
     def _fits(self, rung: int, wire: float, budget: float, sized: bool, step: int) -> bool:
-        """A rung as lossy as the one in force or more fits in the budget. A less lossy one needs RELAX x
-        budget and, if known only from smaller messages, must be the next one up and not have failed a
-        trial lately (a trial costs at most one rung's extra bytes for a step or two)."""
+        """A rung as lossy as the one in force or more fits in the budget; a less lossy one measured on
+        messages of its size needs RELAX x budget. One known only from smaller messages is tried when it
+        is the next one up and its wait is over, whatever they say: they mislead both ways (a token bucket
+        passes them faster than its rate; over a long round trip their fixed costs make a fast link read
+        slow, and a link that got faster was never tried again: docs/bench-wan.md, "The link changes").
+        A failed trial costs one rung's extra bytes for a step or two, and doubles the wait."""
         if rung >= self.rung:
             return wire <= budget
-        if wire > RELAX * budget:
-            return False
-        return sized or (rung == self.rung - 1 and step >= self.retry_at.get(rung, 0))
+        if sized:
+            return wire <= RELAX * budget
+        return rung == self.rung - 1 and step >= self.retry_at.get(rung, 0)
 
-    def _judge_trial(self, chosen: int, step: int) -> None:
-        """The rung on trial, now measured on its own messages: kept (its failures forgotten) or left."""
+    def _judge_trial(self, fits: bool, step: int) -> bool:
+        """The rung on trial (the one in force), now measured on its own messages: kept if they `fit` (its
+        failures forgotten), else left for a lossier one. True when a trial failed."""
         if self.trial is None:
-            return
-        if chosen <= self.trial:
-            self.failures[self.trial] = 0
-        else:
-            self.failures[self.trial] += 1
-            self.retry_at[self.trial] = step + self.settings.every * 2 ** min(self.failures[self.trial], TRIES)
-            self.hold_until = step + HOLD * self.settings.every
-        self.trial = None
+            return False
+        trial, self.trial = self.trial, None
+        if fits:
+            self.failures[trial] = 0
+            return False
+        self.failures[trial] += 1
+        self.retry_at[trial] = step + self.settings.every * 2 ** min(self.failures[trial], TRIES)
+        self.hold_until = step + HOLD * self.settings.every
+        return True
 
     def _wire_bytes(self, codec: Codec) -> float:
         """Last step's bytes had they gone with `codec`: per tensor name, raw bytes x the codec's ratio."""

@@ -8,6 +8,7 @@ import torch
 from nebula import codecs
 from nebula.codecs.auto import AUTO, LADDER
 from nebula.errors import ConfigError
+from nebula.runtime.autocodec import TRIES
 from nebula.runtime.link import LinkCodecs, parse_phases
 from nebula.transport.goodput import SAMPLES, Goodput, GoodputMeter
 
@@ -204,8 +205,9 @@ class TokenBucket:
     """A tbf-shaped path as the channel's ACKs report it: after an idle spell `burst` bytes pass at once,
     the rest at `rate`; the ACK comes a round trip after the last byte. Feeds a real GoodputMeter."""
 
-    def __init__(self, rate: float, burst: int, rtt: float):
+    def __init__(self, rate: float, burst: int, rtt: float, fixed: float = 0.0):
         self.rate, self.burst, self.rtt = rate, burst, rtt
+        self.fixed = fixed  # each message's own costs beyond the round trip (gateways, CURVE, a busy receiver)
         self.tokens, self.free_at, self.clock, self.acks = float(burst), 0.0, 0.0, []
         self.meter = GoodputMeter()
         self.meter.on_rtt(rtt)
@@ -216,7 +218,7 @@ class TokenBucket:
         at_once = min(self.tokens, nbytes)
         self.tokens -= at_once
         self.free_at = start + (nbytes - at_once) / self.rate
-        self.acks.append((nbytes, self.clock, self.free_at + self.rtt))
+        self.acks.append((nbytes, self.clock, self.free_at + self.rtt + self.fixed))
 
     def wire_s(self, nbytes: int) -> float:
         """A message's time on the path beyond the round trip, sent after an idle spell."""
@@ -264,6 +266,45 @@ def test_a_rung_vouched_for_by_smaller_messages_is_tried_and_left_when_its_own_a
     gaps = [b["step"] - a["step"] for a, b in zip(trials, trials[1:])]
     assert len(trials) >= 3 and gaps == sorted(gaps) and gaps[-1] > gaps[0]
     assert used[-80:].count(best) >= 76 and used.count(above) <= 4 * 2 * len(trials)
+
+
+def test_a_link_that_got_fast_is_found_though_small_messages_read_it_slow():
+    """`bench wan --auto --change` found this: back at 60 Mbit/s with 80 ms RTT, a lossy rung's small
+    messages read 2-6 Mbit/s (each pays ~15 ms of its own beyond the round trip), too slow to vouch for
+    the next rung, so it was never tried and the forward stayed lossy for the rest of the run. Smaller
+    messages mislead both ways: the next rung up is tried whatever they say once its wait is over (at
+    most every x 2**TRIES steps after failed trials), and the climb goes on while each trial fits."""
+    sender = LinkCodecs.from_table({"forward": "auto", "backward": "none"}, "src->sink")
+    receiver = LinkCodecs.from_table({}, "src->sink")
+    rungs = [codecs.parse(s).spec for s in LADDER]
+    events, used = [], []
+    path = TokenBucket(rate=150_000, burst=15_000, rtt=0.08)  # 1.2 Mbit/s, as in the test above
+    sender.attach(path, lambda **event: events.append(event))
+    for step in range(1, 201):
+        if step == FAST_FROM:
+            path.rate, path.fixed = 7.5e6, 0.015  # 60 Mbit/s, and 15 ms of each message's own costs
+            choice = sender.auto["forward"]
+            slow_rung, waits, seen = choice.rung, dict(choice.retry_at), len(events)
+        for _ in range(4):
+            payload = sender.pack("forward", "hidden", torch.randn(4, 24, 384), step)
+            path.send(payload.wire_bytes)
+            receiver.unpack(payload)
+            used.append(payload.codec)
+            path.clock += 0.1
+        sender.observe_step(0.4)
+    assert slow_rung >= rungs.index("int8(lowrank(0.25))")  # what hides at 1.2 Mbit/s
+    for rung in (slow_rung, slow_rung - 1):  # what its messages and the next rung's read at 60 Mbit/s
+        message = next(e["wire_s"] for e in events if e["new"] == rungs[rung]) / 4 * 150_000  # bytes, from 1.2 Mbit/s
+        assert message / (0.015 + message / 7.5e6) * 8e-6 < 6
+    climb = events[seen:]
+    assert [e["new"] for e in climb] == rungs[slow_rung - 1::-1] and all(e["trial"] for e in climb), climb
+    first_try = max(FAST_FROM, waits.get(slow_rung - 1, 0))  # a failed trial's wait, set at the slow rate
+    assert first_try - FAST_FROM <= 4 * 2 ** TRIES
+    assert climb[0]["step"] <= first_try + 4 and climb[-1]["step"] <= climb[0]["step"] + 2 * slow_rung, climb
+    assert set(used[-4 * 10:]) == {"none"}
+
+
+FAST_FROM = 121
 
 
 def test_one_step_stale_lets_the_wire_take_twice_the_share_of_compute(tmp_path):
