@@ -144,6 +144,26 @@ class TimedSource(Source):
         return super().forward(batch, inputs)
 
 
+class _Paced:
+    """Each training micro-batch's forward takes PACE_S more (asleep): a step of compute a link's wire can
+    hide under, as a real model's would (the example's own layers take microseconds)."""
+
+    PACE_S = 0.05
+
+    def forward(self, batch, inputs):
+        if batch.training:
+            time.sleep(self.PACE_S)
+        return super().forward(batch, inputs)
+
+
+class PacedSource(_Paced, Source):
+    pass
+
+
+class PacedSink(_Paced, Sink):
+    pass
+
+
 class NoData(Stage):
     """A stage that computes but reads no data of its own: it cannot be a source."""
 

@@ -34,6 +34,7 @@ import tempfile
 import time
 import tomllib
 from pathlib import Path
+from typing import Callable
 
 from nebula.bench.cpu import CpuSampler, per_step, read_samples
 from nebula.errors import ConfigError
@@ -106,6 +107,10 @@ def register(sub) -> None:
     parser.add_argument("--auto", action="store_true",
                         help="compression = \"auto\" against every fixed rung of its ladder at 60 Mbit/s, the "
                              "communication-bound rate and a rate 4x lower (root)")
+    parser.add_argument("--change", action="store_true",
+                        help="with --auto: one run whose link rate changes every --steps steps (default 20): 60 "
+                             "Mbit/s, the communication-bound rate, a rate 4x lower, 60 again; how soon auto "
+                             "moves and where it settles (root)")
     parser.add_argument("--rtt-ms", type=float, default=None,
                         help="propagation delay added on the emulated link (default 0; 80 with --auto)")
     parser.add_argument("--workdir", type=Path, default=None,
@@ -139,6 +144,11 @@ def run(args: argparse.Namespace) -> int:
     if args.quality:
         from nebula.bench.wan_quality import run_quality
         return run_quality(args)
+    if args.change and not args.auto:
+        raise ConfigError("--change: only with --auto (it changes the link under compression = \"auto\")")
+    if args.auto and args.change:
+        from nebula.bench.wan_change import run_change
+        return run_change(args)
     if args.auto:
         from nebula.bench.wan_auto import run_auto
         return run_auto(args)
@@ -418,8 +428,9 @@ def resend_timeout(job: dict, rate_mbit: float) -> float:
 
 
 def run_job(run: Path, job: dict, label: str, wan=None, channel: dict | None = None,
-            timeout_s: float | None = None) -> None:
-    """Starts every site's gateway and stages, waits until every stage has finished, stops all."""
+            timeout_s: float | None = None, watch: Callable[[int], None] | None = None) -> None:
+    """Starts every site's gateway and stages, waits until every stage has finished, stops all.
+    `watch(steps)` is called as the steps every stage has finished grow (e.g. to change the link)."""
     from nebula.errors import StageError
     from nebula.launch import start_sites
 
@@ -442,6 +453,8 @@ def run_job(run: Path, job: dict, label: str, wan=None, channel: dict | None = N
                 if done > shown:
                     progress(f"{label}: step {done}/{job['train']['steps']} ({time.monotonic() - started:.0f} s)")
                     shown = done
+                    if watch is not None:
+                        watch(done)
                 time.sleep(0.5)
     finally:
         group.stop()

@@ -50,3 +50,35 @@ def test_round_two_times_the_rungs_whose_wire_can_hide_and_at_least_two():
     assert contenders(fast, 1.0) == ["int8(lowrank(0.1))", "int8(lowrank(0.5))"]
     assert contenders(fast, 0.25) == ["int8(lowrank(0.1))", "int8(lowrank(0.5))"]  # none hides but two are kept
     assert contenders(fast, 60.0) == ["int8(lowrank(0.1))", "int8(lowrank(0.5))", "int8", "none"]
+
+
+def test_the_change_bench_counts_steps_from_each_rate_change_and_times_each_segments_tail(tmp_path):
+    """`--auto --change` from the stages' own files: moves counted from the step after which the rate
+    changed, per direction; the tail's rungs are those `auto` chose (ids and masks are not)."""
+    import json
+
+    from nebula.bench.wan_change import TAIL, summarise
+
+    job = {"stages": {"enc": {"address": "a/enc/0"}, "dec": {"address": "b/dec/0"}}, "bench": {"link": "enc->dec"}}
+    ends, after, rates = [10, 20], [0, 10], [60.0, 1.0]
+    rung = {"forward": lambda s: "none" if s <= 13 else "int8(lowrank(0.25))",
+            "backward": lambda s: "none" if s <= 12 else "int8"}
+    for stage, direction, moved in (("enc", "forward", 13), ("dec", "backward", 12)):
+        (tmp_path / stage).mkdir()
+        steps = [{"kind": "step", "step": s, "step_s": 1.0 if s <= 10 else 1.5, "compute_s": 0.8} for s in range(1, 21)]
+        event = {"kind": "event", "event": "compression", "link": "enc->dec", "dir": direction, "step": moved + 1,
+                 "old": "none", "new": rung[direction](moved + 1), "trial": False, "goodput_mbit": 0.9}
+        (tmp_path / stage / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*steps, event]))
+        lines = [{"t": s, "step": s, "link": "enc->dec", "dir": direction, "name": "hidden", "codec": rung[direction](s),
+                  "raw": 1_000_000, "wire": 1_000_000 if rung[direction](s) == "none" else 100_000, "encode_s": 0,
+                  "auto": True}
+                 for s in range(1, 21)]
+        lines += [{"t": s, "step": s, "link": "enc->dec", "dir": direction, "name": "ids", "codec": "none", "raw": 8_000,
+                   "wire": 8_000, "encode_s": 0} for s in range(1, 21)]
+        (tmp_path / stage / "link.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    fast, slow = summarise(tmp_path, job, rates, after, ends, 80.0)
+    assert fast["lossless"] and fast["forward_first_move"] is None and fast["to_limit"] == pytest.approx(1.0 / 0.8)
+    assert (slow["forward_first_move"], slow["backward_first_move"]) == (4, 3)
+    assert slow["forward_codecs"] == ["int8(lowrank(0.25))"] and slow["backward_codecs"] == ["int8"]
+    assert slow["forward_mb"] == pytest.approx(0.108) and slow["s_per_step"] == 1.5
+    assert slow["wire_s"] == pytest.approx(0.108 * 8 / 1.0) and len(slow["moves"]) == 2 and TAIL <= 10
