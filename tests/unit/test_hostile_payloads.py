@@ -52,22 +52,22 @@ def test_a_delta_message_refused_for_its_header_shape_is_not_applied():
 
 
 def test_a_delta_message_refused_for_its_parts_leaves_the_lru_order_and_counts_as_they_were():
-    spec = "delta(int8, mb=1)"  # holds 4 rows of 65536 floats
+    spec = "delta(int8, mb=1)"  # holds 4 rows of 65280 floats (255 KiB and ENTRY_BYTES each)
     sender, kept, refusing = (CodecState().slot("l", "h") for _ in range(3))
 
     def send(x, ids):
         return pack("h", "a", x, spec, state=sender, ids=torch.tensor(ids))
-    first = send(torch.randn(4, 65536), [1, 2, 3, 4])
+    first = send(torch.randn(4, 65280), [1, 2, 3, 4])
     for receiver in (kept, refusing):
         unpack(first, state=receiver)
-    bad = pack("h", "a", torch.randn(1, 65536), spec, state=CodecState().slot("l", "h"), ids=torch.tensor([9]))
+    bad = pack("h", "a", torch.randn(1, 65280), spec, state=CodecState().slot("l", "h"), ids=torch.tensor([9]))
     bad.parts[0] = bad.parts[1] = torch.tensor([1])  # a delta of example 1 against message 1: a real base
-    bad.parts[3] = torch.ones(5)  # int8's scales: 5 for 65536 values
-    bad.meta = b'{"seq":2,"row":[65536],"d":null,"r":[2,{}]}'
+    bad.parts[3] = torch.ones(5)  # int8's scales: 5 for 65280 values
+    bad.meta = b'{"seq":2,"row":[65280],"d":null,"r":[2,{}]}'
     with pytest.raises(CodecError, match="scales"):
         unpack(bad, state=refusing)
     assert held(refusing) == held(kept)  # example 1 was made the most recent, its hit counted
-    for message in (send(torch.randn(1, 65536), [5]), send(torch.randn(1, 65536), [2])):
+    for message in (send(torch.randn(1, 65280), [5]), send(torch.randn(1, 65280), [2])):
         for receiver in (kept, refusing):  # once evicted the wrong example; then refused this one
             unpack(message, state=receiver)
     assert held(refusing) == held(kept)
