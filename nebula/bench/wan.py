@@ -72,8 +72,9 @@ def register(sub) -> None:
     parser.add_argument("--quality", action="store_true",
                         help="train each setting from the same start, score it, plot loss curves (no WAN needed)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="timed steps per setting (speed; default 3, quick 2, --auto 4 per round) or training "
-                             "steps per setting (quality; default 300, quick 20)")
+                        help="timed steps per setting (speed; default 3, quick 2, --auto 4 per round), steps per "
+                             "rate (--auto --change; default 30) or training steps per setting (quality; default "
+                             "300, quick 20)")
     parser.add_argument("--micro-batches", type=int, default=None, help="override the job's [train].micro_batches")
     parser.add_argument("--setting", nargs=2, action="append", metavar=("FORWARD", "BACKWARD"),
                         help="measure this codec pair instead of the built-in list (repeatable; the first is "
