@@ -109,7 +109,7 @@ def register(sub) -> None:
                         help="compression = \"auto\" against every fixed rung of its ladder at 60 Mbit/s, the "
                              "communication-bound rate and a rate 4x lower (root)")
     parser.add_argument("--change", action="store_true",
-                        help="with --auto: one run whose link rate changes every --steps steps (default 20): 60 "
+                        help="with --auto: one run whose link rate changes every --steps steps (default 30): 60 "
                              "Mbit/s, the communication-bound rate, a rate 4x lower, 60 again; how soon auto "
                              "moves and where it settles (root)")
     parser.add_argument("--rtt-ms", type=float, default=None,
