@@ -145,9 +145,9 @@ def run(args: argparse.Namespace) -> int:
     if args.quality:
         from nebula.bench.wan_quality import run_quality
         return run_quality(args)
-    if args.change and not args.auto:
-        raise ConfigError("--change: only with --auto (it changes the link under compression = \"auto\")")
-    if args.auto and args.change:
+    if args.change:
+        if not args.auto:
+            raise ConfigError("--change: only with --auto (it changes the link under compression = \"auto\")")
         from nebula.bench.wan_change import run_change
         return run_change(args)
     if args.auto:

@@ -25,7 +25,7 @@ import statistics
 import sys
 
 from nebula.bench import wan
-from nebula.bench.wan_auto import RTT_MS, LOWER
+from nebula.bench.wan_auto import LOWER, RTT_MS
 from nebula.codecs.auto import AutoSettings
 from nebula.errors import ConfigError
 from nebula.runtime.metrics import read_records
@@ -48,7 +48,7 @@ def run_change(args: argparse.Namespace) -> int:
     segment = args.steps or SEGMENT
     if segment <= TAIL + SLOWER_WITHIN:
         raise ConfigError(f"--steps {segment}: a segment needs more than {TAIL + SLOWER_WITHIN} steps "
-                              f"(time to move, then {TAIL} timed steps)")
+                          f"(time to move, then {TAIL} timed steps)")
     with wan._workdir(args.workdir) as work:
         rows = measure(args, work / "change", segment, rtt)
     if args.json:
