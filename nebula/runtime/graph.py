@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from nebula.errors import ConfigError
 
 if TYPE_CHECKING:
-    from nebula.runtime.link import Phase
+    from nebula.runtime.compression import Phase
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,7 @@ class _LinkTable:
 
 
 def _link(i: int, table: dict, where: str) -> LinkConfig:
-    from nebula.runtime.link import parse_phases  # imports the codecs (and torch): only when a job loads
+    from nebula.runtime.compression import parse_phases  # imports the codecs (and torch): only when a job loads
     at = f"{where}: [[links]] #{i + 1}"
     ends = {}
     for key in ("from", "to"):

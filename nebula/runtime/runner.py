@@ -33,7 +33,7 @@ from nebula.runtime.coordinator import Phase
 from nebula.runtime.executor import Executor
 from nebula.runtime.graph import LinkConfig
 from nebula.runtime.inference import InferencePasses
-from nebula.runtime.link import LinkCodecs, LinkMeter
+from nebula.runtime.compression import LinkCodecs, LinkMeter
 from nebula.runtime.metrics import MetricsLog
 from nebula.runtime.order import ExampleOrder, digest
 from nebula.runtime.resume import ResumeProtocol, Resync, held_bytes

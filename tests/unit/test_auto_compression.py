@@ -9,7 +9,7 @@ from nebula import codecs
 from nebula.codecs.auto import AUTO, LADDER
 from nebula.errors import ConfigError
 from nebula.runtime.autocodec import TRIES
-from nebula.runtime.link import LinkCodecs, parse_phases
+from nebula.runtime.compression import LinkCodecs, parse_phases
 from nebula.transport.goodput import SAMPLES, Goodput, GoodputMeter
 
 MB = 1 << 20

@@ -14,7 +14,7 @@ import torch
 from nebula.codecs import CodecState, pack, parse, unpack
 from nebula.codecs.delta import MIB
 from nebula.errors import ConfigError
-from nebula.runtime.link import LinkCodecs
+from nebula.runtime.compression import LinkCodecs
 
 PLACEMENT = {"spilled", "read_back", "ram_bytes", "ram_cap_bytes", "disk_bytes", "disk_file_bytes"}
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nebula.errors import CodecError, ConfigError
-from nebula.runtime.link import LinkCodecs
+from nebula.runtime.compression import LinkCodecs
 
 TABLE = {"forward": "delta(int8)", "backward": "ef(int8)"}
 IDS = torch.tensor([5, 6, 7], dtype=torch.int64)

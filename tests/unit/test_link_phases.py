@@ -6,7 +6,7 @@ import torch
 
 from nebula import codecs
 from nebula.errors import ConfigError
-from nebula.runtime.link import LinkCodecs, parse_phases, phase_at
+from nebula.runtime.compression import LinkCodecs, parse_phases, phase_at
 
 TABLE = {"backward": "int8", "phases": [
     {"steps": 3, "forward": "none", "backward": "none"},

@@ -1,4 +1,4 @@
-"""Codecs of one link as the runtime uses them: the job's policy (or phases of policies), per-tensor
+"""A link's compression as the runtime uses it: the job's policy (or phases of policies), per-tensor
 state, byte meters.
 
 Each [[links]] entry of a job has its own [links.compression] table: either one policy
