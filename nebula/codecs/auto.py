@@ -39,7 +39,7 @@ class Auto(Codec):
     def spec(self) -> str:
         return "auto"
 
-    def encode(self, x, state=None) -> tuple[Parts, Meta]:
+    def encode(self, x, state=None, *, ids=None) -> tuple[Parts, Meta]:
         raise CodecError("`auto` is resolved to a ladder rung by the link before encoding; it never travels")
 
     def decode(self, parts, meta):

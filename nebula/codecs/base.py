@@ -41,9 +41,17 @@ class Codec(ABC):
         """Canonical spec string: `parse(codec.spec).spec == codec.spec`."""
         return format_call(self.name, spec_args(self))
 
+    @property
+    def needs_ids(self) -> bool:
+        """Whether `encode` needs `ids`, the example id of each of x's rows (`delta` keeps a base per
+        example). Such a codec carries activations only: gradients come back without ids."""
+        return False
+
     @abstractmethod
-    def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
-        """`state` is this stream's private dict (sender side), or None for a stateless encode."""
+    def encode(self, x: torch.Tensor, state: dict | None = None, *,
+               ids: torch.Tensor | None = None) -> tuple[Parts, Meta]:
+        """`state` is this stream's private dict (sender side), or None for a stateless encode; `ids`
+        the (B,) int64 example ids of x's rows (its first dimension), where the caller has them."""
 
     @abstractmethod
     def decode(self, parts: Parts, meta: Meta) -> torch.Tensor:

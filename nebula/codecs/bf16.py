@@ -13,7 +13,8 @@ from nebula.errors import CodecError
 @register_codec("bf16")
 @dataclass(frozen=True)
 class Bf16(Codec):
-    def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
+    def encode(self, x: torch.Tensor, state: dict | None = None, *,
+               ids: torch.Tensor | None = None) -> tuple[Parts, Meta]:
         require_float("bf16", x)
         half = x.detach().cpu().contiguous().to(torch.bfloat16)
         # one reduction in the common case; the sum of large finite values may itself overflow

@@ -25,8 +25,13 @@ class Chain(Codec):
     def spec(self) -> str:
         return format_call(self.outer.name, [self.inner.spec, *spec_args(self.outer)])
 
-    def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
-        inner_parts, inner_meta = self.inner.encode(x, _sub(state, "inner"))
+    @property
+    def needs_ids(self) -> bool:
+        return self.inner.needs_ids  # the outer codec sees the inner one's parts, not the rows
+
+    def encode(self, x: torch.Tensor, state: dict | None = None, *,
+               ids: torch.Tensor | None = None) -> tuple[Parts, Meta]:
+        inner_parts, inner_meta = self.inner.encode(x, _sub(state, "inner"), ids=ids)
         parts, groups = [], []
         for j, part in enumerate(inner_parts):
             if part.dtype in FLOAT_DTYPES:

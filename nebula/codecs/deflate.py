@@ -48,7 +48,8 @@ class Deflate(Codec):
             raise ConfigError(f"codec 'deflate': level={self.level!r} must be an integer in 1..9 "
                               "(1 fastest, 9 smallest), e.g. deflate(level=6)")
 
-    def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
+    def encode(self, x: torch.Tensor, state: dict | None = None, *,
+               ids: torch.Tensor | None = None) -> tuple[Parts, Meta]:
         if x.dtype not in dtype_names():
             raise CodecError(f"codec 'deflate': dtype {x.dtype} cannot go on the wire "
                              f"(allowed: {', '.join(ITEMSIZE)})")

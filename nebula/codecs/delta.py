@@ -200,17 +200,22 @@ class Delta(Codec):
             object.__setattr__(self, "ram", None)
 
     @property
+    def needs_ids(self) -> bool:
+        return True  # each row's base is its example's last decoded row
+
+    @property
     def direct(self) -> Codec:
         """The codec of the rows sent whole."""
         return self.inner if self.first is None else self.first
 
-    def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
-        if state is None or not isinstance(state.get("ids"), torch.Tensor):
+    def encode(self, x: torch.Tensor, state: dict | None = None, *,
+               ids: torch.Tensor | None = None) -> tuple[Parts, Meta]:
+        if state is None or not isinstance(ids, torch.Tensor):
             raise CodecError(f"codec {self.spec!r} needs a state and the rows' example ids: "
                              "pack(..., state=codec_state.slot(link, name), ids=example_ids); "
                              "use it on activations that come with example ids")
         require_float(self.spec, x)
-        ids = _check_ids(self.spec, state.pop("ids"), x)
+        ids = _check_ids(self.spec, ids, x)
         x = x.detach().cpu().float()  # (B, ...)
         cache = self._cache(state)
         seq = state["seq"] = state.get("seq", 0) + 1

@@ -20,7 +20,12 @@ from nebula.errors import CodecError
 class ErrorFeedback(Codec):
     inner: Codec
 
-    def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
+    @property
+    def needs_ids(self) -> bool:
+        return self.inner.needs_ids
+
+    def encode(self, x: torch.Tensor, state: dict | None = None, *,
+               ids: torch.Tensor | None = None) -> tuple[Parts, Meta]:
         if state is None:
             raise CodecError(f"codec {self.spec!r} keeps a residual between steps: pass a state, "
                              "e.g. pack(..., state=codec_state.slot(link, name))")
@@ -29,7 +34,7 @@ class ErrorFeedback(Codec):
         residual = state.get("residual")
         if isinstance(residual, torch.Tensor) and residual.shape == target.shape:
             target = target + residual
-        parts, meta = self.inner.encode(target, state.setdefault("inner", {}))
+        parts, meta = self.inner.encode(target, state.setdefault("inner", {}), ids=ids)
         # out of place: parts may alias target (ef(none)) and must go on the wire unchanged
         state["residual"] = target - self.inner.decode(parts, meta).view(target.shape)
         return parts, meta

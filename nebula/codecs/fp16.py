@@ -18,7 +18,8 @@ class Fp16(Codec):
     """Values that round beyond +-65504 (|x| >= 65520) would become Inf: refused (use bf16, whose range
     is float32's)."""
 
-    def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
+    def encode(self, x: torch.Tensor, state: dict | None = None, *,
+               ids: torch.Tensor | None = None) -> tuple[Parts, Meta]:
         require_float("fp16", x)
         half = x.detach().cpu().contiguous().to(torch.float16)
         # half.sum is finite iff x was finite and in range: one pass over the 2-byte copy

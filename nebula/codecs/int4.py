@@ -40,7 +40,8 @@ class Int4(Codec):
     def __post_init__(self) -> None:
         check_block_and_scale("int4", self.block, self.scale)
 
-    def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
+    def encode(self, x: torch.Tensor, state: dict | None = None, *,
+               ids: torch.Tensor | None = None) -> tuple[Parts, Meta]:
         require_float("int4", x)
         q, scales = quantize("int4", x, self.block, self.scale, LEVELS)
         return [pack_nibbles(q), scales], {"shape": list(x.shape)}

@@ -37,7 +37,8 @@ class Int8(Codec):
     def __post_init__(self) -> None:
         check_block_and_scale("int8", self.block, self.scale)
 
-    def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
+    def encode(self, x: torch.Tensor, state: dict | None = None, *,
+               ids: torch.Tensor | None = None) -> tuple[Parts, Meta]:
         require_float("int8", x)
         q, scales = quantize("int8", x, self.block, self.scale, 127)
         return [q.view(x.shape), scales], {}

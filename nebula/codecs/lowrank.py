@@ -39,7 +39,8 @@ class LowRank(Codec):
             if type(value) is not int or not 0 <= value <= top:
                 raise ConfigError(f"codec 'lowrank': {field}={value!r} must be an integer in 0..{top}")
 
-    def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
+    def encode(self, x: torch.Tensor, state: dict | None = None, *,
+               ids: torch.Tensor | None = None) -> tuple[Parts, Meta]:
         a = as_matrix("lowrank", x)  # (m, n)
         k = rank_for(self.ratio, *a.shape)
         if k == 0:

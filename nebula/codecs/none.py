@@ -17,7 +17,8 @@ class NoCodec(Codec):
 
     exact = True
 
-    def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
+    def encode(self, x: torch.Tensor, state: dict | None = None, *,
+               ids: torch.Tensor | None = None) -> tuple[Parts, Meta]:
         if x.dtype not in dtype_names():
             raise CodecError(f"codec 'none': dtype {x.dtype} cannot go on the wire "
                              f"(allowed: {', '.join(ITEMSIZE)})")

@@ -24,18 +24,13 @@ def pack(name: str, role: str, x: torch.Tensor, codec: Codec | str,
          state: dict[str, Any] | None = None, ids: torch.Tensor | None = None,
          spill_dir: str | Path | None = None) -> TensorPayload:
     """Encode `x` for the wire. `state`: this stream's slot, `CodecState.slot(link, name)`;
-    `ids`: the (B,) int64 example-id hashes of x's rows, which `delta` needs; `spill_dir`: where
+    `ids`: the (B,) int64 example-id hashes of x's rows, for a codec that `needs_ids`; `spill_dir`: where
     `delta(..., ram=)` may spill its cached rows (default: the system's temporary directory)."""
     codec = parse(codec) if isinstance(codec, str) else codec
     if x.dtype not in dtype_names():
         raise CodecError(f"tensor {name!r}: dtype {x.dtype} cannot travel (allowed: "
                          f"{', '.join(ITEMSIZE)}); cast it to float32 first")
-    state = _claim(state, codec.spec, spill_dir)
-    if state is not None and ids is not None:
-        state["ids"] = ids  # taken by `delta`'s encoder
-    parts, meta = codec.encode(x, state)
-    if state is not None:
-        state.pop("ids", None)
+    parts, meta = codec.encode(x, _claim(state, codec.spec, spill_dir), ids=ids)
     parts = [part.contiguous() for part in parts]  # a no-op unless a kernel left a transposed layout
     meta_bytes = encode_meta(meta)
     if len(meta_bytes) > DEFAULT_LIMITS.max_meta_bytes:

@@ -27,7 +27,8 @@ class Svd(Codec):
         object.__setattr__(self, "ratio", float(self.ratio))
         check_ratio("svd", "ratio", self.ratio)
 
-    def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
+    def encode(self, x: torch.Tensor, state: dict | None = None, *,
+               ids: torch.Tensor | None = None) -> tuple[Parts, Meta]:
         a = as_matrix("svd", x)  # (m, n)
         k = rank_for(self.ratio, *a.shape)
         if k == 0:  # an empty tensor

@@ -28,7 +28,8 @@ class TopK(Codec):
         object.__setattr__(self, "fraction", float(self.fraction))
         check_ratio("topk", "fraction", self.fraction)
 
-    def encode(self, x: torch.Tensor, state: dict | None = None) -> tuple[Parts, Meta]:
+    def encode(self, x: torch.Tensor, state: dict | None = None, *,
+               ids: torch.Tensor | None = None) -> tuple[Parts, Meta]:
         require_float("topk", x)
         flat = x.detach().cpu().reshape(-1).float()  # (numel,)
         require_finite("topk", flat)

@@ -8,8 +8,9 @@ import re
 import pytest
 import torch
 
-from nebula.codecs import CodecState, pack, parse, unpack
+from nebula.codecs import Chain, Codec, CodecState, pack, parse, unpack
 from nebula.codecs.delta import ENTRY_BYTES, MIB
+from nebula.codecs.ef import ErrorFeedback
 from nebula.errors import CodecError, ConfigError
 from nebula.wire import Kind, Message, decode_message, encode_message
 
@@ -198,6 +199,42 @@ def test_without_state_or_ids_it_says_what_to_pass():
         unpack(payload)
     with pytest.raises(CodecError, match="ids must be int64"):
         pack("h", "activation", x, "delta(int8)", state={}, ids=IDS[:3])
+
+
+class RowProbe(Codec):
+    """Needs the rows' ids, as `delta` does, and remembers the ones it was given (not registered)."""
+
+    def __init__(self):
+        self.seen = []
+
+    @property
+    def spec(self) -> str:
+        return "probe"
+
+    @property
+    def needs_ids(self) -> bool:
+        return True
+
+    def encode(self, x, state=None, *, ids=None):
+        self.seen.append(ids)
+        return [x.float().clone()], {}
+
+    def decode(self, parts, meta):
+        return parts[0]
+
+
+def test_ids_are_declared_and_passed_to_encode_through_wrappers():
+    """The ids used to ride in the stream's state dict for `delta` to pop: now a codec says it needs
+    them and gets them as encode's `ids`, through a chain or `ef` around it; the state never holds them."""
+    assert parse("delta(int8)").needs_ids and not parse("ef(int8(lowrank(0.5)))").needs_ids
+    probe = RowProbe()
+    for codec in (probe, Chain(outer=parse("fp16"), inner=probe), ErrorFeedback(probe)):
+        assert codec.needs_ids
+        codec.encode(activations(), {}, ids=IDS)
+        assert probe.seen.pop() is IDS
+    slot = CodecState().slot("a->b", "h")
+    pack("h", "activation", activations(), "delta(int8)", state=slot, ids=IDS)
+    assert "ids" not in slot
 
 
 @pytest.mark.parametrize("spec", ["ef(delta(int8))", "fp16(delta(int8))", "delta(delta(int8))"])

@@ -86,7 +86,7 @@ def test_duplicate_codec_names_are_refused():
         @register_codec("int8")
         @dataclasses.dataclass(frozen=True)
         class Other(Codec):
-            def encode(self, x, state=None):
+            def encode(self, x, state=None, *, ids=None):
                 return [x], {}
 
             def decode(self, parts, meta):
