@@ -1,5 +1,5 @@
 """Fixtures for every test: a test that leaves a child process behind fails (and the process is
-killed, so it cannot disturb the next test)."""
+killed, so it cannot disturb the next test). Helpers that tests share live in tests/support/."""
 from __future__ import annotations
 
 import os
@@ -33,3 +33,12 @@ def no_leftover_processes():
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     assert not left, f"test left child processes behind: {sorted(left)}"
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Keep each phase's report on the test item (`item.rep_call`), so a fixture's teardown can print
+    the logs of the processes it started when the test failed."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)

@@ -1,120 +1,12 @@
-"""Whole jobs as real processes: a gateway per site and every stage started through nebula.launch,
-CURVE on every socket, loopback only. A test that leaves a process behind fails; the log tails of
-every service are printed when a test fails."""
+"""Fixtures for the e2e tests: whole jobs as real processes (tests/support/sites.py). A test that leaves a
+process behind fails (tests/conftest.py); the log tails of every service are printed when a test fails."""
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from nebula.launch import Supervisor, start_sites, tail
-from nebula.runtime.job import JobConfig, load_job
-from nebula.runtime.metrics import read_records
-from nebula.runtime.order import ExampleOrder, digest, id_hash
-
-HERE = Path(__file__).resolve().parent
-TINY = HERE / "jobs" / "tiny.toml"
-JOB_TIMEOUT = 150.0  # one tiny job takes ~30 s on 2 busy cores, ~45 s with a restart
-
-
-@pytest.hookimpl(tryfirst=True, hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    setattr(item, f"rep_{report.when}", report)
-
-
-def write_job(root: Path, replace: dict[str, str] | None = None) -> Path:
-    """tests/e2e/jobs/tiny.toml with the data path made absolute and `replace` (old -> new) applied."""
-    text = TINY.read_text().replace('data = "../data/es-en"', f'data = "{HERE / "data" / "es-en"}"')
-    for old, new in (replace or {}).items():
-        assert old in text, f"{old!r} is not in {TINY}"
-        text = text.replace(old, new)
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.toml"
-    path.write_text(text)
-    return path
-
-
-def expected_ledger(job: JobConfig) -> list[list]:
-    """What each step must have trained on: the schedule over the train ids, as the stages digest it."""
-    ids = (Path(job.data) / "train.ids").read_text(encoding="utf-8").split("\n")[:-1]
-    hashes = [id_hash(i) for i in ids]
-    order = ExampleOrder(len(ids), job.train.batch_size, job.train.seed)
-    return [[s, digest([hashes[i] for i in order.indices(s)])] for s in range(1, job.train.steps + 1)]
-
-
-def terminate_once_training(argv: list[str], run: Path) -> None:
-    """Start the command `argv` that runs sites in `run`; once its decoder has trained a step, SIGTERM
-    it (a `timeout`, a `kill`, a container stop) and assert it stopped every process of `run`."""
-    command = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + JOB_TIMEOUT
-        while not any("loss" in r for r in records(run / "decoder" / "metrics.jsonl", "step")):
-            assert time.monotonic() < deadline and command.poll() is None, "the sites did not start"
-            time.sleep(0.5)
-        command.send_signal(signal.SIGTERM)
-        assert command.wait(timeout=60) != 0
-    finally:
-        command.kill()
-    left = subprocess.run(["pgrep", "-f", str(run)], capture_output=True, text=True).stdout.split()
-    assert left == [], f"processes of {run} still running: {left}"
-
-
-def records(path: Path, kind: str | None = None) -> list[dict]:
-    """Every record of a metrics or audit file (or those of one kind)."""
-    return read_records(path, kind)
-
-
-class Sites:
-    """One job on its local sites; the test drives supervision (`poll`) so it can inject faults."""
-
-    def __init__(self, run: Path, job_file: Path, restart: bool = True, max_restarts: int = 3,
-                 skip: tuple[str, ...] = (), channel: dict[str, float] | None = None):
-        self.run, self.job_file, self.job = run, job_file, load_job(job_file)
-        self.stages = {name: stage.address for name, stage in self.job.stages.items()}
-        self.group: Supervisor = start_sites(run, job_file, restart=restart, skip=skip, channel=channel)
-        self.group.max_restarts = max_restarts
-
-    def steps(self, stage: str) -> int:
-        done = records(self.run / stage / "metrics.jsonl", "step")
-        return done[-1]["step"] if done else 0
-
-    def finished(self) -> bool:
-        return all(self.group.services[name].finished() for name in self.stages)
-
-    def wait(self, until=None, timeout: float = JOB_TIMEOUT, what: str = "the job to finish") -> None:
-        """Supervise (restarts with backoff; StageError with the log tail if a service gives up)
-        until `until()` holds, by default until every stage exited successfully."""
-        until = until or self.finished
-        deadline = time.monotonic() + timeout
-        while not until():
-            self.group.poll()
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.tails()}")
-            time.sleep(0.1)
-
-    def kill(self, stage: str) -> None:
-        proc = self.group.services[stage].proc
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-
-    def restarts(self, stage: str) -> int:
-        return self.group.services[stage].restarts
-
-    def log(self, service: str) -> str:
-        return (self.run / "logs" / f"{service}.log").read_text(errors="replace")
-
-    def tails(self, lines: int = 25) -> str:
-        return "\n".join(f"--- {name} ({s.log}) ---\n{tail(s.log, lines)}"
-                         for name, s in self.group.services.items())
-
-    def stop(self) -> None:
-        self.group.stop()
+from tests.support.sites import Sites
 
 
 @pytest.fixture

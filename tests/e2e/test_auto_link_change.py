@@ -15,7 +15,7 @@ from nebula.codecs.auto import LADDER
 from nebula.launch import start_sites
 from nebula.runtime.metrics import read_records
 from nebula.wanem import WanLink
-from tests.integration.test_wan_outage import ROOT
+from tests.support.wan import ROOT
 
 FAST, SLOW = 80.0, 2.0  # Mbit/s: 256 kB a step each way is 26 ms of wire, then 1.0 s, against 0.2 s of compute
 DROP, RISE, STEPS = 12, 26, 56  # the link slows once the sink has done DROP steps, recovers at RISE
@@ -30,8 +30,8 @@ def paced_job(path) -> None:
                 "train": {"steps": STEPS, "batch_size": 16, "micro_batches": 4, "checkpoint_every": STEPS,
                           "log_every": 100, "seed": 1},
                 "schedule": {"name": "synchronous"},
-                "stages": {"src": {"address": "a/src/0", "impl": "tests.runtime_support:PacedSource", **stage},
-                           "sink": {"address": "b/sink/0", "impl": "tests.runtime_support:PacedSink", **stage}},
+                "stages": {"src": {"address": "a/src/0", "impl": "tests.support.runtime:PacedSource", **stage},
+                           "sink": {"address": "b/sink/0", "impl": "tests.support.runtime:PacedSink", **stage}},
                 "links": [{"from": "src", "to": "sink", "tensors": ["hidden"], "backward": True,
                            "compression": "auto"}]}, path)
 

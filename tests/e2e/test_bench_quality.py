@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from nebula.bench.wan_quality import slug
-from tests.e2e.conftest import JOB_TIMEOUT, terminate_once_training, write_job
+from tests.support.sites import JOB_TIMEOUT, terminate_once_training, write_job
 
 LOSSY = "int8(lowrank(0.5))"
 

@@ -9,10 +9,9 @@ import pytest
 
 from nebula.bench import chaos
 from nebula.runtime.job import load_job
-from tests.e2e.conftest import expected_ledger, write_job
-from tests.electra_support import electra_job
-from tests.electra_support import expected_ledger as electra_expected_ledger
-from tests.integration.test_wan_outage import ROOT
+from tests.support.electra import electra_job, expected_ledger as electra_expected_ledger
+from tests.support.sites import expected_ledger, write_job
+from tests.support.wan import ROOT
 
 
 def chaos_job(tmp_path: Path, seed: int, steps: int) -> Path:

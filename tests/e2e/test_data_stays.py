@@ -21,16 +21,16 @@ import torch
 from nebula.launch import Service, Supervisor, make_keys, start_stage, write_site_configs
 from nebula.runtime.job import load_job
 from nebula.wire import Kind, parse_envelope
-from tests.e2e.conftest import HERE, JOB_TIMEOUT, write_job
-from tests.e2e.recording_gateway import EXTERNAL, PEER, read_record
+from tests.support.sites import E2E, JOB_TIMEOUT, write_job
+from tests.support.recording_gateway import EXTERNAL, PEER, read_record
 
 MARKER = "Xylobrantic quendifor marzipelt"  # in no corpus: on the wire, it can only come from site a's text
-SOURCE = HERE / "data" / "es-en"
+SOURCE = E2E / "data" / "es-en"
 SPLITS = ("train", "valid", "test")
 SIDES = {"a": "src", "b": "tgt"}  # the side of the parallel data each site's stage reads (with the ids)
 MIN_LINE = 12  # bytes: shorter lines ("Instalados:") could occur by chance
 STEPS = 2
-Messages = list[tuple[int, list[bytes]]]  # tests.e2e.recording_gateway.read_record's
+Messages = list[tuple[int, list[bytes]]]  # tests.support.recording_gateway.read_record's
 
 
 class Crossing(NamedTuple):
@@ -58,7 +58,7 @@ def run_job(run: Path, job_file: Path, records: dict[str, Path]) -> None:
     group = Supervisor()
     try:
         for site, config in sites.items():
-            argv = [sys.executable, "-m", "tests.e2e.recording_gateway", str(records[site]), str(config)]
+            argv = [sys.executable, "-m", "tests.support.recording_gateway", str(records[site]), str(config)]
             group.start(Service(f"gateway-{site}", argv, run / "logs" / f"gateway-{site}.log"))
         stages = [start_stage(group, run, job_file, name, sites[stage.site], restart=False)
                   for name, stage in job.stages.items()]

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from services.abnet.report import EXAMPLES
-from tests.e2e.conftest import JOB_TIMEOUT, terminate_once_training, write_job
+from tests.support.sites import JOB_TIMEOUT, terminate_once_training, write_job
 
 # The demo's learning rates and encoder adapters (deploy/jobs/abnet-es-en.toml), 80 steps: with the tiny
 # job's (5e-4 both sides, adapters on every layer) 40 steps gave 23 of 24 inputs the same word, as the

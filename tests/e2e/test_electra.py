@@ -17,9 +17,9 @@ import pytest
 
 from nebula.errors import StageError
 from nebula.security.audit import verify
-from tests.e2e.conftest import JOB_TIMEOUT, records
-from tests.e2e.faulty_electra import BAD_STEP
-from tests.electra_support import electra_job, expected_ledger, ledger, vocabulary_size
+from tests.support.sites import JOB_TIMEOUT, records
+from tests.support.faulty_electra import BAD_STEP
+from tests.support.electra import electra_job, expected_ledger, ledger, vocabulary_size
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -135,7 +135,7 @@ def test_ids_outside_the_vocabulary_stop_the_discriminator_naming_the_vocabulary
                                                                                   monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     job = electra_job(tmp_path, {'impl = "electra-generator"':
-                                 'impl = "tests.e2e.faulty_electra:OutOfVocabularyGenerator"'})
+                                 'impl = "tests.support.faulty_electra:OutOfVocabularyGenerator"'})
     sites = start_job(job, max_restarts=0)
     with pytest.raises(StageError):
         sites.wait(timeout=JOB_TIMEOUT, what="the stages to fail on the id outside the vocabulary")

@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 
-from tests.e2e.conftest import HERE, JOB_TIMEOUT, records
+from tests.support.sites import E2E, JOB_TIMEOUT, records
 
 STEPS, ONE_SITE = 40, 24  # k = 12 steps each side of the switch for the verdict
 
@@ -59,7 +59,7 @@ def tiny_data(root):
     """The e2e slice of es-en; its test split is one package, so half of it is relabelled as a second
     package for the probe (which needs at least two)."""
     data = root / "data"
-    shutil.copytree(HERE / "data" / "es-en", data / "es-en")
+    shutil.copytree(E2E / "data" / "es-en", data / "es-en")
     ids = (data / "es-en" / "test.ids").read_text().splitlines()
     relabelled = [i if k < len(ids) // 2 else "other" + i[i.index(":"):] for k, i in enumerate(ids)]
     (data / "es-en" / "test.ids").write_text("\n".join(relabelled) + "\n")

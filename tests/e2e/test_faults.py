@@ -10,7 +10,7 @@ import pytest
 
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.job import load_job
-from tests.e2e.conftest import write_job
+from tests.support.sites import write_job
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,7 +51,7 @@ def test_output_that_breaks_its_port_stops_the_stage_and_is_reported_to_its_peer
     with an error naming the port before anything is sent, and the decoder stops naming the cause
     (the decoder's own check of what arrives is tested in tests/unit/test_runtime_checks.py)."""
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    job = write_job(tmp_path, {'impl = "abnet-encoder"': 'impl = "tests.e2e.faulty_stage:IntHiddenEncoder"'})
+    job = write_job(tmp_path, {'impl = "abnet-encoder"': 'impl = "tests.support.faulty_stage:IntHiddenEncoder"'})
     sites = start_job(job, max_restarts=0)
     with pytest.raises(StageError):
         sites.wait(timeout=90, what="the stages to fail on the integer hidden tensor")

@@ -10,11 +10,11 @@ import torch
 
 from nebula.runtime.order import ExampleOrder, digest, id_hash
 from nebula.security.audit import verify
-from tests.e2e.conftest import HERE, records
+from tests.support.sites import E2E, records
 
 
 def job_file(tmp_path: Path, name: str, replace: dict[str, str] | None = None) -> Path:
-    text = (HERE / "jobs" / f"{name}.toml").read_text()
+    text = (E2E / "jobs" / f"{name}.toml").read_text()
     for old, new in (replace or {}).items():
         assert old in text, f"{old!r} is not in {name}.toml"
         text = text.replace(old, new)

@@ -8,7 +8,7 @@ import sys
 
 from nebula.runtime.job import load_job
 from nebula.runtime.onesite import run_one_site
-from tests.e2e.conftest import HERE, JOB_TIMEOUT, expected_ledger, records, write_job
+from tests.support.sites import E2E, JOB_TIMEOUT, expected_ledger, records, write_job
 
 
 def test_one_site_checkpoints_hot_start_the_two_site_job(tmp_path, start_job):
@@ -39,7 +39,7 @@ def test_translate_runs_the_encoder_here_and_the_decoder_at_the_other_site(tmp_p
         return sum(1 for r in records(sites.run / "audit" / "b.jsonl", None)
                    if r.get("event") == "transfer.in" and r.get("kind") == "TENSORS")
     before = arrived_at_b()
-    sources = (HERE / "data" / "es-en" / "test.src").read_text().splitlines()[:3]
+    sources = (E2E / "data" / "es-en" / "test.src").read_text().splitlines()[:3]
     (tmp_path / "in.txt").write_text("\n".join(sources) + "\n")
     done = subprocess.run([sys.executable, "-m", "nebula.cli", "translate", "--run-dir", str(sites.run),
                            "--job", str(job_file), "--input", str(tmp_path / "in.txt")],

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from nebula.security.audit import verify
-from tests.e2e.conftest import expected_ledger, records, write_job
+from tests.support.sites import expected_ledger, records, write_job
 
 KILL_AFTER = 5  # steps the victim has applied when it is killed (checkpoints every 2 steps)
 

@@ -108,7 +108,7 @@ def test_a_reliable_channel_over_its_rate_limit_slows_down_and_loses_nothing(tmp
     from nebula.bench.flood import Sites
     from nebula.transport.reliable import open_channel
     from nebula.wire import Kind, Message, TensorPayload
-    from tests.integration.conftest import FAST
+    from tests.support.gateways import FAST
 
     def message(step: int) -> Message:
         data = torch.full((16,), float(step))
@@ -169,7 +169,7 @@ def test_a_flooder_that_hangs_up_does_not_abort_its_gateway(tmp_path):
     import subprocess
     import sys
 
-    from tests.integration.conftest import make_world
+    from tests.support.gateways import make_world
 
     world = make_world(tmp_path)
     child = subprocess.run([sys.executable, "-c", HANG_UP, str(world.site("a").config_path)],

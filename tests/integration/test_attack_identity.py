@@ -21,8 +21,8 @@ from nebula.transport import sockets
 from nebula.transport.reliable import open_channel
 from nebula.transport.routing_id import stage_routing_id
 from nebula.wire import Kind, Message, decode_message, encode_message
-from tests.integration.conftest import (FAST, GatewayProcess, audit_events, gateway_key, make_world, raw_identity,
-                                        wait_for)
+from tests.support.gateways import (FAST, GatewayProcess, audit_events, gateway_key, make_world, raw_identity,
+                                    wait_for)
 
 PATIENT = dataclasses.replace(FAST, peer_timeout=30.0)  # a receiver may be away for seconds on purpose
 

@@ -11,18 +11,12 @@ from nebula.errors import RemoteError
 from nebula.transport import sockets
 from nebula.transport.reliable import open_channel
 from nebula.transport.routing_id import stage_routing_id
-from nebula.wire import Kind, Message, TensorPayload, decode_message, encode_message
-from tests.integration.conftest import (FAST, GatewayProcess, audit_events, gateway_key, make_world, raw_identity,
-                                        wait_for)
+from nebula.wire import Kind, Message, decode_message, encode_message
+from tests.support.gateways import (FAST, GatewayProcess, audit_events, gateway_key, make_world, raw_identity,
+                                    tensor_message, wait_for)
 
 
 LIMIT = 8 << 20  # the gateways' max_message_bytes in this module
-
-
-def tensor_message(dst: str, step: int, n: int = 16) -> Message:
-    data = torch.arange(n, dtype=torch.float32) + step
-    return Message(kind=Kind.TENSORS, job="job-1", dst=dst, step=step,
-                   tensors=[TensorPayload("hidden", "activation", "float32", (n,), "none", b"", [data])])
 
 
 @pytest.fixture(scope="module")

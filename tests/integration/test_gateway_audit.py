@@ -14,7 +14,7 @@ from nebula.security.audit_series import series_files
 from nebula.transport.reliable import open_channel
 from nebula.wire import Kind, Message, TensorPayload
 from services.gateway.server import Gateway
-from tests.integration.conftest import FAST, make_world
+from tests.support.gateways import FAST, make_world
 
 MESSAGES = 30
 
@@ -96,7 +96,7 @@ def test_a_gateway_whose_audit_log_fills_up_refuses_traffic_until_it_can_record_
 
     from nebula.errors import RecvTimeout
     from nebula.security.audit_series import archive_path, archives
-    from tests.integration.conftest import wait_for
+    from tests.support.gateways import wait_for
 
     world = gateways.world
     gateway = next(g for g, _ in gateways.running if g.site.name == "a")

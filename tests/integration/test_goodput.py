@@ -5,8 +5,7 @@ from __future__ import annotations
 import time
 
 from nebula.transport.reliable import open_channel
-from tests.integration.conftest import FAST, wait_for
-from tests.integration.test_gateway import tensor_message
+from tests.support.gateways import FAST, tensor_message, wait_for
 
 
 def test_a_channel_measures_the_goodput_and_round_trip_of_the_path_to_a_peer(world, gateways):

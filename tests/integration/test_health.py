@@ -17,7 +17,7 @@ import torch
 from nebula.observe.status import read_status
 from nebula.transport.reliable import open_channel
 from nebula.wire import Kind, Message, TensorPayload
-from tests.integration.conftest import FAST, REPO, GatewayProcess, free_port, make_world, wait_for
+from tests.support.gateways import FAST, REPO, GatewayProcess, free_port, make_world, wait_for
 
 
 def health(*args: str) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ from nebula.security.keystore import SiteKeyStore
 from nebula.site.jobs import Site, record_file, stop
 from nebula.site.supervisor import Service, Supervisor, tail
 from nebula.transport.config import load_site_config
-from tests.accounts_support import cli_runner, make_site, secret_file
+from tests.support.accounts import cli_runner, make_site, secret_file
 
 REPO = Path(__file__).resolve().parents[2]
 SECRETS = {"alice": "alice's long secret", "bob": "bob's long secret"}
@@ -33,7 +33,7 @@ def job_file(path: Path, steps: int, data: str | None = "dataset:corpus", prefix
              '[train]', f'steps = {steps}', 'batch_size = 8', 'micro_batches = 2', 'checkpoint_every = 1000',
              'log_every = 1',
              '[stages.src]', f'address = "a/{prefix}src/0"',
-             f'impl = "{"tests.jobs_support:DataSource" if data else "example-source"}"',
+             f'impl = "{"tests.support.jobs:DataSource" if data else "example-source"}"',
              '[stages.sink]', f'address = "a/{prefix}sink/0"', 'impl = "example-sink"',
              '[[links]]', 'from = "src"', 'to = "sink"', 'tensors = ["hidden"]', 'backward = true']
     path.write_text("\n".join(lines) + "\n")
@@ -43,7 +43,7 @@ def job_file(path: Path, steps: int, data: str | None = "dataset:corpus", prefix
 @pytest.fixture
 def site(tmp_path, monkeypatch, capsys):
     """Site a with its gateway running, users alice (owner of data set `corpus`) and bob."""
-    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the stages import tests.jobs_support
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the stages import tests.support.jobs
     for name in ("NEBULA_JOB_ID", "NEBULA_USER"):
         monkeypatch.delenv(name, raising=False)
     config = make_site(tmp_path)

@@ -12,7 +12,7 @@ from nebula.launch import free_port
 def test_bad_data_on_rank_1_fails_the_stage_naming_the_cause(tmp_path):
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2",
            "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    command = [sys.executable, "-m", "tests.integration.ranks_job", "tests.runtime_support:BadDataSink", str(tmp_path)]
+    command = [sys.executable, "-m", "tests.support.ranks_job", "tests.support.runtime:BadDataSink", str(tmp_path)]
     ranks = [subprocess.Popen(command, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in (1, 0)]
     (_, rank1_err), (out, err) = (p.communicate(timeout=120) for p in ranks)

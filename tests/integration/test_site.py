@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nebula.observe.status import pid_alive
-from tests.integration.conftest import free_port, wait_for
+from tests.support.gateways import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "tests" / "e2e" / "jobs" / "tiny.toml"

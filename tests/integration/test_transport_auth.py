@@ -16,8 +16,8 @@ from nebula.security.keystore import SiteKeyStore
 from nebula.security.trust import Identity
 from nebula.transport.reliable import ReliableChannel
 from nebula.wire import Kind, Message
-from tests.integration.conftest import (FAST, GatewayProcess, audit_events, gateway_key, make_world, raw_identity,
-                                        wait_for)
+from tests.support.gateways import (FAST, GatewayProcess, audit_events, gateway_key, make_world, raw_identity,
+                                    wait_for)
 
 DAY = 86400
 

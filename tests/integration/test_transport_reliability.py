@@ -13,9 +13,8 @@ import pytest
 from nebula.errors import TransportError
 from nebula.transport.reliable import open_channel
 from nebula.transport.streams import RecvStream, Verdict
-from tests.integration.conftest import FAST, REPO
 from nebula.wire import decode_message, encode_message, with_base
-from tests.integration.test_gateway import tensor_message
+from tests.support.gateways import FAST, REPO, tensor_message
 
 # Survives a gateway restart (a few seconds: the process imports torch) without declaring it dead.
 PATIENT = dataclasses.replace(FAST, gateway_timeout=20.0, peer_timeout=30.0)
@@ -135,7 +134,7 @@ RECEIVER = """
 import sys, time
 from nebula.transport.config import load_site_config
 from nebula.transport.reliable import open_channel
-from tests.integration.conftest import FAST
+from tests.support.gateways import FAST
 channel = open_channel(load_site_config(sys.argv[1]), "b/dec/0", config=FAST)
 channel.recv(timeout=30)
 print("ready", flush=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 import time
 
 import pytest
@@ -14,12 +13,9 @@ import pytest
 from nebula.errors import FIX_FIRST, LinkDown, RecvTimeout
 from nebula.transport.reliable import open_channel
 from nebula.wanem import WanError, WanLink, measure_goodput
-from tests.integration.conftest import FAST
-from tests.integration.test_gateway import tensor_message
+from tests.support.gateways import FAST, tensor_message
+from tests.support.wan import ROOT
 
-# the tests that build network namespaces
-ROOT = pytest.mark.skipif(os.geteuid() != 0 or not (shutil.which("ip") and shutil.which("tc")),
-                          reason="needs root and iproute2 (ip, tc) for network namespaces")
 # a's peers die fast, a site outage lasts longer; b outlives its own gateway's restart (the victim here)
 OUTAGE = dataclasses.replace(FAST, peer_timeout=2.0, wan_timeout=60.0, gateway_timeout=30.0)
 BEHIND_THE_VICTIM = dataclasses.replace(FAST, peer_timeout=60.0, gateway_timeout=60.0)

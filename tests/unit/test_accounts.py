@@ -10,7 +10,7 @@ import pytest
 from nebula.errors import AuthError, ConfigError
 from nebula.security.accounts import Accounts, read_secret
 from nebula.security.audit import verify
-from tests.accounts_support import cli_runner, make_site, secret_file
+from tests.support.accounts import cli_runner, make_site, secret_file
 
 SECRET = "correct horse battery"
 

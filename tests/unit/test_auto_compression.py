@@ -174,7 +174,7 @@ def test_auto_never_reaches_the_wire():
 def test_a_job_with_auto_links_trains_exactly_as_uncompressed_in_process(tmp_path):
     """In process no link is measured, so `auto` stays on its first rung (none): the run is the
     uncompressed one, bit for bit, and link.jsonl marks each tensor as chosen by `auto`."""
-    from tests.runtime_support import example_job, run_job
+    from tests.support.runtime import example_job, run_job
     auto = run_job(example_job(compression="auto"), tmp_path / "auto")
     plain = run_job(example_job(), tmp_path / "plain")
     for name in ("src", "sink"):

@@ -18,8 +18,9 @@ from nebula.security.audit import DEFAULT_FULL_RECORDS, DEFAULT_SUMMARY_INTERVAL
 from nebula.transport.config import ChannelConfig, _GatewayTable
 from nebula.transport.sockets import HARD_FRAME_LIMIT, tune
 from services.gateway.admission import STORE_RECHECK
-from tests.unit.test_codecs_deflate import token_ids
-from tests.wire_doc_support import envelope_sizes, one_thread
+from tests.support.codecs import token_ids
+from tests.support.threads import one_thread
+from tests.support.wire_doc import envelope_sizes
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -25,7 +25,7 @@ from nebula.runtime.order import id_hashes
 from nebula.runtime.service import build_stage
 from nebula.runtime.stage import Batch
 from services.electra.stages import NO_POSITION, SAME, ragged
-from tests.electra_support import electra_job
+from tests.support.electra import electra_job
 
 LINK = "generator->disc:forward"
 

@@ -16,7 +16,7 @@ from nebula.security.audit import verify
 from nebula.security.grants import DataRegistry, Principal, open_dataset, resolve_data
 from nebula.site.jobs import RECORD_FORMAT, job_dir
 from nebula.transport.config import load_site_config
-from tests.accounts_support import cli_runner, make_site, secret_file
+from tests.support.accounts import cli_runner, make_site, secret_file
 
 SECRET = "correct horse battery"
 

@@ -13,7 +13,7 @@ from nebula.security.accounts import Accounts
 from nebula.security.audit import verify
 from nebula.security.grants import DataRegistry
 from nebula.transport.config import load_site_config
-from tests.accounts_support import make_site
+from tests.support.accounts import make_site
 
 SECRET = "correct horse battery"
 

@@ -105,7 +105,7 @@ def test_a_cycle_is_refused():
 
 def test_a_source_must_read_data():
     raw = copy.deepcopy(BASE)
-    raw["stages"] = {"x": {"address": "a/x/0", "impl": "tests.runtime_support:NoData"},
+    raw["stages"] = {"x": {"address": "a/x/0", "impl": "tests.support.runtime:NoData"},
                      "y": {"address": "b/y/0", "impl": "example-sink"}}
     raw["links"] = [{"from": "x", "to": "y", "tensors": ["hidden"], "backward": True}]
     with pytest.raises(ConfigError, match="stage x is fed by no link, so it reads data, but NoData has no examples"):

@@ -25,7 +25,7 @@ from nebula.site.supervisor import free_port
 from nebula.transport.inproc import InProcHub
 from nebula.wire import Kind, Message
 from services.gateway.meter import Meter
-from tests.runtime_support import example_job
+from tests.support.runtime import example_job
 
 
 

@@ -1,6 +1,6 @@
 """docs/protocol.md §1-3 (the wire, its limits, the codecs) against the code.
 
-Every example block there is regenerated from the code (tests/wire_doc_support.py) and compared; the
+Every example block there is regenerated from the code (tests/support/wire_doc.py) and compared; the
 field, dtype, limit and parameter tables are compared with the protobuf descriptors and the code's
 constants; and the arithmetic the text states (int8's rounding, bfloat16's, k, the deflate transform,
 the overflow thresholds) is written here again from the text alone, in numpy, and must agree with the
@@ -29,7 +29,7 @@ from nebula.errors import CodecError, ConfigError
 from nebula.transport.config import GatewayConfig
 from nebula.transport.sockets import HARD_FRAME_LIMIT
 from nebula.wire import DEFAULT_LIMITS, ITEMSIZE
-from tests.wire_doc_support import examples
+from tests.support.wire_doc import examples
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 BLOCK = re.compile(r"<!-- example: (?P<name>[\w-]+) -->\n```[\w-]*\n(?P<body>.*?)```", re.S)

@@ -2,33 +2,16 @@
 even in a certificate signed before the names were reserved."""
 from __future__ import annotations
 
-import dataclasses
-import secrets
-import time
 
 import pytest
 
 from nebula import cli
 from nebula.errors import AuthError, ConfigError
 from nebula.runtime.job import parse_job
-from nebula.security.certs import RESERVED_NAMES, Certificate, address_filename, role_name
-from nebula.security.keyfile import write_json
-from nebula.security.keys import curve_public_raw, fingerprint, generate_identity
-from nebula.security.keystore import DAY, SiteKeyStore, write_signing_key
+from nebula.security.certs import RESERVED_NAMES, address_filename, role_name
+from nebula.security.keystore import SiteKeyStore
 from nebula.security.trust import TrustStore, check_peer
-
-
-def legacy_certificate(store: SiteKeyStore, address: str, role: str = "stage") -> Certificate:
-    """What `issue` wrote before names were reserved: signed by the site's CA, its key in the store."""
-    key, now = generate_identity(), int(time.time())
-    unsigned = Certificate(serial=secrets.randbits(63), address=address, role=role,
-                           identity_key=bytes(key.verify_key).hex(), curve_key=curve_public_raw(key.verify_key).hex(),
-                           not_before=now - 60, not_after=now + DAY, issuer_site=store.site,
-                           issuer_fingerprint=fingerprint(store.ca_public()))
-    cert = dataclasses.replace(unsigned, signature=store.ca_secret().sign(unsigned.signed_bytes()).signature.hex())
-    write_signing_key(store.dir / "keys" / f"{address_filename(address)}.key", key, address)
-    write_json(store.dir / "certs" / f"{address_filename(address)}.{cert.serial:016x}.json", cert.to_dict())
-    return cert
+from tests.support.certs import legacy_certificate
 
 
 @pytest.fixture

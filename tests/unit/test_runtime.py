@@ -16,10 +16,10 @@ from nebula.runtime.order import ExampleOrder, digest, id_hashes
 from nebula.runtime.service import build_stage, make_runner
 from nebula.runtime.stage import Batch
 from nebula.transport.inproc import InProcHub
-from tests.runtime_support import TIMELINE, Running, example_job, run_job
+from tests.support.runtime import TIMELINE, Running, example_job, run_job
 
-CRASHING = "tests.runtime_support:CrashingSink"
-TIMED = "tests.runtime_support:TimedSource"
+CRASHING = "tests.support.runtime:CrashingSink"
+TIMED = "tests.support.runtime:TimedSource"
 
 
 def reference(job, root):
@@ -150,7 +150,7 @@ def test_resumed_run_equals_uninterrupted_with_stateful_codecs(tmp_path):
 def test_a_resumed_stage_has_the_running_statistics_of_an_uninterrupted_one(tmp_path):
     """BatchNorm's running mean is module state that is not a weight: it used to be left out of the
     checkpoint, and a resumed sink had only the steps after its restart in it."""
-    kw = dict(stages=2, sink_impl="tests.runtime_support:NormedSink")
+    kw = dict(stages=2, sink_impl="tests.support.runtime:NormedSink")
     job, crashed = example_job(**kw), example_job(**kw, sink_options={"crash_at": 8})
     whole = run_job(job, tmp_path / "whole")
     resumed = run_job(job, tmp_path / "resumed", crash="sink", crashed_job=crashed)

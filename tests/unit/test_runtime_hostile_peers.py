@@ -16,7 +16,7 @@ from nebula.runtime import runner as runner_module
 from nebula.runtime.order import id_hashes
 from nebula.transport.inproc import InProcHub
 from nebula.wire import Kind, Message
-from tests.runtime_support import Running, example_job
+from tests.support.runtime import Running, example_job
 
 SRC, SINK = "a/src/0", "b/sink/0"
 

@@ -11,7 +11,7 @@ from nebula.runtime.coordinator import Coordination, Phase
 from nebula.runtime.sender import BackgroundSender
 from nebula.transport.inproc import InProcHub
 from nebula.wire import Kind, Message
-from tests.runtime_support import Running, example_job
+from tests.support.runtime import Running, example_job
 
 
 def roundtrip(body):

@@ -1,7 +1,7 @@
 """A site's real gateway that also records every frame it sends towards another site
 (tests/e2e/test_data_stays.py).
 
-    python -m tests.e2e.recording_gateway RECORD SITE.toml
+    python -m tests.support.recording_gateway RECORD SITE.toml
 
 It runs services.gateway.main unchanged but for one thing: `send` of the sockets that reach other
 sites (the DEALER to each peer gateway, and the external ROUTER, which answers peers) is wrapped
@@ -81,7 +81,7 @@ class RecordingGateway(Gateway):
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m tests.e2e.recording_gateway RECORD SITE.toml", file=sys.stderr)
+        print("usage: python -m tests.support.recording_gateway RECORD SITE.toml", file=sys.stderr)
         return 2
     RecordingGateway.record_path = Path(argv[0])
     gateway_main.Gateway = RecordingGateway  # the real main builds this subclass instead

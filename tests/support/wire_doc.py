@@ -3,12 +3,11 @@ part's bytes and values, the decoded tensor), an envelope annotated field by fie
 sizes of a 25 MB activation per codec."""
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import textwrap
 import zlib
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,6 +16,7 @@ from nebula._proto import nebula_pb2 as pb
 from nebula.bench.codecs import wire_message
 from nebula.codecs import pack, unpack
 from nebula.wire import decode_message, dtype_names, encode_message
+from tests.support.threads import one_thread
 from tests.vectors.make_wire import stored_vector, tensor_bytes
 
 HEX_PER_LINE = 16
@@ -152,18 +152,6 @@ def longest_envelope(frames: list) -> int:
         for part in tensor.parts:
             part.checksum = (1 << 64) - 1
     return len(env.SerializeToString())
-
-
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Encode 25 MB tensors on one thread: on a loaded 2-core machine two threads make lowrank 20x slower,
-    and sizes do not depend on speed."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 @functools.cache

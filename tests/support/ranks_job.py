@@ -1,5 +1,5 @@
 """One rank of a two-stage job whose sink has 2 ranks (gloo on loopback); the source and the sink's rank 0
-run in the rank-0 process over an in-process hub. `python -m tests.integration.ranks_job SINK_IMPL ROOT`
+run in the rank-0 process over an in-process hub. `python -m tests.support.ranks_job SINK_IMPL ROOT`
 with RANK, WORLD_SIZE=2, MASTER_ADDR and MASTER_PORT set; rank 0 prints one JSON line: each stage's
 error, or null."""
 import json
@@ -11,7 +11,7 @@ from pathlib import Path
 from nebula.runtime.ranks import RankGroup
 from nebula.runtime.service import build_stage, make_runner
 from nebula.transport.inproc import InProcHub
-from tests.runtime_support import example_job
+from tests.support.runtime import example_job
 
 
 def main(impl: str, root: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from nebula.runtime.order import ExampleOrder, digest, id_hash
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 DATA = TESTS / "e2e" / "data"
 JOBS = TESTS / "e2e" / "jobs"
 CORPORA = ("es-en", "zh-en")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.venv_support import REPO, build_wheel, copy_tree, make_venv, ok, pip_install, run
+from tests.support.venv import REPO, build_wheel, copy_tree, make_venv, ok, pip_install, run
 
 
 @pytest.fixture(scope="module")
