@@ -86,11 +86,11 @@ class CheckpointDir:
             Path(f"{self.file(step)}.sha256").unlink(missing_ok=True)
 
 
-def checkpoints_to_keep(stages: int, pace_credit: int, checkpoint_every: int) -> int:
+def checkpoints_to_keep(stages: int, horizon: int, checkpoint_every: int) -> int:
     """Enough that the stage furthest ahead still holds the newest checkpoint of the one furthest
-    behind: a sender runs at most its pace credit + 2 steps ahead of a receiver, per link of a chain
-    (runner.handle refuses more); at least 3."""
-    lag = (stages - 1) * (pace_credit + 2)
+    behind: a sender runs at most the schedule's horizon (its pace credit + 2) steps ahead of a
+    receiver, per link of a chain (the runner refuses more); at least 3."""
+    lag = (stages - 1) * horizon
     return max(3, 2 + -(-lag // checkpoint_every))
 
 

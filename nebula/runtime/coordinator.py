@@ -1,23 +1,41 @@
-"""The coordinator's side of the resume protocol, as a socket-free state machine.
+"""The coordinator: resuming every stage from one checkpoint, and ending the job together.
 
-One stage (the job's first) coordinates. A round: it sends RESYNC(round) to every other member,
-each answers HELLO with the steps of its good checkpoints (a member that just started sends one
-unasked); when all have answered it picks the last step *every* member holds, bumps the generation
-above every member's, loads that checkpoint itself and sends RESUME(round, step, generation); each
-member loads it and answers READY(round). Messages of older generations are dropped from then on,
-so nothing from an abandoned step is ever applied.
+One stage (the job's first) coordinates; every other is a member. A round: the coordinator sends
+RESYNC(round) to every member, each answers HELLO with the steps of its good checkpoints (a member
+that just started sends one unasked); when all have answered it picks the last step *every* member
+holds, bumps the generation above every member's, loads that checkpoint itself and sends
+RESUME(round, step, generation); each member loads it and answers READY(round). Messages of older
+generations are dropped from then on (nebula.runtime.generations), so nothing from an abandoned step
+is ever applied.
 
 A member restarting shows as a HELLO with a new `incarnation` (random per process start): during
 training, or while READYs are awaited, that starts a new round; while HELLOs are still being
 collected the newcomer's HELLO simply replaces the answer of its previous incarnation.
+
+The end: each source, through training and its hooks, says ENDED; once all have, the coordinator
+sends FINISH(step) to every member, which saves that step, says DONE and exits. A member restarted
+after FINISH went out is resumed at the end, or, if it lacks the final checkpoint, every stage rolls
+back as during training.
+
+`Coordination` is the coordinator's decisions as a socket-free state machine; `Coordinator` and
+`Member` are the two roles a stage's runner holds (`Role.of`), which act through the runner's pump.
 """
 from __future__ import annotations
 
 import enum
+import random
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from nebula.errors import StageError
-from nebula.runtime.control import Hello, Ready
+from nebula.runtime import control as ctl
+from nebula.runtime.control import Hello, Ready, Topic
+from nebula.runtime.generations import Resync
+
+if TYPE_CHECKING:  # the runner holds its role: a type only, to name what a role may call
+    from nebula.runtime.runner import StageRunner
+
+PROTOCOL = (Topic.HELLO, Topic.RESYNC, Topic.RESUME, Topic.READY)  # handled in any generation
 
 
 class Phase(enum.Enum):
@@ -74,3 +92,215 @@ class Coordination:
 
     def resumed(self) -> None:
         self.phase = Phase.TRAINING
+
+
+class Role:
+    """A stage's part in resuming and ending the job."""
+
+    def __init__(self, runner: "StageRunner"):
+        self.runner = runner
+        self.coordinator = runner.graph.coordinator
+        self.members = [s for s in runner.graph.stages if s != runner.name]
+        self.incarnation = random.SystemRandom().randrange(1, 1 << 62)  # a new one per process start
+
+    @staticmethod
+    def of(runner: "StageRunner") -> "Role":
+        return Coordinator(runner) if runner.name == runner.graph.coordinator else Member(runner)
+
+    def start(self) -> None:
+        """Agree with every other stage on the last checkpoint they all hold, and load it."""
+        self.recover(Resync())
+
+    def recover(self, resync: Resync) -> None:
+        raise NotImplementedError
+
+    def on_protocol(self, sender: str, topic: Topic, body: Any) -> None:
+        raise NotImplementedError
+
+    def on_control(self, sender: str, topic: Topic, body: Any) -> bool:
+        """ENDED, FINISH, DONE; False if this role does not take `topic` from `sender`."""
+        raise NotImplementedError
+
+    def end(self, target: int) -> None:
+        """Through training: wait until the whole job has reached step `target`."""
+        raise NotImplementedError
+
+    def final(self) -> None:
+        """Saved the end: say so."""
+
+    def awaited_resume(self) -> list[str] | None:
+        """The stages whose messages a resume in progress waits for, or None."""
+        raise NotImplementedError
+
+    def awaited_end(self) -> list[str] | None:
+        """The stages whose messages the end of the job waits for, or None."""
+        raise NotImplementedError
+
+    def hello(self, answer_to: int) -> ctl.Hello:
+        runner = self.runner
+        return ctl.Hello(incarnation=self.incarnation, checkpoints=tuple(runner.good_checkpoints()),
+                         generation=runner.generations.current, answer_to=answer_to)
+
+    def refuse(self, sender: str, topic: Topic) -> StageError:
+        role = "coordinates" if isinstance(self, Coordinator) else f"is coordinated by {self.coordinator}"
+        return StageError(f"{self.runner.addresses[sender]} sent {topic.value!r} to {self.runner.name}, which {role}")
+
+
+class Coordinator(Role):
+    def __init__(self, runner: "StageRunner"):
+        super().__init__(runner)
+        self.coordination = Coordination(list(self.members))
+        self.ended: set[str] = set()  # sources through training
+        self.done: set[str] = set()  # members that saved and exit
+        self.finish_at: int | None = None  # the step FINISH named (None: not announced)
+
+    def recover(self, resync: Resync) -> None:
+        while True:
+            try:
+                return self._round()
+            except Resync:
+                continue  # a member restarted meanwhile: start over
+
+    def _round(self) -> None:
+        runner, coordination = self.runner, self.coordination
+        runner.abandon()
+        round_ = coordination.start_round()
+        for member in self.members:
+            runner.tell(member, ctl.Resync(round=round_))
+        runner.pump(coordination.all_answered)
+        step, generation = coordination.decide(self.hello(0))
+        runner.restore(step)
+        runner.generations.enter(generation)
+        for member in self.members:
+            runner.tell(member, ctl.Resume(round=round_, step=step, generation=generation))
+        runner.replay()
+        runner.pump(coordination.all_ready)
+        coordination.resumed()
+        runner.metrics.event("resumed", step=step, generation=generation)
+
+    def on_protocol(self, sender: str, topic: Topic, body: Any) -> None:
+        if topic is Topic.HELLO:
+            if self.finish_at is not None:
+                self._late_joiner(sender, body)
+            elif self.coordination.on_hello(sender, body):
+                raise Resync()
+        elif topic is Topic.READY:
+            self.coordination.on_ready(sender, body)
+        else:
+            raise self.refuse(sender, topic)
+
+    def on_control(self, sender: str, topic: Topic, body: Any) -> bool:
+        if topic is Topic.ENDED:
+            self.ended.add(sender)
+        elif topic is Topic.DONE:
+            self.done.add(sender)
+        else:
+            return False
+        return True
+
+    def end(self, target: int) -> None:
+        runner = self.runner
+        if runner.is_source:
+            self.ended.add(runner.name)
+        runner.pump(lambda: self.ended >= set(runner.graph.sources))
+        self.finish_at = target
+        for member in self.members:
+            runner.tell(member, ctl.Finish(step=target))
+        runner.pump(lambda: runner.step >= target and self.done >= set(self.members))
+
+    def awaited_resume(self) -> list[str] | None:
+        coordination = self.coordination
+        if coordination.phase is Phase.TRAINING:
+            return None
+        got = coordination.answers if coordination.phase is Phase.HELLOS else coordination.ready
+        return [m for m in self.members if m not in got]
+
+    def awaited_end(self) -> list[str] | None:
+        if self.runner.step < self.runner.train.steps:
+            return None
+        if self.finish_at is not None:
+            return [m for m in self.members if m not in self.done]
+        return [s for s in self.runner.graph.sources if s not in self.ended]
+
+    def _late_joiner(self, sender: str, hello: ctl.Hello) -> None:
+        """A member restarted after the job's end was announced: resume it at the end and finish it,
+        or, if it died before saving the final step, roll every stage back as during training."""
+        coordination, runner = self.coordination, self.runner
+        if coordination.incarnations.get(sender) == hello.incarnation:
+            return
+        coordination.incarnations[sender] = hello.incarnation
+        if self.finish_at in hello.checkpoints:
+            runner.tell(sender, ctl.Resume(round=coordination.round, step=self.finish_at,
+                                           generation=runner.generations.current))
+            runner.tell(sender, ctl.Finish(step=self.finish_at))
+            return
+        exited = sorted(self.done - {sender})
+        if exited:  # they saved the end and are gone: nobody can replay the steps it lacks with it
+            raise StageError(f"{sender} restarted after the job ended without its final checkpoint (step "
+                             f"{self.finish_at}; it has {list(hello.checkpoints)}), and {', '.join(exited)} "
+                             "already finished; start every stage again to resume from a common checkpoint")
+        self.finish_at = None  # the end is announced again once it is reached
+        self.ended.clear()
+        raise Resync()
+
+
+class Member(Role):
+    def __init__(self, runner: "StageRunner"):
+        super().__init__(runner)
+        self.joining: int | None = None  # the RESYNC round answered last, while awaiting RESUME
+        self.finish_at: int | None = None  # the step FINISH asked this stage to reach
+
+    def recover(self, resync: Resync) -> None:
+        """Answer the coordinator and wait for its RESUME (round 0: unasked, on start)."""
+        runner = self.runner
+        runner.abandon()
+        self.joining = resync.round
+        runner.tell(self.coordinator, self.hello(resync.round))
+        runner.pump(lambda: self.joining is None)
+
+    def on_protocol(self, sender: str, topic: Topic, body: Any) -> None:
+        if sender == self.coordinator and topic is Topic.RESYNC:
+            if self.joining is None:
+                raise Resync(body.round)
+            self.joining = body.round  # a new round began while we waited: answer it too
+            self.runner.tell(sender, self.hello(body.round))
+        elif sender == self.coordinator and topic is Topic.RESUME:
+            if self.joining is not None and body.round >= self.joining:
+                self._resume(body)
+        else:
+            raise self.refuse(sender, topic)
+
+    def _resume(self, body: ctl.Resume) -> None:
+        runner = self.runner
+        if body.generation < runner.generations.floor:  # the coordinator's decide() never gives one
+            raise StageError(f"{runner.addresses[self.coordinator]} resumed {runner.name} into generation "
+                             f"{body.generation}, below {runner.generations.floor}, the first it has not "
+                             "abandoned: it would drop every message of it as abandoned work")
+        runner.restore(body.step)
+        runner.generations.enter(body.generation)
+        self.joining = None
+        runner.tell(self.coordinator, ctl.Ready(round=body.round, step=body.step))
+        runner.metrics.event("resumed", step=body.step, generation=body.generation)
+        runner.replay()
+
+    def on_control(self, sender: str, topic: Topic, body: Any) -> bool:
+        if topic is Topic.FINISH and sender == self.coordinator:
+            self.finish_at = body.step
+            return True
+        return False
+
+    def end(self, target: int) -> None:
+        runner = self.runner
+        if runner.is_source:
+            runner.tell(self.coordinator, ctl.Ended(step=runner.step))
+        runner.pump(lambda: self.finish_at is not None and runner.step >= self.finish_at)
+
+    def final(self) -> None:
+        self.runner.tell(self.coordinator, ctl.Done(step=self.runner.step))
+
+    def awaited_resume(self) -> list[str] | None:
+        return [self.coordinator] if self.joining is not None else None  # its RESUME
+
+    def awaited_end(self) -> list[str] | None:
+        runner = self.runner
+        return [self.coordinator] if runner.step >= (self.finish_at or runner.train.steps) else None  # its FINISH

@@ -4,14 +4,9 @@ The runner (nebula.runtime.runner) decides *when*; the executor does the work an
 cross a link to `emit(direction, link, step, micro_batch, tensors, ids)`. On rank 0 that queues a
 message; on another rank of a data-parallel stage it goes to rank 0 first (nebula.runtime.ranks).
 
-Weights per step. Synchronous: step t runs at W_{t-1}, the weights after step t-1. One-step-stale
-(PipeDream-2BW): a stage that waits for gradients (it has a two-way out-link) runs step t's
-forward *and* backward at W_{t-2}, so that step t+1's forward can start before step t's update;
-the gradient computed at W_{t-2} updates the current weights. The copy of W_{t-2} (the stash)
-is taken before the update that overwrites it, and the stash's leaves collect the step's gradients
-(torch.func.functional_call). Right after a checkpoint step t-1, step t runs at W_{t-1}: nothing
-runs ahead across a checkpoint, so a resumed job equals an uninterrupted one. A stage that does not
-wait for gradients (a sink) always runs exactly at W_{t-1}.
+Which weights a step runs at is the schedule's (nebula.runtime.schedules): `weights.for_step(t)` gives
+None for the live ones (W_{t-1}) or a stash (one-step-stale: W_{t-2}), which the forward then runs at
+through torch.func.functional_call, so the stash's leaves collect the step's gradients.
 """
 from __future__ import annotations
 
@@ -23,6 +18,8 @@ import torch
 
 from nebula.errors import DataError, StageError
 from nebula.runtime.graph import Graph, Item, LinkConfig
+from nebula.runtime.job import JobConfig
+from nebula.runtime.schedules import ExactWeights
 from nebula.runtime.stage import Batch, Output, Stage, finished
 
 Emit = Callable[[str, LinkConfig, int, int, dict, "torch.Tensor | None"], None]
@@ -63,35 +60,36 @@ class _Bound(torch.nn.Module):
 
 
 class Executor:
-    def __init__(self, stage: Stage, graph: Graph, name: str, train: Any, stale: bool, emit: Emit,
+    def __init__(self, stage: Stage, graph: Graph, name: str, weights: ExactWeights, emit: Emit,
                  reduce: Callable[[list[torch.nn.Parameter]], None] | None = None):
-        self.stage, self.graph, self.name, self.train, self.emit, self.reduce = stage, graph, name, train, emit, reduce
+        self.stage, self.graph, self.name, self.weights, self.emit, self.reduce = stage, graph, name, weights, emit, reduce
         self.per_step = graph.per_step(name)
         self.waits = graph.waits_for_gradients(name)
-        self.stale = stale and self.waits
         self.out_links = graph.out_links[name]
         self.ports = {p.name: p for p in type(stage).outputs}
         self.pending: dict[tuple[int, int], _Pending] = {}
-        self.stash: dict[int, dict[str, torch.Tensor]] = {}
         self.tallies: dict[int, Tally] = {}
-        self.applied = 0
-        self.restored = 0  # the step last restored: like a checkpoint step, nothing was stashed across it
         self._bound = _Bound(stage)
 
-    def uses_stale(self, step: int) -> bool:
-        """Step `step` runs at the weights before step - 1's update (stashed), except right after a
-        checkpoint: the grid's, or one restored off it (a hot start from `one-site --until N`)."""
-        return self.stale and step > 1 and not self.train.saves_after(step - 1) and step - 1 != self.restored
+    @classmethod
+    def for_job(cls, job: JobConfig, name: str, stage: Stage, emit: Emit,
+                reduce: Callable[[list[torch.nn.Parameter]], None] | None = None) -> "Executor":
+        """Stage `name`'s executor, its weights policy from the job's schedule."""
+        waits = job.graph.waits_for_gradients(name)
+        return cls(stage, job.graph, name, job.schedule.weights(waits, job.train), emit, reduce)
 
     def ready_for(self, step: int) -> bool:
         """Whether step `step`'s forward may run now (the weights it needs exist)."""
-        return step == self.applied + 1 or (step == self.applied + 2 and self.uses_stale(step))
+        return self.weights.ready_for(step)
 
     # -- forward / backward ----------------------------------------------------------------------
     def forward(self, batch: Batch, inputs: dict[str, torch.Tensor], item: Item) -> None:
         t0 = time.perf_counter()
         tally = self.tallies.setdefault(batch.step, Tally())
-        weights = self._weights_for(batch.step)
+        try:
+            weights = self.weights.for_step(batch.step, self.stage.trainable())
+        except StageError as exc:
+            raise StageError(f"{self.name}: {exc}") from exc
         leaves = {}
         if item.link is not None and item.link.backward:
             for name, tensor in list(inputs.items()):
@@ -155,19 +153,14 @@ class Executor:
     # -- the optimiser step --------------------------------------------------------------------
     def apply(self, step: int) -> Tally:
         t0 = time.perf_counter()
-        if self.uses_stale(step + 1) and step + 1 not in self.stash:
-            self.stash[step + 1] = self._snapshot()  # W_{step-1}: what step + 1 will run at
         params = self.stage.trainable()
-        if step in self.stash:  # gradients at the stashed weights, applied to the current ones
-            stash = self.stash.pop(step)
-            for key, param in params.items():
-                param.grad = stash[key].grad
+        self.weights.before_update(step, params)  # one step stale: keeps W_{step-1}, takes the stash's gradients
         if self.reduce is not None:
             self.reduce(list(params.values()))
         self.stage.optimizer_step(step)
         for param in params.values():
             param.grad = None
-        self.applied = step
+        self.weights.updated(step)
         tally = self.tallies.pop(step, Tally())
         tally.compute_s += self._since(t0)
         return tally
@@ -182,9 +175,8 @@ class Executor:
     def reset(self, step: int) -> None:
         """After a restore: whatever was in flight is void."""
         self.pending.clear()
-        self.stash.clear()
         self.tallies.clear()
-        self.applied = self.restored = step
+        self.weights.reset(step)
         for param in self.stage.trainable().values():
             param.grad = None
 
@@ -197,21 +189,6 @@ class Executor:
         return out
 
     # -- helpers -----------------------------------------------------------------------------------
-    def _weights_for(self, step: int) -> dict[str, torch.Tensor] | None:
-        if not self.uses_stale(step):
-            if step != self.applied + 1:
-                raise StageError(f"{self.name}: step {step} would run at the weights after step {self.applied} "
-                                 "(a schedule bug: please report it)")
-            return None
-        if step not in self.stash:
-            if step != self.applied + 2:
-                raise StageError(f"{self.name}: no stashed weights for step {step} (applied {self.applied})")
-            self.stash[step] = self._snapshot()
-        return self.stash[step]
-
-    def _snapshot(self) -> dict[str, torch.Tensor]:
-        return {k: p.detach().clone().requires_grad_() for k, p in self.stage.trainable().items()}
-
     def _check(self, out: Any, batch: Batch) -> None:
         if not isinstance(out, Output):
             raise StageError(f"{type(self.stage).__name__}.forward must return an Output, got {type(out).__name__}")

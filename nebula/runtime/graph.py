@@ -135,7 +135,7 @@ class Graph:
         return [Item(k, links[i], m) for k, (m, i) in enumerate(pairs)]
 
 
-def check_ports(graph: Graph, classes: Mapping[str, Any], schedule: str) -> None:
+def check_ports(graph: Graph, classes: Mapping[str, Any]) -> None:
     """Every link carries tensors its ends declare, with the same dtype and rank; a source reads data."""
     from nebula.runtime.stage import FLOAT, Stage
     where = graph.where
@@ -161,9 +161,6 @@ def check_ports(graph: Graph, classes: Mapping[str, Any], schedule: str) -> None
                               f"add them to `tensors`")
         if link.backward and not any(outs[n].dtype == FLOAT for n in link.tensors):
             raise ConfigError(f"{at}: backward = true, but no floating-point tensor to return gradients for")
-        if link.backward and schedule == "forward-only":
-            raise ConfigError(f"{at}: backward = true under [schedule] name = \"forward-only\"; use "
-                              "\"synchronous\" or \"one-step-stale\", or make every link forward-only")
     for stage in graph.sources:
         if classes[stage].examples is Stage.examples:
             raise ConfigError(f"{where}: stage {stage} is fed by no link, so it reads data, but "

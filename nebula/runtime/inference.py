@@ -9,92 +9,130 @@ stage's final weights even where a forward-only link lets a receiver lag.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from nebula.errors import StageError
 from nebula.runtime import control as ctl
-from nebula.runtime.graph import LinkConfig
-from nebula.runtime.order import id_hashes
+from nebula.runtime.control import DataTopic, Topic
+from nebula.runtime.link import Link
 from nebula.runtime.stage import Batch
 from nebula.wire import Message
 
+if TYPE_CHECKING:  # the runner holds its inference passes: a type only, to name what they may call
+    from nebula.runtime.runner import StageRunner
 
-class InferencePasses:
-    """Mixed into StageRunner (which holds the links, the executor and the sender)."""
+PASS_TOPICS = (Topic.INFER_END, Topic.INFER_PROGRESS, Topic.SCORES)
 
-    def init_inference(self) -> None:
-        self.inference: deque = deque()  # (message, link, inputs, ids, topic or end marker), arrival order
+
+class Inference:
+    def __init__(self, runner: "StageRunner"):
+        self.runner = runner
+        self.queue: deque = deque()  # (message, link, inputs, ids, topic or end marker), arrival order
         self.results: dict[tuple[str, str], list] = {}  # sink: (origin, split) -> results so far
         self.ends: dict[tuple[str, str], int] = {}  # sink: end markers seen per pass
         self.asked: dict[str, dict[str, Any]] = {}  # origin: split -> sink -> scores
         self._asking = (0, 1)  # origin: (examples, batch size) of the pass in progress
-        self._hashes: dict[str, torch.Tensor] = {}  # split -> example-id hashes (sources)
+
+    def clear(self) -> None:
+        """A resume: passes in progress are abandoned (the origin asks again)."""
+        self.queue.clear()
+        self.results.clear()
+        self.ends.clear()
+        self.asked.clear()
 
     def evaluate(self, split: str, indices: list[int], batch_size: int) -> dict[str, Any]:
         """Inference from this source on examples `indices` of `split`: its outputs travel the links
         (with their codecs) to the sinks, which run their `infer` and `score`; -> {sink: scores}."""
-        topic, hashes = ctl.infer_topic(self.name, split), self._example_hashes(split)
-        sinks = self.graph.reachable_sinks(self.name)
+        runner = self.runner
+        topic, hashes = ctl.infer_topic(runner.name, split), runner.example_hashes(split)
+        sinks = runner.graph.reachable_sinks(runner.name)
         self.asked[split], self._asking, local = {}, (len(indices), batch_size), []
         for b, start in enumerate(range(0, len(indices), batch_size)):
             chosen = indices[start:start + batch_size]
-            batch = Batch(split, self.step, b, ids=hashes[chosen], training=False, indices=chosen)
-            if not self.out_links:  # a one-stage job: this stage is its own sink
+            batch = Batch(split, runner.step, b, ids=hashes[chosen], training=False, indices=chosen)
+            if not runner.out_links:  # a one-stage job: this stage is its own sink
                 local += self._sink_infer(batch, {})
                 continue
-            out = self.executor.infer_forward(batch, {})
-            for link in self.out_links:
-                self._emit("forward", link, self.step, b, {n: out.tensors[n] for n in link.tensors}, batch.ids, topic)
-        if not self.out_links:
-            return {self.name: self.stage.score(split, local)}
-        for link in self.out_links:
-            self._tell(link.dst, ctl.InferEnd(origin=self.name, split=split))
-        self.pump(lambda: set(self.asked[split]) >= set(sinks))
+            out = runner.executor.infer_forward(batch, {})
+            self._forward(runner.step, b, out.tensors, batch.ids, topic)
+        if not runner.out_links:
+            return {runner.name: runner.stage.score(split, local)}
+        for link in runner.out_links:
+            runner.tell(link.peer, ctl.InferEnd(origin=runner.name, split=split))
+        runner.pump(lambda: set(self.asked[split]) >= set(sinks))
         return self.asked.pop(split)
 
-    def _infer(self, msg: Message, link: LinkConfig, inputs: dict | None, ids: Any, what: Any) -> None:
-        """One inference batch, or the end of a pass, in arrival order, once this stage's weights are
-        at least those of the step the origin evaluates."""
+    def received(self, msg: Message, link: Link, inputs: dict | None, ids: Any, what: Any) -> None:
+        """An inference batch (`what`: its DataTopic) or an end marker (ctl.InferEnd) arrived on `link`."""
+        self.check(msg, what.origin)
+        self.queue.append((msg, link, inputs, ids, what))
+
+    def on_control(self, sender: str, topic: Topic, body: Any) -> bool:
+        """Progress and scores from a sink; False if no pass asked for them."""
+        if topic is Topic.INFER_PROGRESS and body.split in self.asked:
+            total, batch_size = self._asking
+            if body.n == total or body.n % (8 * batch_size) < batch_size:  # every 8th batch, and the last
+                self.runner.metrics.event("decoded", split=body.split, n=body.n, of=total)
+        elif topic is Topic.SCORES and body.split in self.asked:
+            self.asked[body.split][body.sink] = body.scores
+        else:
+            return False
+        return True
+
+    def due(self) -> bool:
+        """Whether the next batch or end marker may run: the stage's weights are those it evaluates."""
+        return bool(self.queue) and self.queue[0][0].step <= self.runner.step
+
+    def run_next(self) -> None:
+        msg, link, inputs, ids, what = self.queue.popleft()
+        runner = self.runner
         if isinstance(what, ctl.InferEnd):
-            if self.out_links:
-                for out in self.out_links:
-                    self._tell(out.dst, what, step=msg.step)
-                return
-            key = (what.origin, what.split)
-            self.ends[key] = self.ends.get(key, 0) + 1
-            if self.ends[key] == self.graph.paths(what.origin, self.name):
-                scores = self.stage.score(what.split, self.results.pop(key, []))
-                del self.ends[key]
-                self._tell(what.origin, ctl.Scores(split=what.split, sink=self.name, scores=scores), step=msg.step)
-            return
+            return self._end(msg, what)
         batch = Batch(what.split, msg.step, msg.micro_batch, ids=ids, training=False, link=link.name)
-        if self.out_links:
-            out = self.executor.infer_forward(batch, inputs)
-            for out_link in self.out_links:
-                self._emit("forward", out_link, msg.step, msg.micro_batch,
-                           {n: out.tensors[n] for n in out_link.tensors}, ids, what)
-            return
+        if runner.out_links:
+            out = runner.executor.infer_forward(batch, inputs)
+            return self._forward(msg.step, msg.micro_batch, out.tensors, ids, what)
         results = self.results.setdefault((what.origin, what.split), [])
         results += self._sink_infer(batch, inputs)
         # the origin hears that decoding goes on: a long evaluation is progress, not a silent peer
-        self._tell(what.origin, ctl.InferProgress(split=what.split, n=len(results)), step=msg.step)
+        runner.tell(what.origin, ctl.InferProgress(split=what.split, n=len(results)), step=msg.step)
+
+    def check(self, msg: Message, origin: str) -> None:
+        runner = self.runner
+        if origin not in runner.addresses:
+            raise StageError(f"{msg.src} sent an inference pass of {origin!r}, which is no stage of the job "
+                             f"({', '.join(sorted(runner.addresses))})")
+        if not 0 <= msg.step <= runner.train.steps:
+            raise StageError(f"{msg.src} sent an inference pass at step {msg.step}; the job has "
+                             f"{runner.train.steps} steps")
+
+    def _forward(self, step: int, micro_batch: int, tensors: dict, ids: torch.Tensor, topic: DataTopic) -> None:
+        runner = self.runner
+        for link in runner.out_links:
+            link.send(step, micro_batch, {n: tensors[n] for n in link.tensors}, ids, runner.generations.current,
+                      topic)
+
+    def _end(self, msg: Message, what: ctl.InferEnd) -> None:
+        runner = self.runner
+        if runner.out_links:
+            for out in runner.out_links:
+                runner.tell(out.peer, what, step=msg.step)
+            return
+        key = (what.origin, what.split)
+        self.ends[key] = self.ends.get(key, 0) + 1
+        if self.ends[key] == runner.graph.paths(what.origin, runner.name):
+            scores = runner.stage.score(what.split, self.results.pop(key, []))
+            del self.ends[key]
+            runner.tell(what.origin, ctl.Scores(split=what.split, sink=runner.name, scores=scores), step=msg.step)
 
     def _sink_infer(self, batch: Batch, inputs: dict) -> list:
-        self.stage.module.train(False)
+        stage = self.runner.stage
+        stage.module.train(False)
         with torch.no_grad():
-            results = self.stage.infer(batch, inputs)
+            results = stage.infer(batch, inputs)
         if len(results) != batch.ids.shape[0]:
-            raise StageError(f"{type(self.stage).__name__}.infer returned {len(results)} results for "
+            raise StageError(f"{type(stage).__name__}.infer returned {len(results)} results for "
                              f"{batch.ids.shape[0]} examples")
         return list(results)
-
-    def forget_examples(self, split: str) -> None:
-        """The source's `split` changed (e.g. `nebula translate`'s next input): read its ids again."""
-        self._hashes.pop(split, None)
-
-    def _example_hashes(self, split: str) -> torch.Tensor:
-        if split not in self._hashes:
-            self._hashes[split] = id_hashes(self.stage.examples(split))
-        return self._hashes[split]

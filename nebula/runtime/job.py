@@ -3,7 +3,7 @@ stage's options. Every mistake is a ConfigError naming the file and the key, bef
 
     [job]        name = "chain"   data = "../../data/chain"
     [train]      steps = 200   batch_size = 16   micro_batches = 4   seed = 1   checkpoint_every = 25
-    [schedule]   name = "synchronous"          # or "one-step-stale", "forward-only" (+ credit = k)
+    [schedule]   name = "synchronous"          # or "one-step-stale", "forward-only" (+ credit = k): nebula.runtime.schedules
     [stages.src]   address = "a/src/0"   impl = "example-source"   lr = 1e-2   # + its options
     [stages.sink]  address = "b/sink/0"  impl = "example-sink"     ranks = 2
     [[links]]    from = "src"   to = "sink"   tensors = ["hidden"]   backward = true
@@ -19,15 +19,15 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from nebula.config import build, check, limits
 from nebula.errors import ConfigError
 from nebula.runtime.graph import Graph, LinkConfig, check_ports
+from nebula.runtime.schedules import Schedule, build_schedule
+from nebula.runtime.train import TrainConfig
 from nebula.security.certs import reserved_name_error
 
-SCHEDULES = ("synchronous", "one-step-stale", "forward-only")
-DEFAULT_CREDIT = {"synchronous": 1, "one-step-stale": 2, "forward-only": 2}
 _STAGE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 
 MOVED = {
@@ -35,41 +35,6 @@ MOVED = {
                  'or "synchronous" (staleness = 0)',
     **{key: f"{key} is an option of each stage now: set it under [stages.NAME]" for key in ("lr", "warmup_steps", "max_len")},
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    steps: int = field(default=300, metadata=limits(at_least=1))
-    batch_size: int = field(default=32, metadata=limits(at_least=1, hint="examples per step, per source stage"))
-    micro_batches: int = field(default=4, metadata=limits(at_least=1))
-    seed: int = field(default=1, metadata=limits(at_least=0, at_most=2**32 - 1))  # example order, each stage's init
-    checkpoint_every: int = field(default=25, metadata=limits(at_least=1))
-    log_every: int = field(default=10, metadata=limits(at_least=1))
-    tensorboard: bool = False  # rank 0 of each stage also writes its step records as TensorBoard scalars
-
-    def __post_init__(self) -> None:
-        if self.batch_size % self.micro_batches:
-            raise ConfigError(f"batch_size {self.batch_size} must be a multiple of micro_batches {self.micro_batches}")
-
-    def saves_after(self, step: int) -> bool:
-        """A checkpoint follows this step (and the last): no stage runs ahead across it, so the saved
-        state is exactly what a resumed run starts from."""
-        return step % self.checkpoint_every == 0 or step == self.steps
-
-
-@dataclass(frozen=True, kw_only=True)
-class ScheduleConfig:
-    name: Literal["synchronous", "one-step-stale", "forward-only"] = "synchronous"
-    # forward-only links: how many steps a sender may run ahead of its slowest receiver
-    credit: int | None = field(default=None, metadata=limits(at_least=1))
-
-    @property
-    def stale(self) -> bool:
-        return self.name == "one-step-stale"
-
-    @property
-    def pace_credit(self) -> int:
-        return self.credit if self.credit is not None else DEFAULT_CREDIT[self.name]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +66,7 @@ class JobConfig:
     name: str
     data: str | None
     train: TrainConfig
-    schedule: ScheduleConfig
+    schedule: Schedule
     stages: dict[str, StageConfig]
     links: tuple[LinkConfig, ...]
     source: Path | None = None
@@ -131,7 +96,7 @@ def parse_job(raw: dict[str, Any], source: Path | None = None) -> JobConfig:
                           "stages, links")
     job = build(JobSection, raw.get("job"), f"{where}: [job]")
     train = build(TrainConfig, raw.get("train", {}), f"{where}: [train]", renamed=MOVED)
-    schedule = build(ScheduleConfig, raw.get("schedule", {}), f"{where}: [schedule]")
+    schedule = build_schedule(raw.get("schedule", {}), f"{where}: [schedule]")
     stages = check(dict[str, dict], raw.get("stages", {}), f"{where}: [stages]")
     if not stages:
         raise ConfigError(f"{where}: at least one [stages.NAME] section is required")
@@ -146,7 +111,8 @@ def parse_job(raw: dict[str, Any], source: Path | None = None) -> JobConfig:
         data = str((source.parent / data).resolve())  # relative paths are relative to the job file
     config = JobConfig(name=job.name, data=data, train=train, schedule=schedule, stages=configs, links=links,
                        source=source)
-    check_ports(config.graph, classes, schedule.name)
+    check_ports(config.graph, classes)
+    schedule.check(config.graph)
     return config
 
 

@@ -85,7 +85,7 @@ class RankGroup:
         self.gone = False  # the error is a rank that went away (killed, its host lost), not one that failed itself
         self.generation = 0  # ranks > 0: of the work item in progress, stamped on what it sends
         self.emit: Callable[..., None] | None = None  # rank 0: the runner's emit
-        self.executor = Executor(stage, job.graph, name, job.train, job.schedule.stale, self._emit, reduce=self.reduce)
+        self.executor = Executor.for_job(job, name, stage, self._emit, reduce=self.reduce)
         self._relay: threading.Thread | None = None
 
     @classmethod

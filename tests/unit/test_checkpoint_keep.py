@@ -14,7 +14,7 @@ def test_step_0_and_the_newest_are_kept(tmp_path):
 
 
 def test_a_sender_far_ahead_keeps_as_many_as_it_may_lead_by():
-    assert checkpoints_to_keep(stages=2, pace_credit=1, checkpoint_every=3) == 3  # the usual: 3
-    assert checkpoints_to_keep(stages=2, pace_credit=3, checkpoint_every=1) == 7  # 5 steps ahead, each saved
-    assert checkpoints_to_keep(stages=3, pace_credit=3, checkpoint_every=1) == 12  # 5 per link of the chain
-    assert checkpoints_to_keep(stages=5, pace_credit=2, checkpoint_every=100) == 3
+    assert checkpoints_to_keep(stages=2, horizon=3, checkpoint_every=3) == 3  # the usual: 3
+    assert checkpoints_to_keep(stages=2, horizon=5, checkpoint_every=1) == 7  # 5 steps ahead, each saved
+    assert checkpoints_to_keep(stages=3, horizon=5, checkpoint_every=1) == 12  # 5 per link of the chain
+    assert checkpoints_to_keep(stages=5, horizon=4, checkpoint_every=100) == 3

@@ -13,6 +13,7 @@ import torch
 import nebula.runtime.runner as runner_module
 from nebula.runtime.executor import _Bound
 from nebula.runtime.order import ExampleOrder, digest, id_hashes
+from nebula.runtime.schedules import schedule_names
 from nebula.runtime.service import build_stage, make_runner
 from nebula.runtime.stage import Batch
 from nebula.transport.inproc import InProcHub
@@ -34,7 +35,8 @@ def reference(job, root):
     for t in range(1, train.steps + 1):
         used = {}
         for name, stage in stages.items():
-            stale = job.schedule.stale and graph.waits_for_gradients(name) and t > 1 and not train.saves_after(t - 1)
+            stale = job.schedule.name == "one-step-stale" and graph.waits_for_gradients(name) and t > 1 \
+                and not train.saves_after(t - 1)
             used[name] = {k: v.clone().requires_grad_() for k, v in after[name][t - 2 if stale else t - 1].items()}
         idx = order.indices(t)
         for m in range(train.micro_batches):
@@ -86,6 +88,10 @@ CASES = {"sync": dict(stages=2), "stale": dict(stages=2, schedule="one-step-stal
          "forward-only": dict(stages=2, schedule="forward-only", backward=False, local_loss=True, credit=2)}
 
 
+def test_the_equivalence_test_below_covers_every_registered_schedule():
+    assert {case.get("schedule", "synchronous") for case in CASES.values()} == set(schedule_names())
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_every_schedule_equals_its_unpipelined_reference(tmp_path, case):
     job = example_job(**CASES[case])
@@ -129,7 +135,7 @@ def test_killed_stage_resumes_without_loss_or_repeat(tmp_path, case, crash_at):
     assert_same(running, stages)
     assert all(ledger == expected for ledger in ledgers(running).values())
     coordinator = running.runners["src"]
-    assert coordinator.generation == 2  # one resume after the first agreement
+    assert coordinator.generations.current == 2  # one resume after the first agreement
 
 
 def test_resumed_run_equals_uninterrupted_with_stateful_codecs(tmp_path):

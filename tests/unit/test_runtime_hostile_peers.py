@@ -12,7 +12,7 @@ import torch
 from nebula.codecs import pack
 from nebula.errors import StageError
 from nebula.runtime import control as ctl
-from nebula.runtime import runner as runner_module
+from nebula.runtime import generations as generations_module
 from nebula.runtime.order import id_hashes
 from nebula.transport.inproc import InProcHub
 from nebula.wire import Kind, Message
@@ -134,7 +134,7 @@ def test_a_resume_into_a_generation_already_abandoned_is_refused(tmp_path):
 def test_messages_of_a_generation_not_yet_entered_are_kept_within_a_bound(tmp_path, monkeypatch):
     """They were kept without bound: a peer in a newer generation could fill the memory of a stage
     that had not resumed into it yet."""
-    monkeypatch.setattr(runner_module, "LATER_BYTES", 64 << 10)
+    monkeypatch.setattr(generations_module, "LATER_BYTES", 64 << 10)
     running, src = joined_sink(tmp_path)
     ahead = forward(1, 0)
     ahead.generation = 2
@@ -145,7 +145,7 @@ def test_messages_of_a_generation_not_yet_entered_are_kept_within_a_bound(tmp_pa
         src.send(ahead)
     error = str(stopped_with(running, "sink"))
     assert "generation 2 while sink is in 1" in error and "flooding" in error
-    assert running.runners["sink"].later_bytes <= 64 << 10
+    assert running.runners["sink"].generations.later_bytes <= 64 << 10
 
 
 @pytest.mark.parametrize("topic, body, says", [

@@ -1,0 +1,99 @@
+"""Schedules as classes from a registry: what each answers (the contract of nebula.runtime.schedules.base),
+and what a job file may and may not say about them. Whether each one trains right is
+tests/unit/test_runtime.py's equivalence test, which covers every registered schedule."""
+import pytest
+import torch
+
+from nebula.errors import ConfigError, StageError
+from nebula.runtime.graph import LinkConfig
+from nebula.runtime.job import parse_job
+from nebula.runtime.schedules import (ExactWeights, ForwardOnly, OneStepStale, Pace, Schedule, Synchronous,
+                                      WeightStash, build_schedule, register_schedule)
+from nebula.runtime.train import TrainConfig
+
+
+def test_a_name_is_registered_once():
+    with pytest.raises(ConfigError, match="already registered by Synchronous"):
+        register_schedule("synchronous")(type("Mine", (Synchronous,), {}))
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"name": "eventually"}, r"\[schedule\].name: 'eventually' is not one of 'synchronous', 'one-step-stale', "
+                             r"'forward-only'"),
+    ({"name": "synchronous", "credit": 3}, r"\[schedule\].credit: only name = \"forward-only\" takes a credit; "
+                                          r"under 'synchronous' a forward-only link's credit is 1"),
+    ({"name": "forward-only", "credit": 0}, r"\[schedule\].credit: 0 must be >= 1"),
+    ({"name": "forward-only", "creddit": 2}, r"unknown key 'creddit'.*did you mean 'credit'"),
+])
+def test_schedule_tables_are_checked(table, message):
+    with pytest.raises(ConfigError, match=message):
+        build_schedule(table, "job.toml: [schedule]")
+
+
+def test_each_schedule_answers_its_contract():
+    train = TrainConfig(steps=10, batch_size=4, micro_batches=2, checkpoint_every=3)
+    sync, stale, paced = (build_schedule({"name": n}, "j") for n in ("synchronous", "one-step-stale", "forward-only"))
+    assert (type(sync), type(stale), type(paced)) == (Synchronous, OneStepStale, ForwardOnly)
+    assert [s.credit for s in (sync, stale, paced)] == [1, 2, 2]
+    assert [s.horizon for s in (sync, stale, paced)] == [3, 4, 4]
+    assert build_schedule({"name": "forward-only", "credit": 5}, "j").credit == 5
+    assert sync.opens(4, True, train) == (5,) and paced.opens(4, False, train) == (5,)
+    assert stale.opens(4, True, train) == (5, 6)  # the next step's forward before this update
+    assert stale.opens(2, True, train) == (3,)  # never across a checkpoint (step 3)
+    assert stale.opens(9, True, train) == (10,)  # nor past the end
+    assert stale.opens(4, False, train) == (5,)  # a stage that waits for no gradient runs exact
+    assert type(stale.weights(True, train)) is WeightStash and type(stale.weights(False, train)) is ExactWeights
+    assert type(sync.weights(True, train)) is ExactWeights
+    assert stale.default_headroom > sync.default_headroom  # one step stale, the wire hides under a whole step
+
+
+def test_a_schedule_that_cannot_run_the_graph_is_refused_when_the_job_loads():
+    raw = {"job": {"name": "t"}, "schedule": {"name": "forward-only"},
+           "stages": {"src": {"address": "a/src/0", "impl": "example-source"},
+                      "sink": {"address": "b/sink/0", "impl": "example-sink"}},
+           "links": [{"from": "src", "to": "sink", "tensors": ["hidden"], "backward": True}]}
+    with pytest.raises(ConfigError, match=r'src->sink: backward = true under \[schedule\] name = "forward-only"'):
+        parse_job(raw)
+
+
+def test_the_stash_keeps_the_weights_before_the_update_and_hands_their_gradients_over():
+    """Step t runs at W_{t-2}: the copy is taken before the update that overwrites it, and the gradient
+    computed at the copy is what the live weights are updated with."""
+    weights = WeightStash(TrainConfig(steps=10, batch_size=4, micro_batches=2, checkpoint_every=5).saves_after)
+    live = {"w": torch.nn.Parameter(torch.zeros(2))}
+    assert weights.ready_for(1) and weights.ready_for(2) and not weights.ready_for(3)
+    assert weights.for_step(1, live) is None  # right after a checkpoint (step 0): the live weights, W_0
+    assert torch.equal(weights.for_step(2, live)["w"], torch.zeros(2))  # step 2 runs at W_0 before 1's update
+    weights.before_update(1, live)
+    live["w"].data += 1  # W_1
+    weights.updated(1)
+    weights.before_update(2, live)  # step 3's forward has not run yet: W_1 is kept before step 2 overwrites it
+    live["w"].data += 1  # W_2
+    weights.updated(2)
+    assert torch.equal(weights.for_step(3, live)["w"], torch.ones(2))  # W_1, not the live W_2
+    weights.stash[3]["w"].grad = torch.full((2,), 7.0)
+    weights.before_update(3, live)
+    assert torch.equal(live["w"].grad, torch.full((2,), 7.0))  # the stash's gradient updates the live weights
+    assert not weights.stale(6)  # step 5 is a checkpoint: step 6 runs exact, at W_5
+    with pytest.raises(StageError, match="no stashed weights for step 9"):
+        weights.for_step(9, live)
+    weights.reset(7)  # a restore: nothing runs ahead across it
+    assert weights.for_step(8, live) is None
+
+
+def test_pace_holds_a_sender_to_its_credit_and_names_who_lags():
+    out = [LinkConfig("g", "d", ("ids",), False, ()), LinkConfig("g", "e", ("h",), True, ())]
+    pace = Pace(2, [], out)
+    assert pace.allows(2) and not pace.allows(3) and pace.lagging(3) == ["d"]  # the two-way link needs no PACE
+    assert pace.acknowledged("g->d", 1) and pace.allows(3)
+    assert not pace.acknowledged("g->e", 1)  # no PACE on a two-way link: the runner refuses it
+    pace.reset(7)
+    assert pace.allows(9) and not pace.allows(10)
+    assert Pace(1, [LinkConfig("g", "d", ("ids",), False, ())], []).senders == ["g"]
+
+
+def test_schedules_compare_by_name_and_options():
+    assert build_schedule({"name": "forward-only", "credit": 3}, "j") == build_schedule(
+        {"name": "forward-only", "credit": 3}, "j")
+    assert build_schedule({"name": "forward-only"}, "j") != build_schedule({"name": "synchronous"}, "j")
+    assert isinstance(build_schedule({}, "j"), Schedule) and build_schedule({}, "j").name == "synchronous"
