@@ -189,7 +189,9 @@ class RankGroup:
 
     def _relay_loop(self) -> None:
         """Rank 0: what the other ranks send on links goes out through the runner's sender."""
-        byes = set()
+        byes: set[int] = set()
+        emit = self.emit
+        assert emit is not None  # attach() set it before starting this thread
         try:
             while len(byes) < self.world - 1:
                 try:
@@ -209,7 +211,7 @@ class RankGroup:
                 tensors = {t.name: unpack(t) for t in msg.tensors}
                 ids = tensors.pop("example_ids", None)
                 link = self.job.graph.link(body["link"])
-                self.emit(msg.topic, link, msg.step, msg.micro_batch, tensors, ids, generation=body["generation"])
+                emit(msg.topic, link, msg.step, msg.micro_batch, tensors, ids, generation=body["generation"])
         except Exception as exc:  # noqa: BLE001 - kept and raised on the stage's thread
             if dist.is_initialized() and self.error is None:
                 self.error = f"the relay from the other ranks failed: {type(exc).__name__}: {exc}"

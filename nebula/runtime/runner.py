@@ -85,7 +85,8 @@ class StageRunner:
             ranks.attach(self._emit, self.executor)
         self.checkpoints = CheckpointDir(self.workdir / "checkpoints", checkpoints_to_keep(
             len(self.graph.stages), self.schedule.horizon, self.train.checkpoint_every))
-        self.step, self.ledger = 0, []
+        self.step = 0  # the last step applied
+        self.ledger: list[list[Any]] = []  # [step, digest of its example ids] per applied step
         self.open: dict[int, StepState] = {}  # steps started and not applied yet
         self.last_update: float | None = None
         self.generations = Generations(name)
@@ -115,7 +116,10 @@ class StageRunner:
                         self._train_to(self.train.steps)
                     if hook is not None or (train and self.is_source):
                         if hooked_at != self.step:  # once per final state (again only after a roll-back)
-                            result = hook(self) if hook is not None else self.stage.after_training(self)
+                            if hook is not None:
+                                result = hook(self)
+                            else:
+                                self.stage.after_training(self)
                             hooked_at = self.step
                     self.role.end(self.train.steps if train else self.step)
                     break
@@ -215,9 +219,9 @@ class StageRunner:
                     self.executor.backward(t, state.backwarded, grads)
                 state.backwarded += 1
                 return True
-        state = self.open.get(self.step + 1)
-        if state is not None and state.forwarded == len(self.items) \
-                and (not self.waits or state.backwarded == len(self.items)):
+        due = self.open.get(self.step + 1)
+        if due is not None and due.forwarded == len(self.items) \
+                and (not self.waits or due.backwarded == len(self.items)):
             self._apply(self.open.pop(self.step + 1))
             return True
         if self.inference.due():
@@ -322,6 +326,7 @@ class StageRunner:
             return self._gradients(self._link(self.name, sender, "sent gradients", backward=True), msg)
         link = self._link(sender, self.name, "sent tensors")
         inputs, ids = link.receive(msg, self.stage.device)
+        assert ids is not None  # Link.receive refuses activations without their example ids
         if topic.kind is DataKind.INFER:
             return self.inference.received(msg, link, inputs, ids, topic)
         item = self.item_of.get((link.name, msg.micro_batch))
@@ -435,9 +440,10 @@ class StageRunner:
             return resuming
         t = self.step + 1
         state = self.open.get(t)
-        nxt = self.items[state.forwarded] if state is not None and state.forwarded < len(self.items) else None
-        if nxt is not None and nxt.link is not None and nxt.index not in state.arrived:
-            return [nxt.link.src]  # the next micro-batch, in canonical order
+        if state is not None and state.forwarded < len(self.items):
+            nxt = self.items[state.forwarded]
+            if nxt.link is not None and nxt.index not in state.arrived:
+                return [nxt.link.src]  # the next micro-batch, in canonical order
         if state is not None and self.waits and state.backwarded < state.forwarded:
             have = state.grads.get(state.backwarded, {})
             return [link.peer for link in self.out_links if link.backward and link.name not in have]
@@ -447,7 +453,7 @@ class StageRunner:
         ending = self.role.awaited_end()
         if ending is not None:
             return ending
-        return [self.items[0].link.src] if state is None and self.in_links else []
+        return [self.in_links[0].peer] if state is None and self.in_links else []
 
     def report(self, exc: BaseException, timeout: float = 5.0) -> None:
         """Best effort: tell the stages it works with why this one fails (the only ones whose channels

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping
+from typing import Any, ClassVar, Mapping, MutableMapping
 
 import torch
 
@@ -32,7 +32,7 @@ from nebula.runtime.graph import Graph
 from nebula.runtime.train import TrainConfig
 
 
-Params = dict[str, torch.Tensor]
+Params = MutableMapping[str, torch.Tensor]  # a stage's trainable parameters by name, or a stash of them
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,14 +50,14 @@ class ExactWeights:
         """Whether step `step`'s forward may run now (the weights it needs exist)."""
         return step == self.applied + 1
 
-    def for_step(self, step: int, params: Params) -> Params | None:
+    def for_step(self, step: int, params: Mapping[str, torch.Tensor]) -> Params | None:
         """The weights step `step` runs at: None for the live ones."""
         if step != self.applied + 1:
             raise StageError(f"step {step} would run at the weights after step {self.applied} "
                              "(a schedule bug: please report it)")
         return None
 
-    def before_update(self, step: int, params: Params) -> None:
+    def before_update(self, step: int, params: Mapping[str, torch.Tensor]) -> None:
         """Called with the live parameters just before step `step`'s optimiser update."""
 
     def updated(self, step: int) -> None:

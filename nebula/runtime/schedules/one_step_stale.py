@@ -12,7 +12,9 @@ Forward-only links get credit 2.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Mapping
+
+import torch
 
 from nebula.codecs.auto import STALE_HEADROOM
 from nebula.errors import StageError
@@ -35,7 +37,7 @@ class WeightStash(ExactWeights):
     def ready_for(self, step: int) -> bool:
         return step == self.applied + 1 or (step == self.applied + 2 and self.stale(step))
 
-    def for_step(self, step: int, params: Params) -> Params | None:
+    def for_step(self, step: int, params: Mapping[str, torch.Tensor]) -> Params | None:
         if not self.stale(step):
             return super().for_step(step, params)
         if step not in self.stash:
@@ -44,7 +46,7 @@ class WeightStash(ExactWeights):
             self.stash[step] = _snapshot(params)
         return self.stash[step]
 
-    def before_update(self, step: int, params: Params) -> None:
+    def before_update(self, step: int, params: Mapping[str, torch.Tensor]) -> None:
         """Keep W_{step-1} for step + 1, then put the gradients computed at the stash on the live weights."""
         if self.stale(step + 1) and step + 1 not in self.stash:
             self.stash[step + 1] = _snapshot(params)
@@ -59,7 +61,7 @@ class WeightStash(ExactWeights):
         self.restored = step
 
 
-def _snapshot(params: Params) -> Params:
+def _snapshot(params: Mapping[str, torch.Tensor]) -> Params:
     return {k: p.detach().clone().requires_grad_() for k, p in params.items()}
 
 
