@@ -3,7 +3,7 @@
 Every site of the scenario's job runs as real services inside its own network namespace
 (nebula.wanem): its gateway and its stages, the gateways joined by tbf-shaped links. One training
 run per link rate measures every setting: the benchmarked link's [links.compression] holds one
-*phase* per setting (nebula.runtime.compression), so the model load is paid once per rate, not once per
+*phase* per setting (nebula.codecs.policy_table), so the model load is paid once per rate, not once per
 setting. The first step of each phase is not timed (codec warm-up, and the pipeline still draining
 the previous phase), nor is the run's last step (final checkpoint). The scenario (a workload's entry
 in `nebula.scenarios`, nebula.bench.scenarios) adapts the job: fixed-shape data, no evaluation.
@@ -226,9 +226,9 @@ def staleness_list(text: str) -> list[int]:
 def chosen_settings(args: argparse.Namespace) -> list[tuple[str, str]]:
     if not args.setting:
         return QUICK_SETTINGS if args.quick else SETTINGS
-    from nebula.runtime.compression import parse_phases
+    from nebula.codecs.policy_table import read_policy  # imports the codecs (and torch): only for --setting
     pairs = [tuple(pair) for pair in args.setting]
-    parse_phases({"phases": [{"steps": 1, "forward": f, "backward": b} for f, b in pairs]}, "--setting")
+    read_policy({"phases": [{"steps": 1, "forward": f, "backward": b} for f, b in pairs]}, "--setting")
     return pairs
 
 

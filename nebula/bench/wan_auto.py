@@ -32,10 +32,10 @@ import sys
 from typing import Callable
 
 from nebula.bench import wan
-from nebula.codecs.auto import LADDER, AutoSettings
+from nebula.codecs.auto import EVERY, LADDER
 from nebula.runtime.metrics import read_records
 
-AUTO_LEAD = AutoSettings().every  # one more decision window before auto's timed steps
+AUTO_LEAD = EVERY  # one more decision window before auto's timed steps
 # ... and the run's warm-up, which only auto's round-1 phase would pay: a site's compute is 20-80% above
 # its later level in a run's first 3 steps, and stayed 15-40% above it through step 10 in run 8's first
 # run (docs/bench-wan.md)

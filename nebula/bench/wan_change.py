@@ -26,7 +26,7 @@ import sys
 
 from nebula.bench import wan
 from nebula.bench.wan_auto import LOWER, RTT_MS
-from nebula.codecs.auto import AutoSettings
+from nebula.codecs.auto import EVERY
 from nebula.errors import ConfigError
 from nebula.runtime.metrics import read_records
 
@@ -34,7 +34,7 @@ SEGMENT = 30  # steps per rate: back up five rungs takes a trial a rung, after u
 TAIL = 6  # the segment's last steps, timed: the rung `auto` settled on
 # What the bench promises: a slower link is acted on at auto's next look once the ACKs of a step show
 # it (every + 2 steps); a faster one is climbed a rung per trial (a step or two each) from the next look.
-SLOWER_WITHIN = AutoSettings().every + 2
+SLOWER_WITHIN = EVERY + 2
 # The go-back-N timer must outlast the deepest queue, the uncompressed step in flight when the link drops
 # to the bound rate: bound-factor (5) x compute (~1 s) of wire; wan.resend_timeout allows 3 such steps.
 RESEND_S = 30.0

@@ -11,9 +11,11 @@ from nebula.codecs.base import CODECS, Codec, register_codec
 from nebula.codecs import none, fp16, bf16, int8, int4, svd, lowrank, topk, ef, deflate, delta  # noqa: F401,E401
 from nebula.codecs.chain import Chain
 from nebula.codecs.packing import pack, unpack
-from nebula.codecs.policy import CompressionPolicy, Override
+from nebula.codecs.auto import Auto
+from nebula.codecs.policy import CompressionPolicy, Phase, Setting
+from nebula.codecs.policy_table import read_policy
 from nebula.codecs.spec import canonical, parse
 from nebula.codecs.state import CodecState
 
-__all__ = ["CODECS", "Chain", "Codec", "CodecState", "CompressionPolicy", "Override", "canonical", "pack",
-           "parse", "register_codec", "unpack"]
+__all__ = ["CODECS", "Auto", "Chain", "Codec", "CodecState", "CompressionPolicy", "Phase", "Setting", "canonical",
+           "pack", "parse", "read_policy", "register_codec", "unpack"]

@@ -1,39 +1,28 @@
-"""Which codec a tensor travels with, per link direction (paper §4.3, Table 5 and Figure 10).
+"""Which codec a tensor travels with: a link's compression policy (paper §4.3, Table 5 and Figure 10).
 
-Built once from the job file's table for a link: the [links.compression] table that follows its
-[[links]] entry (nebula.runtime.job), e.g.
+A policy is a list of phases of training steps (steps count from 1), each following the last; the
+last phase is open-ended (evaluation after training uses the last step's codec). In a phase each
+direction of the link, "forward" (activations, from -> to) and "backward" (the gradients coming back
+on a two-way link), has a `Setting`: a codec, or `auto` (nebula.codecs.auto: a ladder whose rung the
+sender picks while training, resolved by the link before anything is encoded), with per-tensor
+overrides and a size below which tensors go uncompressed.
 
-    [[links]]
-    from = "src"
-    to = "sink"
-    tensors = ["hidden", "mask"]
-    backward = true
-    [links.compression]
-    forward = "fp16(svd(0.6))"   # activations, from -> to
-    backward = "int8"            # gradients, back on a two-way link
-    start_step = 2000            # uncompressed before this step (Figure 10)
-    min_numel = 4096             # smaller tensors go uncompressed
-    # forward = "auto" (or the link's `compression = "auto"`): picked while training (nebula.codecs.auto)
-    [links.compression.overrides]
-    "labels" = "none"                                   # both directions
-    "*.attention_mask" = { forward = "none" }           # fnmatch pattern, one direction
+Every spelling of a job file's [links.compression] table (one table, `start_step`, `phases`, `auto`)
+loads into this model: nebula.codecs.policy_table.
 
-Precedence for a tensor: before start_step -> none; else the first override whose pattern matches
-its name (exact names before patterns); else none below min_numel or for non-float tensors; else
-the direction's codec.
+Both sites read the same job file and every message names its codec, so a phase change needs no
+coordination: each sender picks the codec by the step it is sending for.
 """
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass
 
 import torch
 
-from nebula.codecs.auto import AUTO, AutoSettings
+from nebula.codecs.auto import Auto
 from nebula.codecs.base import FLOAT_DTYPES, Codec
 from nebula.codecs.none import NoCodec
-from nebula.codecs.spec import parse
 from nebula.errors import ConfigError
 
 DIRECTIONS = ("forward", "backward")
@@ -41,109 +30,74 @@ NONE = NoCodec()
 
 
 @dataclass(frozen=True, kw_only=True)
-class Override:
-    pattern: str
-    forward: Codec | None = None  # None: the policy's codec for that direction
-    backward: Codec | None = None
+class Setting:
+    """What one direction of a link sends during one phase."""
 
+    codec: Codec | Auto = NONE
+    overrides: tuple[tuple[str, Codec], ...] = ()  # (tensor name or fnmatch pattern, its codec), as written
+    min_numel: int = 0  # smaller tensors go uncompressed, unless an override names them
 
-@dataclass(frozen=True, kw_only=True)
-class CompressionPolicy:
-    forward: Codec = NONE
-    backward: Codec = NONE
-    start_step: int = 0
-    min_numel: int = 0
-    overrides: tuple[Override, ...] = field(default=())
-    auto: AutoSettings = field(default_factory=AutoSettings)  # the ladders where a direction is "auto"
-
-    @classmethod
-    def from_dict(cls, table: Mapping[str, Any], where: str = "compression") -> "CompressionPolicy":
-        if not isinstance(table, Mapping):
-            raise ConfigError(f"{where}: expected a table, got {type(table).__name__}")
-        known = {"forward", "backward", "start_step", "min_numel", "overrides", "auto"}
-        unknown = sorted(set(table) - known)
-        if unknown:
-            raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
-        return cls(forward=_codec(f"{where}.forward", table.get("forward", "none"), may_be_auto=True),
-                   backward=_gradients(f"{where}.backward", _codec(f"{where}.backward", table.get("backward", "none"),
-                                                                   may_be_auto=True)),
-                   start_step=_count(f"{where}.start_step", table.get("start_step", 0),
-                                     "set 0 to compress from the first step"),
-                   min_numel=_count(f"{where}.min_numel", table.get("min_numel", 0),
-                                    "set 0 to compress tensors of every size"),
-                   overrides=_overrides(f"{where}.overrides", table.get("overrides", {})),
-                   auto=AutoSettings.from_dict(table.get("auto", {}), f"{where}.auto"))
-
-    def codec_for(self, direction: str, name: str, numel: int, step: int,
-                  dtype: torch.dtype | None = None) -> Codec:
-        if direction not in DIRECTIONS:
-            raise ConfigError(f"direction must be 'forward' or 'backward', got {direction!r}")
-        if step < self.start_step:
-            return NONE
-        override = self._override(name)
-        chosen = getattr(override, direction) if override is not None else None
-        codec = chosen if chosen is not None else getattr(self, direction)
+    def codec_for(self, name: str, numel: int, dtype: torch.dtype | None = None) -> Codec | Auto:
+        """The override naming the tensor (exact names before patterns), else none below min_numel,
+        else the setting's codec; a non-float tensor (ids, masks) only with an exact codec, else as it is."""
+        chosen = self._override(name)
+        codec = self.codec if chosen is None else chosen
         if dtype is not None and dtype not in FLOAT_DTYPES:
-            return codec if codec.exact else NONE  # ids and masks: only an exact codec, else as they are
+            return codec if isinstance(codec, Codec) and codec.exact else NONE
         if chosen is None and numel < self.min_numel:
             return NONE
         return codec
 
-    def to_dict(self) -> dict[str, Any]:
-        overrides = {o.pattern: {d: getattr(o, d).spec for d in DIRECTIONS if getattr(o, d) is not None}
-                     for o in self.overrides}
-        return {"forward": self.forward.spec, "backward": self.backward.spec, "start_step": self.start_step,
-                "min_numel": self.min_numel, "overrides": overrides, "auto": self.auto.to_dict()}
-
-    def _override(self, name: str) -> Override | None:
-        exact = next((o for o in self.overrides if o.pattern == name), None)
-        return exact or next((o for o in self.overrides if fnmatch.fnmatchcase(name, o.pattern)), None)
+    def _override(self, name: str) -> Codec | None:
+        exact = next((codec for pattern, codec in self.overrides if pattern == name), None)
+        if exact is not None:
+            return exact
+        return next((codec for pattern, codec in self.overrides if fnmatch.fnmatchcase(name, pattern)), None)
 
 
-def _codec(where: str, spec: Any, may_be_auto: bool = False) -> Codec:
-    if not isinstance(spec, str):
-        raise ConfigError(f"{where}: expected a codec spec string such as \"fp16(svd(0.6))\", got {spec!r}")
-    if spec.strip() == "auto":
-        if not may_be_auto:
-            raise ConfigError(f"{where}: \"auto\" applies to a whole direction, not to single tensors; "
-                              "name a codec here")
-        return AUTO
-    try:
-        return parse(spec)
-    except ConfigError as exc:
-        raise ConfigError(f"{where}: {exc}") from exc
+UNCOMPRESSED = Setting()
 
 
-def _gradients(where: str, codec: Codec) -> Codec:
-    """A backward codec: not `delta`, whose per-example bases need the example ids only activations carry."""
-    from nebula.codecs.delta import Delta
-    if isinstance(codec, Delta):
-        raise ConfigError(f"{where} = {codec.spec!r}: delta compresses activations per example and gradients "
-                          "carry no example ids; use it forward, and e.g. \"ef(int8)\" backward")
-    return codec
+@dataclass(frozen=True, kw_only=True)
+class Phase:
+    first_step: int  # inclusive
+    steps: int | None  # None: open-ended, the last phase
+    forward: Setting = UNCOMPRESSED
+    backward: Setting = UNCOMPRESSED
+
+    def setting(self, direction: str) -> Setting:
+        if direction not in DIRECTIONS:
+            raise ConfigError(f"direction must be 'forward' or 'backward', got {direction!r}")
+        return self.forward if direction == "forward" else self.backward
 
 
-def _count(where: str, value: Any, hint: str) -> int:
-    if type(value) is not int or value < 0:
-        raise ConfigError(f"{where}: expected a non-negative integer, got {value!r} ({hint})")
-    return value
+@dataclass(frozen=True)
+class CompressionPolicy:
+    phases: tuple[Phase, ...] = (Phase(first_step=1, steps=None),)  # by default everything uncompressed
 
+    def __post_init__(self) -> None:
+        if not self.phases:
+            raise ConfigError("a compression policy needs at least one phase")
+        first = 1
+        for i, phase in enumerate(self.phases):
+            last = i == len(self.phases) - 1
+            if phase.first_step != first or (phase.steps is None) != last or (phase.steps or 1) < 1:
+                raise ConfigError(f"compression phases must follow each other from step 1, each of at least "
+                                  f"one step and only the last open-ended; phase {i + 1} of {len(self.phases)} "
+                                  f"starts at step {phase.first_step} and lasts {phase.steps}")
+            first += phase.steps or 0
 
-def _overrides(where: str, table: Any) -> tuple[Override, ...]:
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{where}: expected a table of name = codec spec, got {type(table).__name__}")
-    overrides = []
-    for pattern, value in table.items():
-        at = f"{where}.{pattern!r}"
-        if isinstance(value, str):  # both directions, so not `delta`
-            codec = _gradients(at, _codec(at, value))
-            overrides.append(Override(pattern=pattern, forward=codec, backward=codec))
-            continue
-        if not isinstance(value, Mapping) or not value or set(value) - set(DIRECTIONS):
-            raise ConfigError(f"{at}: expected a codec spec or a table with forward and/or backward, "
-                              f"e.g. {{ forward = \"none\" }}, got {value!r}")
-        codecs = {d: _codec(f"{at}.{d}", s) for d, s in value.items()}
-        if "backward" in codecs:
-            _gradients(f"{at}.backward", codecs["backward"])
-        overrides.append(Override(pattern=pattern, **codecs))
-    return tuple(overrides)
+    @classmethod
+    def fixed(cls, forward: Setting = UNCOMPRESSED, backward: Setting = UNCOMPRESSED) -> "CompressionPolicy":
+        """One setting per direction for the whole run."""
+        return cls((Phase(first_step=1, steps=None, forward=forward, backward=backward),))
+
+    def phase_at(self, step: int) -> Phase:
+        """The phase in force at `step`: the last one that has started (the first before step 1)."""
+        return next((p for p in reversed(self.phases) if p.first_step <= step), self.phases[0])
+
+    def codec_for(self, direction: str, name: str, numel: int, step: int,
+                  dtype: torch.dtype | None = None) -> Codec | Auto:
+        """The codec for tensor `name` sent in `direction` for training step `step`; an `Auto` is the
+        link's to resolve to a rung (nebula.runtime.compression)."""
+        return self.phase_at(step).setting(direction).codec_for(name, numel, dtype)

@@ -52,7 +52,7 @@ from typing import Callable
 import torch
 
 from nebula import codecs
-from nebula.codecs.auto import AutoSettings
+from nebula.codecs.auto import Auto
 from nebula.codecs.base import Codec
 from nebula.transport.goodput import SAMPLES, Goodput
 
@@ -63,13 +63,14 @@ HOLD = 4  # after a failed trial, every x HOLD steps on the rung it left, unless
 
 class AutoChoice:
     """The rung in force for one (link, direction); runs on the sender thread. `goodput(message_bytes)`:
-    the path's (None: nothing measured, stay on the first rung); `compute()`: the sender's s/step."""
+    the path's (None: nothing measured, stay on the first rung); `compute()`: the sender's s/step;
+    `default_headroom`: the schedule's, where the job sets none (nebula.codecs.auto)."""
 
-    def __init__(self, link: str, direction: str, settings: AutoSettings, goodput: Callable[[int], Goodput | None],
-                 compute: Callable[[], float | None], on_switch: Callable[..., None], stale: bool = False):
+    def __init__(self, link: str, direction: str, settings: Auto, goodput: Callable[[int], Goodput | None],
+                 compute: Callable[[], float | None], on_switch: Callable[..., None], default_headroom: float):
         self.link, self.direction, self.settings = link, direction, settings
-        self.headroom = settings.headroom_for(stale)
-        self.ladder = settings.ladder(direction)
+        self.headroom = settings.headroom_or(default_headroom)
+        self.ladder = settings.ladder
         self.goodput, self.compute, self.on_switch = goodput, compute, on_switch
         self.rung, self.step, self.decided_at, self.warm = 0, 0, None, False
         self.trial: int | None = None  # the rung on trial: chosen on an estimate from smaller messages

@@ -1,19 +1,9 @@
-"""A link's compression as the runtime uses it: the job's policy (or phases of policies), per-tensor
-state, byte meters.
-
-Each [[links]] entry of a job has its own [links.compression] table: either one policy
-(nebula.codecs.CompressionPolicy) or a list of phases, each a policy for a number of training steps
-(steps count from 1):
-
-    [links.compression]
-    backward = "int8"                        # keys outside `phases`: defaults for every phase
-    phases = [{steps = 4, forward = "none", backward = "none"},
-              {steps = 4, forward = "fp16(svd(0.6))"}]      # steps 5-8; backward int8 from the default
+"""A link's compression as the runtime uses it: the job's policy (nebula.codecs.CompressionPolicy,
+phases of a fixed codec or `auto` per direction), `auto` resolved to a ladder's rung before anything
+is encoded (nebula.runtime.autocodec), per-tensor codec state, byte meters.
 
 "forward" is the link's direction (activations, from -> to), "backward" the gradients coming back
-on a two-way link. Both sites read the same job file, and every message names its codec, so a phase
-change needs no coordination: each sender picks the codec by the step it is sending for. After the last phase ends
-its policy stays in force (evaluation after training uses the last step's codec).
+on a two-way link. Every message names its codec, so the receiver needs no word of the policy.
 """
 from __future__ import annotations
 
@@ -22,15 +12,13 @@ import statistics
 import threading
 import time
 from collections import Counter, deque
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import torch
 
 from nebula import codecs
-from nebula.codecs.auto import AUTO
-from nebula.errors import ConfigError
+from nebula.codecs.auto import SYNC_HEADROOM, Auto
 from nebula.runtime.autocodec import AutoChoice
 from nebula.transport.goodput import Goodput
 from nebula.wire import TensorPayload
@@ -38,54 +26,6 @@ from nebula.wire import TensorPayload
 ROLES = {"forward": "activation", "backward": "gradient"}
 COMPUTE_STEPS = 5  # `auto` takes the sender's compute per step as the median of the last few
 DIRECTIONS = {role: direction for direction, role in ROLES.items()}
-
-
-@dataclass(frozen=True)
-class Phase:
-    first_step: int  # inclusive; training steps count from 1
-    steps: int
-    policy: "codecs.CompressionPolicy"
-
-
-def parse_phases(table: Mapping[str, Any] | str, where: str = "compression") -> tuple[Phase, ...]:
-    """One phase per entry of `table["phases"]`, or a single open-ended phase without that key;
-    `compression = "auto"` is short for both directions "auto" (nebula.codecs.auto)."""
-    if table == "auto":
-        table = {"forward": "auto", "backward": "auto"}
-    elif isinstance(table, str):
-        raise ConfigError(f"{where}: expected a table or \"auto\", got {table!r}")
-    if not isinstance(table, Mapping):
-        raise ConfigError(f"{where}: expected a table, got {type(table).__name__}")
-    defaults = {k: v for k, v in table.items() if k != "phases"}
-    if "phases" not in table:
-        return (Phase(1, 0, codecs.CompressionPolicy.from_dict(defaults, where)),)
-    entries = table["phases"]
-    if not isinstance(entries, list) or not entries:
-        raise ConfigError(f"{where}.phases: expected a non-empty list of tables such as "
-                          f"[{{steps = 100, forward = \"fp16\", backward = \"int8\"}}], got {entries!r}")
-    phases, first = [], 1
-    for i, entry in enumerate(entries):
-        at = f"{where}.phases[{i}]"
-        if not isinstance(entry, Mapping):
-            raise ConfigError(f"{at}: expected a table with `steps` and codec keys, got {entry!r}")
-        steps = entry.get("steps")
-        if type(steps) is not int or steps < 1:
-            raise ConfigError(f"{at}.steps: expected a positive integer (how many training steps this "
-                              f"phase lasts), got {steps!r}")
-        policy = codecs.CompressionPolicy.from_dict(
-            {**defaults, **{k: v for k, v in entry.items() if k != "steps"}}, at)
-        phases.append(Phase(first, steps, policy))
-        first += steps
-    return tuple(phases)
-
-
-def phase_at(phases: Sequence[Phase], step: int) -> Phase:
-    """The phase in force at `step`: the last one that has started (the first one before step 1)."""
-    chosen = phases[0]
-    for phase in phases:
-        if phase.first_step <= step:
-            chosen = phase
-    return chosen
 
 
 class LinkMeter:
@@ -110,12 +50,9 @@ class LinkCodecs:
     and the receiver-side state of `delta` streams (their cached rows), which a resume empties at both
     ends instead (see load_state_dict)."""
 
-    def __init__(self, policy: "codecs.CompressionPolicy | Sequence[Phase]", link: str,
-                 meter: LinkMeter | None = None, spill_dir: str | Path | None = None):
-        self.phases = (Phase(1, 0, policy),) if isinstance(policy, codecs.CompressionPolicy) else tuple(policy)
-        if not self.phases:
-            raise ConfigError(f"link {link}: at least one compression phase is required")
-        self.link, self.meter = link, meter
+    def __init__(self, policy: codecs.CompressionPolicy, link: str, meter: LinkMeter | None = None,
+                 spill_dir: str | Path | None = None):
+        self.policy, self.link, self.meter = policy, link, meter
         self.spill_dir = spill_dir  # where `delta(..., ram=)` spills cached rows: the stage's run directory
         self.state = codecs.CodecState()
         self.received = codecs.CodecState()  # receiver side: one slot per (link:direction, tensor)
@@ -125,24 +62,21 @@ class LinkCodecs:
         self.auto: dict[str, AutoChoice] = {}  # direction -> its `auto` choice, where the policy says "auto"
         self._goodput: Callable[[str, int], Goodput | None] = lambda direction, size: None
         self._on_switch: Callable[..., None] = lambda **event: None
-        self._stale = False
+        self._default_headroom = SYNC_HEADROOM  # unattached, nothing is measured and auto stays on its first rung
         self._compute: deque[float] = deque(maxlen=COMPUTE_STEPS)  # the sending stage's recent compute_s
 
     @classmethod
-    def from_table(cls, table: Mapping[str, Any], link: str, meter_path: str | Path | None = None,
+    def from_table(cls, table: Mapping[str, Any] | str, link: str, meter_path: str | Path | None = None,
                    spill_dir: str | Path | None = None) -> "LinkCodecs":
-        """From a job's [compression] table (one policy or `phases`); meter lines go to `meter_path`."""
-        return cls(parse_phases(table), link, LinkMeter(meter_path) if meter_path else None, spill_dir)
-
-    def policy_for(self, step: int) -> "codecs.CompressionPolicy":
-        return phase_at(self.phases, step).policy
+        """From a job's [links.compression] table (or "auto"); meter lines go to `meter_path`."""
+        return cls(codecs.read_policy(table), link, LinkMeter(meter_path) if meter_path else None, spill_dir)
 
     def attach(self, goodput: Callable[[str, int], Goodput | None], on_switch: Callable[..., None],
-               stale: bool = False) -> None:
+               default_headroom: float) -> None:
         """What `auto` goes by: the goodput of the path each direction's messages take (by direction and
         message size, nebula.transport.goodput), who hears of every switch (keyword fields, see
-        AutoChoice._decide), and whether the schedule is one step stale (its default headroom)."""
-        self._goodput, self._on_switch, self._stale = goodput, on_switch, stale
+        AutoChoice._decide), and the headroom where the job sets none (the schedule's default_headroom)."""
+        self._goodput, self._on_switch, self._default_headroom = goodput, on_switch, default_headroom
 
     def observe_step(self, compute_s: float) -> None:
         """The sending stage's compute in the step it just applied (for `auto`)."""
@@ -152,17 +86,18 @@ class LinkCodecs:
         recent = list(self._compute)  # appended on the stage's thread, read on the sender's
         return statistics.median(recent) if recent else None
 
-    def _resolve(self, policy: "codecs.CompressionPolicy", direction: str, name: str, tensor: torch.Tensor,
-                 step: int) -> tuple["codecs.Codec", AutoChoice | None]:
-        codec = policy.codec_for(direction, name, tensor.numel(), step, dtype=tensor.dtype)
-        if codec != AUTO:
-            return codec, None
+    def _resolve(self, direction: str, name: str, tensor: torch.Tensor,
+                 step: int) -> tuple[codecs.Codec, AutoChoice | None]:
+        """The codec to encode with: the policy's, or where it says `auto` the rung in force."""
+        chosen = self.policy.codec_for(direction, name, tensor.numel(), step, dtype=tensor.dtype)
+        if not isinstance(chosen, Auto):
+            return chosen, None
         choice = self.auto.get(direction)
         # first use, or a phase with other settings; a later phase with the same ones goes on from its rung
-        if choice is None or choice.settings != policy.auto:
-            choice = self.auto[direction] = AutoChoice(self.link, direction, policy.auto,
+        if choice is None or choice.settings != chosen:
+            choice = self.auto[direction] = AutoChoice(self.link, direction, chosen,
                                                        lambda size: self._goodput(direction, size),
-                                                       self._compute_s, self._switched, self._stale)
+                                                       self._compute_s, self._switched, self._default_headroom)
         return choice.codec(step, name, tensor), choice
 
     def _switched(self, **event: Any) -> None:
@@ -177,7 +112,7 @@ class LinkCodecs:
         a training ratio leaves out the evaluation's bytes (for `delta` they are all first visits)."""
         tensor = tensor.detach().cpu()  # the wire carries CPU frames; a no-op for CPU tensors
         # token ids and masks get the link's codec only if it is exact (deflate), else go as they are
-        codec, choice = self._resolve(self.policy_for(step), direction, name, tensor, step)
+        codec, choice = self._resolve(direction, name, tensor, step)
         started = time.perf_counter()
         payload = codecs.pack(name, ROLES.get(direction, direction), tensor.contiguous(), codec,
                               state=(slot := self.state.slot(f"{self.link}:{direction}", name)), ids=ids,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from nebula.errors import ConfigError
 
 if TYPE_CHECKING:
-    from nebula.runtime.compression import Phase
+    from nebula.codecs.policy import CompressionPolicy
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class LinkConfig:
     dst: str
     tensors: tuple[str, ...]  # the src's output ports it carries (= dst's input ports)
     backward: bool  # two-way: gradients of its float tensors return
-    compression: tuple["Phase", ...]
+    compression: "CompressionPolicy"  # which codec each direction sends, by training step
 
     @property
     def name(self) -> str:

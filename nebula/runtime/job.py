@@ -174,7 +174,7 @@ class _LinkTable:
 
 
 def _link(i: int, table: dict, where: str) -> LinkConfig:
-    from nebula.runtime.compression import parse_phases  # imports the codecs (and torch): only when a job loads
+    from nebula.codecs.policy_table import read_policy  # imports the codecs (and torch): only when a job loads
     at = f"{where}: [[links]] #{i + 1}"
     ends = {}
     for key in ("from", "to"):
@@ -189,7 +189,7 @@ def _link(i: int, table: dict, where: str) -> LinkConfig:
         raise ConfigError(f"{at}.compression: {named} names a backward codec, but the link has "
                           "backward = false: no gradients go back on it; remove it, or set backward = true")
     return LinkConfig(src=ends["from"], dst=ends["to"], tensors=body.tensors, backward=body.backward,
-                      compression=parse_phases(body.compression, f"{at}.compression"))
+                      compression=read_policy(body.compression, f"{at}.compression"))
 
 
 def _backward_codecs(compression: dict[str, Any] | str) -> str | None:

@@ -50,7 +50,7 @@ class Link:
         compression = LinkCodecs(config.compression, config.name, meter, spill_dir=spill_dir)
         ends = {"forward": job.stage(config.dst).address, "backward": job.stage(config.src).address}
         compression.attach(lambda direction, size: channel.goodput(ends[direction], size), on_switch,
-                           stale=job.schedule.name == "one-step-stale")
+                           default_headroom=job.schedule.default_headroom)
         return cls(config, here, job, ports, compression, sender)
 
     @property

@@ -82,8 +82,8 @@ def watch(group, run: Path, total: int, driver: str, sink: str) -> float:
 
 
 def codecs_label(job) -> str:
-    link = job.links[0].compression[-1].policy
-    return f"{link.forward.spec} forward, {link.backward.spec} backward"
+    last = job.links[0].compression.phases[-1]
+    return f"{last.forward.codec.spec} forward, {last.backward.codec.spec} backward"
 
 
 def check(job_file: Path, run: Path, steps: int | None, hot: Path | None) -> tuple[dict, Any]:

@@ -359,7 +359,7 @@ def transfer_lines(t: dict, job: Any, until: int, times: dict) -> list[str]:
 
 
 def codecs_of(job: Any) -> str:
-    return "; ".join(f"{link.src}->{link.dst}: {link.compression[-1].policy.forward.spec}" for link in job.links)
+    return "; ".join(f"{link.name}: {link.compression.phases[-1].forward.codec.spec}" for link in job.links)
 
 
 # -- the whole demo -------------------------------------------------------------------------------------

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from nebula import codecs
-from nebula.codecs.auto import AUTO, LADDER
+from nebula.codecs.auto import LADDER, STALE_HEADROOM, SYNC_HEADROOM, Auto
 from nebula.errors import ConfigError
 from nebula.runtime.autocodec import TRIES
-from nebula.runtime.compression import LinkCodecs, parse_phases
+from nebula.runtime.compression import LinkCodecs
 from nebula.transport.goodput import SAMPLES, Goodput, GoodputMeter
 
 MB = 1 << 20
@@ -42,14 +42,13 @@ def test_transfers_within_the_round_trip_read_as_unmeasurably_fast():
 
 
 def test_auto_parses_for_a_link_and_a_direction():
-    both = parse_phases("auto")[0].policy
-    assert both.forward == AUTO and both.backward == AUTO
-    assert [c.spec for c in both.auto.forward] == [codecs.parse(s).spec for s in LADDER]
-    one = parse_phases({"forward": "auto", "backward": "int8", "auto": {"forward": ["none", "fp16"], "every": 2}})
-    policy = one[0].policy
-    assert policy.backward.spec == "int8" and [c.spec for c in policy.auto.forward] == ["none", "fp16"]
-    again = codecs.CompressionPolicy.from_dict(policy.to_dict())
-    assert again == policy
+    both = codecs.read_policy("auto").phases[0]
+    assert both.forward.codec == both.backward.codec == Auto()
+    assert Auto().ladder == tuple(codecs.parse(s) for s in LADDER) and Auto().every == 4
+    one = codecs.read_policy({"forward": "auto", "backward": "int8", "auto": {"forward": ["none", "fp16"], "every": 2}})
+    phase = one.phases[0]
+    assert phase.backward.codec.spec == "int8"
+    assert phase.forward.codec == Auto(ladder=(codecs.parse("none"), codecs.parse("fp16")), every=2)
 
 
 @pytest.mark.parametrize("table, message", [
@@ -60,10 +59,12 @@ def test_auto_parses_for_a_link_and_a_direction():
     ({"forward": "auto", "auto": {"headroom": 0}}, "headroom"),
     ({"forward": "auto", "auto": {"every": 0}}, "every"),
     ({"forward": "auto", "auto": {"colour": 1}}, "unknown key"),
+    ({"forward": "fp16", "auto": {"backward": ["int8", "nope"]}}, "auto.backward[1]"),  # a mistake, used or not
+    ({"forward": "auto", "auto": {"forward": ["auto"]}}, "not to single tensors or a ladder's rungs"),
 ])
 def test_bad_auto_tables_are_config_errors(table, message):
     with pytest.raises(ConfigError, match=message.replace("[", r"\[")):
-        parse_phases(table)
+        codecs.read_policy(table)
 
 
 def test_a_ladder_of_error_feedback_rungs_is_climbed_on_gradients(tmp_path):
@@ -71,7 +72,8 @@ def test_a_ladder_of_error_feedback_rungs_is_climbed_on_gradients(tmp_path):
     ladder = ["ef(int8)", "ef(int8(lowrank(0.1)))"]
     sender = LinkCodecs.from_table({"backward": "auto", "auto": {"backward": ladder, "every": 1}}, "src->sink")
     receiver = LinkCodecs.from_table({}, "src->sink")
-    sender.attach(Path_(0.5), lambda **event: None)  # 4 x 37 KB of int8 a step at 0.5 Mbit/s: 2.4 s > 0.16 s
+    # 4 x 37 KB of int8 a step at 0.5 Mbit/s: 2.4 s > 0.16 s
+    sender.attach(Path_(0.5), lambda **event: None, SYNC_HEADROOM)
     used = []
     for step in range(1, 4):
         for _ in range(4):
@@ -112,7 +114,7 @@ def test_auto_climbs_the_ladder_on_a_slow_path_and_comes_back_when_it_recovers(t
     sender = LinkCodecs.from_table(table, "src->sink", tmp_path / "link.jsonl")
     receiver = LinkCodecs.from_table({"forward": "fp16"}, "src->sink")  # its own policy plays no part
     events, path = [], Path_(2.0)
-    sender.attach(path, lambda **event: events.append(event))
+    sender.attach(path, lambda **event: events.append(event), SYNC_HEADROOM)
     # 4 x 147 KB per step: 2.4 s uncompressed at 2 Mbit/s against 0.4 s of compute
     used = run_steps(sender, receiver, 1, 6)
     assert used[:4] == ["none"] * 4 and used[4] != "none"  # decided as soon as one step is measured
@@ -136,7 +138,7 @@ def test_a_cold_meter_moves_only_on_a_clear_bottleneck_and_looks_again_once_warm
     events = []
     # 4 x 147 KB per step at 20 Mbit/s: 0.24 s, under the 0.4 s of compute but over 0.4 x 0.4 s
     path = Path_(20.0, samples=SAMPLES - 1)
-    sender.attach(path, lambda **event: events.append(event))
+    sender.attach(path, lambda **event: events.append(event), SYNC_HEADROOM)
     assert set(run_steps(sender, receiver, 1, 4)) == {"none"} and not events  # TCP may still be starting up
     path.samples = SAMPLES  # warm: decided as the next step starts, not `every` (50) steps after the first look
     used = run_steps(sender, receiver, 5, 2)
@@ -144,7 +146,8 @@ def test_a_cold_meter_moves_only_on_a_clear_bottleneck_and_looks_again_once_warm
 
     slow = LinkCodecs.from_table({"forward": "auto", "backward": "none"}, "src->sink")
     events.clear()
-    slow.attach(Path_(2.0, samples=2), lambda **event: events.append(event))  # 2.4 s of wire per 0.4 s step
+    # 2.4 s of wire per 0.4 s step
+    slow.attach(Path_(2.0, samples=2), lambda **event: events.append(event), SYNC_HEADROOM)
     used = run_steps(slow, receiver, 1, 2)
     assert used[4] != "none" and events[0]["step"] == 2  # no waiting for a warm meter there
 
@@ -152,7 +155,7 @@ def test_a_cold_meter_moves_only_on_a_clear_bottleneck_and_looks_again_once_warm
 def test_auto_stays_on_the_first_rung_where_nothing_is_measured(tmp_path):
     sender = LinkCodecs.from_table("auto", "src->sink")
     events = []
-    sender.attach(Path_(None), lambda **event: events.append(event))  # e.g. in process: no link to wait for
+    sender.attach(Path_(None), lambda **event: events.append(event), SYNC_HEADROOM)  # in process: no link to wait for
     used = run_steps(sender, LinkCodecs.from_table({}, "src->sink"), 1, 10)
     assert set(used) == {"none"} and not events
     unattached = LinkCodecs.from_table("auto", "src->sink")  # no channel at all
@@ -166,9 +169,12 @@ def test_ids_and_small_tensors_never_go_through_the_ladder():
     assert not sender.auto  # nothing asked for a rung
 
 
-def test_auto_never_reaches_the_wire():
-    with pytest.raises(Exception, match="never travels"):
-        codecs.pack("x", "activation", torch.randn(4), AUTO)
+def test_auto_is_a_setting_not_a_codec():
+    """`auto` used to be a Codec whose encode and decode raised: now no codec is named so, and the link
+    resolves the setting to a rung before anything is encoded."""
+    assert not isinstance(Auto(), codecs.Codec)
+    with pytest.raises(ConfigError, match="unknown codec"):
+        codecs.parse("auto")
 
 
 def test_a_job_with_auto_links_trains_exactly_as_uncompressed_in_process(tmp_path):
@@ -240,7 +246,7 @@ def test_a_rung_vouched_for_by_smaller_messages_is_tried_and_left_when_its_own_a
     rungs = [codecs.parse(s).spec for s in LADDER]
     events, used, sent = [], [], {}
     path = TokenBucket(rate=150_000, burst=15_000, rtt=0.08)  # 1.2 Mbit/s, tbf's burst of 10 frames
-    sender.attach(path, lambda **event: events.append(event))
+    sender.attach(path, lambda **event: events.append(event), SYNC_HEADROOM)
     compute = 0.4
     for step in range(1, 201):
         for _ in range(4):
@@ -279,7 +285,7 @@ def test_a_link_that_got_fast_is_found_though_small_messages_read_it_slow():
     rungs = [codecs.parse(s).spec for s in LADDER]
     events, used = [], []
     path = TokenBucket(rate=150_000, burst=15_000, rtt=0.08)  # 1.2 Mbit/s, as in the test above
-    sender.attach(path, lambda **event: events.append(event))
+    sender.attach(path, lambda **event: events.append(event), SYNC_HEADROOM)
     for step in range(1, 201):
         if step == FAST_FROM:
             path.rate, path.fixed = 7.5e6, 0.015  # 60 Mbit/s, and 15 ms of each message's own costs
@@ -315,26 +321,26 @@ def test_one_step_stale_lets_the_wire_take_twice_the_share_of_compute(tmp_path):
         sender = LinkCodecs.from_table({"forward": "auto", "backward": "none", "auto": table}, "src->sink")
         events = []
         # 4 x 147 KB per step at 20 Mbit/s: 0.24 s of wire against 0.4 s of compute (0.6 of it)
-        sender.attach(Path_(20.0), lambda **event: events.append(event), stale=stale)
+        sender.attach(Path_(20.0), lambda **event: events.append(event), STALE_HEADROOM if stale else SYNC_HEADROOM)
         used = run_steps(sender, LinkCodecs.from_table({}, "src->sink"), 1, 3)
         picks[stale, bool(table)] = used[-1]
     assert picks[True, False] == "none"  # 0.24 s <= 0.8 x 0.4 s: it hides, one step stale
     assert picks[False, False] != "none" and picks[True, True] == picks[False, False]
-    settings = parse_phases({"forward": "auto"})[0].policy.auto
-    assert settings.headroom is None and "headroom" not in settings.to_dict()
-    assert (settings.headroom_for(False), settings.headroom_for(True)) == (0.4, 0.8)
+    auto = codecs.read_policy({"forward": "auto"}).phases[0].forward.codec
+    assert auto.headroom is None and (auto.headroom_or(SYNC_HEADROOM), auto.headroom_or(STALE_HEADROOM)) == (0.4, 0.8)
 
 
 def test_a_later_auto_phase_with_the_same_ladder_goes_on_from_the_rung_the_last_one_left(tmp_path):
     """Phases auto, fp16, auto (as `bench wan --auto` runs its rounds): the second auto phase does not
-    start over from `none` on a link already known to be slow; one with another ladder does."""
+    start over from `none` on a link already known to be slow (the other direction's ladder plays no
+    part); one with another ladder does."""
     table = {"phases": [{"steps": 6, "forward": "auto"}, {"steps": 2, "forward": "fp16"},
-                        {"steps": 4, "forward": "auto"},
+                        {"steps": 4, "forward": "auto", "auto": {"backward": ["none", "int8"], "every": 2}},
                         {"steps": 2, "forward": "auto", "auto": {"forward": ["none", "int8"]}}],
              "backward": "none", "auto": {"every": 2}}
     sender = LinkCodecs.from_table(table, "src->sink")
     events = []
-    sender.attach(Path_(2.0), lambda **event: events.append(event))
+    sender.attach(Path_(2.0), lambda **event: events.append(event), SYNC_HEADROOM)
     used = run_steps(sender, LinkCodecs.from_table({}, "src->sink"), 1, 14)
     chosen = events[0]["new"]
     assert used[20:24] == [chosen] * 4 and used[24:32] == ["fp16"] * 8
@@ -360,7 +366,7 @@ def test_the_rung_in_force_is_judged_on_its_own_messages_not_on_smaller_ones(tmp
         sender = LinkCodecs.from_table({"forward": "auto", "backward": "none", "auto": {"every": 2}}, "src->sink")
         events, path = [], Measured()
         sender.attach(path if judged_on_its_own else lambda d, size: Goodput(8e6 / 8, 0.08, SAMPLES),
-                      lambda **event: events.append(event))
+                      lambda **event: events.append(event), SYNC_HEADROOM)
         receiver = LinkCodecs.from_table({}, "src->sink")
         used = run_steps(sender, receiver, 1, 3)  # 4 x 147 KB per step: 0.59 s at 8 Mbit/s, 0.08 s at 60
         if judged_on_its_own:

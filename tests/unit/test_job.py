@@ -126,7 +126,7 @@ def test_a_backward_codec_on_a_forward_only_link_is_refused(compression, named):
     with pytest.raises(ConfigError, match=f"src->sink.compression: {named}.*backward = false"):
         parse_job(raw)
     raw["links"][0]["compression"] = "auto"  # both directions, of which this link has one: fine
-    assert parse_job(raw).links[0].compression[0].policy.forward.spec == "auto"
+    assert parse_job(raw).links[0].compression.phases[0].forward.codec.spec == "auto"
 
 
 def test_unknown_stage_lists_the_registered_ones():

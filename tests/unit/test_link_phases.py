@@ -1,12 +1,13 @@
-"""Compression phases: which policy LinkCodecs applies at each training step, and the per-step meter."""
+"""Compression phases: which setting LinkCodecs applies at each training step, and the per-step meter."""
 import json
+import re
 
 import pytest
 import torch
 
 from nebula import codecs
 from nebula.errors import ConfigError
-from nebula.runtime.compression import LinkCodecs, parse_phases, phase_at
+from nebula.runtime.compression import LinkCodecs
 
 TABLE = {"backward": "int8", "phases": [
     {"steps": 3, "forward": "none", "backward": "none"},
@@ -16,8 +17,8 @@ TABLE = {"backward": "int8", "phases": [
 
 
 def test_phases_cover_consecutive_steps_from_one():
-    phases = parse_phases(TABLE)
-    assert [(p.first_step, p.steps) for p in phases] == [(1, 3), (4, 2), (6, 1)]
+    phases = codecs.read_policy(TABLE).phases
+    assert [(p.first_step, p.steps) for p in phases] == [(1, 3), (4, 2), (6, None)]  # the last one stays
 
 
 @pytest.mark.parametrize("step, forward, backward", [
@@ -28,39 +29,40 @@ def test_phases_cover_consecutive_steps_from_one():
     (99, "fp16(svd(0.5))", "int8"),       # past the last phase: it stays in force
 ])
 def test_policy_by_step(step, forward, backward):
-    link = LinkCodecs.from_table(TABLE, "a|b")
-    policy = link.policy_for(step)
-    assert (policy.forward.spec, policy.backward.spec) == (codecs.parse(forward).spec, codecs.parse(backward).spec)
+    phase = LinkCodecs.from_table(TABLE, "a|b").policy.phase_at(step)
+    assert (phase.forward.codec, phase.backward.codec) == (codecs.parse(forward), codecs.parse(backward))
 
 
 def test_phase_keys_are_merged_over_defaults():
-    phases = parse_phases(TABLE)
-    assert phases[2].policy.min_numel == 10 and phases[1].policy.min_numel == 0
+    phases = codecs.read_policy(TABLE).phases
+    assert phases[2].forward.min_numel == 10 and phases[1].forward.min_numel == 0
 
 
-def test_without_phases_is_one_open_ended_policy():
-    phases = parse_phases({"forward": "fp16", "backward": "int8"})
-    assert len(phases) == 1 and phase_at(phases, 10_000).policy.forward.spec == "fp16"
+def test_without_phases_is_one_open_ended_phase():
+    policy = codecs.read_policy({"forward": "fp16", "backward": "int8"})
+    assert len(policy.phases) == 1 and policy.phase_at(10_000).forward.codec.spec == "fp16"
 
 
-def test_constructor_still_takes_a_single_policy():
-    link = LinkCodecs(codecs.CompressionPolicy.from_dict({"forward": "fp16"}), "a|b")
-    assert link.policy_for(7).forward.spec == "fp16"
+def test_the_constructor_takes_the_policy_model():
+    fp16 = codecs.Setting(codec=codecs.parse("fp16"))
+    link = LinkCodecs(codecs.CompressionPolicy.fixed(forward=fp16), "a|b")
+    assert link.pack("forward", "h", torch.randn(8, 16), 7).codec == "fp16"
 
 
 @pytest.mark.parametrize("table, message", [
     ({"phases": []}, "non-empty list"),
-    ({"phases": "fp16"}, "non-empty list"),
-    ({"phases": [{"forward": "fp16"}]}, "phases[0].steps"),
-    ({"phases": [{"steps": 0}]}, "phases[0].steps"),
+    ({"phases": "fp16"}, "phases: expected a list"),
+    ({"phases": [{"forward": "fp16"}]}, "phases[0]: `steps` is required"),
+    ({"phases": [{"steps": 0}]}, "phases[0].steps: 0 must be >= 1 (how many training steps this phase lasts)"),
     ({"phases": [{"steps": 2}, {"steps": 1.5}]}, "phases[1].steps"),
     ({"phases": [{"steps": 2, "forward": "nope(1)"}]}, "phases[0]"),
-    ({"phases": [{"steps": 2, "colour": "red"}]}, "unknown key"),
+    ({"phases": [{"steps": 2, "colour": "red"}]}, "phases[0]: unknown key 'colour'"),
+    ({"forward": "nope", "phases": [{"steps": 2}]}, "compression.forward: codec spec 'nope'"),  # at its own key
     ({"phases": ["fp16"]}, "expected a table"),
 ])
 def test_bad_phases_are_config_errors(table, message):
-    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        parse_phases(table)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        codecs.read_policy(table)
 
 
 def test_pack_uses_the_step_phase_and_meters_per_step(tmp_path):
