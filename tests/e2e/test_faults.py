@@ -1,6 +1,8 @@
 """Bad input and faults in a two-site job: each stops with an error that names the cause and what to
 fix, the supervisor gives up instead of restarting a deterministic failure forever, and a stage that
-fails tells its peer, which stops with RemoteError instead of waiting for it."""
+fails tells its peer, which stops with RemoteError instead of waiting for it. The framework's checks run
+on the example workload (tests/e2e/jobs/pair.toml); ABNet's own (its hidden sizes, its model files) on
+the tiny ABNet job."""
 import os
 import subprocess
 import sys
@@ -10,23 +12,23 @@ import pytest
 
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.job import load_job
-from tests.support.sites import write_job
+from tests.support.sites import job_file, write_job
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_unknown_codec_stops_the_stage_at_start_naming_the_spec(tmp_path):
-    job = write_job(tmp_path, {'forward = "fp16"': 'forward = "fp16(zstd9)"'})
+    job = job_file(tmp_path, "pair", {'forward = "fp16"': 'forward = "fp16(zstd9)"'})
     with pytest.raises(ConfigError, match=r"compression.forward: codec spec 'fp16\(zstd9\)'"):
         load_job(job)  # checked when the job file loads: no stage, model or socket is touched
     done = subprocess.run([sys.executable, "-m", "nebula.cli", "stage", "run", "--job", str(job), "--stage",
-                           "encoder", "--site", str(tmp_path / "no-site.toml"), "--workdir", str(tmp_path / "enc")],
+                           "src", "--site", str(tmp_path / "no-site.toml"), "--workdir", str(tmp_path / "src")],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 3, done.stderr[-3000:]  # a configuration error: supervisors do not restart it
-    assert f"nebula: error: {job}: [[links]] encoder->decoder.compression.forward: codec spec 'fp16(zstd9)'" \
+    assert f"nebula: error: {job}: [[links]] src->sink.compression.forward: codec spec 'fp16(zstd9)'" \
         in done.stderr  # the file, the link and the key
     assert "unknown codec" in done.stderr and "fp16" in done.stderr  # the known codecs are listed
-    assert not (tmp_path / "enc").exists(), "the stage started with a bad codec spec"
+    assert not (tmp_path / "src").exists(), "the stage started with a bad codec spec"
 
 
 def test_hidden_size_mismatch_stops_both_stages_naming_sizes_and_option(tmp_path, start_job):
@@ -45,23 +47,22 @@ def test_hidden_size_mismatch_stops_both_stages_naming_sizes_and_option(tmp_path
     assert "remote error [stage]: b/decoder/0 failed: DataError: " + cause in sites.log("encoder")
 
 
-def test_output_that_breaks_its_port_stops_the_stage_and_is_reported_to_its_peer(tmp_path, start_job,
-                                                                                 monkeypatch):
-    """An encoder whose forward returns an integer `hidden` where its port declares float: it stops
-    with an error naming the port before anything is sent, and the decoder stops naming the cause
-    (the decoder's own check of what arrives is tested in tests/unit/test_runtime_checks.py)."""
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    job = write_job(tmp_path, {'impl = "abnet-encoder"': 'impl = "tests.support.faulty_stage:IntHiddenEncoder"'})
+def test_output_that_breaks_its_port_stops_the_stage_and_is_reported_to_its_peer(tmp_path, start_job):
+    """A source whose forward returns an integer `hidden` where its port declares float: it stops with an
+    error naming the port before anything is sent, and the sink stops naming the cause (the sink's own
+    check of what arrives: tests/unit/test_runtime_protocol.py)."""
+    job = job_file(tmp_path, "pair", {'impl = "tests.support.runtime:PacedSource"':
+                                      'impl = "tests.support.runtime:IntHiddenSource"'})
     sites = start_job(job, max_restarts=0)
     with pytest.raises(StageError):
         sites.wait(timeout=90, what="the stages to fail on the integer hidden tensor")
     for name in sites.stages:
         sites.group.services[name].proc.wait(30)
-    cause = "IntHiddenEncoder.forward returned 'hidden' with dtype int64, expected float"
-    assert f"nebula: error: {cause}" in sites.log("encoder")
-    assert sites.group.services["encoder"].proc.returncode == 3  # a bug to fix: not restarted
-    assert "remote error [stage]: a/encoder/0 failed: StageError: " + cause in sites.log("decoder")
-    assert sites.group.services["decoder"].proc.returncode == 2
+    cause = "IntHiddenSource.forward returned 'hidden' with dtype int64, expected float"
+    assert f"nebula: error: {cause}" in sites.log("src")
+    assert sites.group.services["src"].proc.returncode == 3  # a bug to fix: not restarted
+    assert "remote error [stage]: a/src/0 failed: StageError: " + cause in sites.log("sink")
+    assert sites.group.services["sink"].proc.returncode == 2
 
 
 def stage_run(tmp_path, stage: str, env: dict) -> subprocess.CompletedProcess:

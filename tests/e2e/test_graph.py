@@ -8,32 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from nebula.runtime.order import ExampleOrder, digest, id_hash
 from nebula.security.audit import verify
-from tests.support.sites import E2E, records
-
-
-def job_file(tmp_path: Path, name: str, replace: dict[str, str] | None = None) -> Path:
-    text = (E2E / "jobs" / f"{name}.toml").read_text()
-    for old, new in (replace or {}).items():
-        assert old in text, f"{old!r} is not in {name}.toml"
-        text = text.replace(old, new)
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    path = tmp_path / f"{name}.toml"
-    path.write_text(text)
-    return path
-
-
-def expected(job, repeat: int = 1) -> list[list]:
-    """The ledger of a stage fed by `repeat` sources of the example workload (same example order)."""
-    n = job.stage(job.graph.sources[0]).options.examples
-    hashes = [id_hash(f"train:{i}") for i in range(n)]
-    order = ExampleOrder(n, job.train.batch_size, job.train.seed)
-    return [[s, digest([hashes[i] for i in order.indices(s)] * repeat)] for s in range(1, job.train.steps + 1)]
-
-
-def ledger(sites, stage: str) -> list:
-    return json.loads((sites.run / stage / "ledger.json").read_text())["steps"]
+from tests.support.sites import example_ledger, job_file, records
 
 
 def weights(run: Path, stage: str, step: int) -> dict:
@@ -51,7 +27,7 @@ def test_three_site_chain_trains_evaluates_and_survives_its_middle_being_killed(
 
     assert sites.restarts("mid") == 1
     for stage in sites.stages:  # every step applied once at every stage, in order
-        assert ledger(sites, stage) == expected(sites.job), stage
+        assert sites.ledger(stage) == example_ledger(sites.job), stage
     resumed = [r["step"] for r in records(sites.run / "src" / "metrics.jsonl") if r.get("event") == "resumed"]
     every = sites.job.train.checkpoint_every
     # a step is recorded before it is checkpointed (runner._apply), so the kill may land between the
@@ -74,8 +50,8 @@ def test_three_site_chain_trains_evaluates_and_survives_its_middle_being_killed(
 def test_two_forward_only_sources_at_two_sites_teach_one_sink(tmp_path, start_job):
     sites = start_job(job_file(tmp_path, "merge"))
     sites.wait()
-    assert ledger(sites, "disc") == expected(sites.job, repeat=2)  # each step: both sources' examples
-    assert ledger(sites, "es") == ledger(sites, "zh") == expected(sites.job)
+    assert sites.ledger("disc") == example_ledger(sites.job, repeat=2)  # each step: both sources' examples
+    assert sites.ledger("es") == sites.ledger("zh") == example_ledger(sites.job)
     for source in ("es", "zh"):  # their own loss trains them; nothing comes back but the pace
         assert all("loss" in r for r in records(sites.run / source / "metrics.jsonl", "step"))
         sent = [r["sent"] for r in records(sites.run / source / "metrics.jsonl", "step")]
@@ -94,7 +70,7 @@ def test_a_stage_of_two_ranks_ends_where_one_rank_does(tmp_path, start_job):
     for stage in ("src", "mid", "sink"):
         for key, value in weights(one.run, stage, last).items():
             torch.testing.assert_close(weights(two.run, stage, last)[key], value, rtol=1e-5, atol=1e-6)
-        assert ledger(two, stage) == ledger(one, stage) == expected(one.job)
+        assert two.ledger(stage) == one.ledger(stage) == example_ledger(one.job)
     loss = {run: [r["loss"] for r in records(run / "sink" / "metrics.jsonl", "step")] for run in (one.run, two.run)}
     assert loss[one.run] == pytest.approx(loss[two.run], rel=1e-5)  # reduced over both ranks
 
@@ -116,4 +92,4 @@ def test_torchrun_itself_launches_a_stages_ranks(tmp_path, start_job):
     assert done.returncode == 0, done.stderr[-3000:]
     sites.wait(until=lambda: all(sites.group.services[n].finished() for n in ("src", "mid")))
     for stage in sites.stages:
-        assert ledger(sites, stage) == expected(sites.job)
+        assert sites.ledger(stage) == example_ledger(sites.job)

@@ -137,6 +137,14 @@ class BadDataSink(Sink):
         return super().forward(batch, inputs)
 
 
+class IntHiddenSource(Source):
+    """A broken source: its forward returns an integer `hidden` where its port declares floating point."""
+
+    def forward(self, batch, inputs):
+        out = super().forward(batch, inputs)
+        return Output(tensors={"hidden": out.tensors["hidden"].long()}, loss=out.loss)  # (B, width), wrong dtype
+
+
 class TimedSource(Source):
     def forward(self, batch, inputs):
         if batch.training and batch.micro_batch == 0:
@@ -144,15 +152,21 @@ class TimedSource(Source):
         return super().forward(batch, inputs)
 
 
-class _Paced:
-    """Each training micro-batch's forward takes PACE_S more (asleep): a step of compute a link's wire can
-    hide under, as a real model's would (the example's own layers take microseconds)."""
+@dataclass(frozen=True, kw_only=True)
+class PacedOptions(Options):
+    pace_s: float = 0.05  # seconds each training micro-batch's forward takes, asleep
 
-    PACE_S = 0.05
+
+class _Paced:
+    """Each training micro-batch's forward takes `pace_s` more (asleep): a step of compute a link's wire can
+    hide under, or a test can kill a stage in, as a real model's would (the example's own layers take
+    microseconds)."""
+
+    Options = PacedOptions
 
     def forward(self, batch, inputs):
         if batch.training:
-            time.sleep(self.PACE_S)
+            time.sleep(self.options.pace_s)
         return super().forward(batch, inputs)
 
 

@@ -3,6 +3,7 @@ CURVE on every socket, loopback only (the e2e tests' `start_job` fixture, tests/
 and stops them). Also the tiny job file, the ledger each stage must end with, and metrics records."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,10 +21,17 @@ JOB_TIMEOUT = 150.0  # one tiny job takes ~30 s on 2 busy cores, ~45 s with a re
 
 
 def write_job(root: Path, replace: dict[str, str] | None = None) -> Path:
-    """tests/e2e/jobs/tiny.toml with the data path made absolute and `replace` (old -> new) applied."""
-    text = TINY.read_text().replace('data = "../data/es-en"', f'data = "{E2E / "data" / "es-en"}"')
+    """tests/e2e/jobs/tiny.toml (ABNet) with the data path made absolute and `replace` (old -> new) applied."""
+    path = job_file(root, "tiny", replace)
+    path.write_text(path.read_text().replace('data = "../data/es-en"', f'data = "{E2E / "data" / "es-en"}"'))
+    return path
+
+
+def job_file(root: Path, name: str, replace: dict[str, str] | None = None) -> Path:
+    """tests/e2e/jobs/`name`.toml as `root`/job.toml, with `replace` (old -> new, each must occur) applied."""
+    text = (E2E / "jobs" / f"{name}.toml").read_text()
     for old, new in (replace or {}).items():
-        assert old in text, f"{old!r} is not in {TINY}"
+        assert old in text, f"{old!r} is not in {name}.toml"
         text = text.replace(old, new)
     root.mkdir(parents=True, exist_ok=True)
     path = root / "job.toml"
@@ -31,8 +39,18 @@ def write_job(root: Path, replace: dict[str, str] | None = None) -> Path:
     return path
 
 
+def example_ledger(job: JobConfig, repeat: int = 1) -> list[list]:
+    """What each step must have trained on at a stage of the example workload fed by `repeat` sources
+    (each with the same example order)."""
+    n = job.stage(job.graph.sources[0]).options.examples
+    hashes = [id_hash(f"train:{i}") for i in range(n)]
+    order = ExampleOrder(n, job.train.batch_size, job.train.seed)
+    return [[s, digest([hashes[i] for i in order.indices(s)] * repeat)] for s in range(1, job.train.steps + 1)]
+
+
 def expected_ledger(job: JobConfig) -> list[list]:
-    """What each step must have trained on: the schedule over the train ids, as the stages digest it."""
+    """What each step of an ABNet job must have trained on: the schedule over the train ids, as the stages
+    digest it."""
     ids = (Path(job.data) / "train.ids").read_text(encoding="utf-8").split("\n")[:-1]
     hashes = [id_hash(i) for i in ids]
     order = ExampleOrder(len(ids), job.train.batch_size, job.train.seed)
@@ -93,6 +111,14 @@ class Sites:
         proc = self.group.services[stage].proc
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(10)
+
+    def ledger(self, stage: str) -> list[list]:
+        """[step, digest of its examples] for each step `stage` applied, in order."""
+        return json.loads((self.run / stage / "ledger.json").read_text())["steps"]
+
+    def resumed(self, stage: str) -> list[int]:
+        """The checkpoint steps `stage` resumed from, the first (0) included."""
+        return [r["step"] for r in records(self.run / stage / "metrics.jsonl") if r.get("event") == "resumed"]
 
     def restarts(self, stage: str) -> int:
         return self.group.services[stage].restarts
