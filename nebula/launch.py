@@ -10,23 +10,25 @@ from __future__ import annotations
 import contextlib
 import shutil
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 from nebula.errors import ConfigError
-from nebula.site.supervisor import Service, Supervisor, free_port, tail
+from nebula.runtime.autoranks import resolve
+from nebula.runtime.job import load_job
+from nebula.security.credentials import publish_site
+from nebula.security.keyfile import write_json
+from nebula.security.keystore import SiteKeyStore
+from nebula.site.supervisor import Service, Supervisor, free_port, nebula_argv, tail
+from nebula.transport.config import write_site_config
 
-__all__ = ["Service", "Supervisor", "free_port", "tail"]  # one supervisor for sites, demos, tests, benchmarks
+# one supervisor and one command line for sites, demos, tests, benchmarks
+__all__ = ["Service", "Supervisor", "free_port", "nebula_argv", "tail"]
 
 
 def make_keys(root: Path, sites: list[str], stages: dict[str, str], credentials: Path, days: float = 7) -> None:
     """A CA per site under root/<site>, certificates for every gateway and stage (address -> site),
     trust exchanged, and each service's own credential directory under credentials/<site>/."""
-    from nebula.security.credentials import publish_site
-    from nebula.security.keyfile import write_json
-    from nebula.security.keystore import SiteKeyStore
-
     stores = {site: SiteKeyStore.init(root, site) for site in sites}
     for site, store in stores.items():
         store.issue(f"{site}/gateway/0", "gateway", days)
@@ -52,8 +54,6 @@ def write_site_configs(root: Path, sites: list[str], wan: Any = None,
     always reach their gateway on 127.0.0.1, which inside a namespace is that namespace's own.
     `channel` sets the stages' [channel] knobs (e.g. resend_timeout on a very slow link).
     """
-    from nebula.transport.config import write_site_config
-
     ports = {site: (free_port(), free_port()) for site in sites}
     bind = "0.0.0.0" if wan is not None else "127.0.0.1"
     paths = {}
@@ -71,10 +71,6 @@ def write_site_configs(root: Path, sites: list[str], wan: Any = None,
         write_site_config(paths[site], table)
     (root / "audit").mkdir(exist_ok=True)
     return paths
-
-
-def nebula_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "nebula.cli", *args]
 
 
 def start_gateway(group: Supervisor, run: Path, site: str, config: Path, prefix: list[str] | None = None,
@@ -122,9 +118,6 @@ def start_sites(run: Path, job_file: Path, wan: Any = None, restart: bool = True
     benchmark passes restart=False, so that a failing service stops the run instead of being retried.
     keys=False reuses the keys and site configs an earlier call left in `run`.
     """
-    from nebula.runtime.autoranks import resolve
-    from nebula.runtime.job import load_job
-
     resolved = run / "job.resolved.toml"
     if keys or not resolved.exists():  # a restart keeps the n it measured: the checkpoints depend on it
         job_file, _ = resolve(job_file, resolved)  # ranks = "auto": measured here, once

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from nebula.commands.user import site_arguments, site_store, table
+from nebula.errors import ConfigError
 
 
 def add_actions(data_sub) -> None:
@@ -28,6 +29,7 @@ def add_actions(data_sub) -> None:
 
 
 def _register(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.accounts import Accounts, read_secret
     from nebula.security.grants import DataRegistry, check_dataset_name
 
@@ -56,10 +58,10 @@ def _revoke(args) -> int:
 
 def _as_owner(args, purpose: str):
     """The registry, after the data set's owner authenticated; a grant to a job must name a job here."""
-    from nebula.errors import ConfigError
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.accounts import Accounts, read_secret
     from nebula.security.grants import DataRegistry, parse_grantee
-    from nebula.site.jobs import job_owner
+    from nebula.security.job_record import job_owner
 
     site, ca = site_store(args.site_config)
     kind, who = parse_grantee(args.to)
@@ -73,6 +75,7 @@ def _as_owner(args, purpose: str):
 
 
 def _list(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.grants import DataRegistry
 
     rows = [("DATA SET", "OWNER", "PATH", "GRANTS")]

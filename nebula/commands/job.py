@@ -31,19 +31,22 @@ def register(sub) -> None:
 
 
 def _site(args):
+    # why here: pynacl, kept off `nebula --help`
     from nebula.site.jobs import Site
 
     return Site.load(args.site_config)
 
 
 def _secret(args) -> str:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.accounts import read_secret
 
     return read_secret(args.secret_file, prompt=f"secret for {args.user}: ")
 
 
 def _submit(args) -> int:
-    from nebula.site.jobs import submit
+    # why here: torch, kept off `nebula --help`
+    from nebula.site.submit import submit
 
     site = _site(args)
     record = submit(site, args.job, args.user, _secret(args), args.cert_days)
@@ -54,6 +57,7 @@ def _submit(args) -> int:
 
 
 def _list(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.accounts import Accounts
 
     site = _site(args)
@@ -70,6 +74,7 @@ def _list(args) -> int:
 
 
 def _stop(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.site.jobs import stop
 
     record = stop(_site(args), args.id, args.user, _secret(args))
@@ -78,6 +83,7 @@ def _stop(args) -> int:
 
 
 def _logs(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.site.jobs import logs
 
     print(logs(_site(args), args.id, args.user, _secret(args), args.stage, args.lines))

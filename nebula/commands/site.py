@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 from nebula.errors import ConfigError
+from nebula.observe.status import pid_alive
 from nebula.site.supervisor import tail
 
 
@@ -53,8 +55,9 @@ def register(sub) -> None:
 
 
 def _up(args) -> int:
-    from nebula.observe.status import pid_alive
-    from nebula.site.site import check_credentials, pid_file, read_pid, run_site, site_services, state_file
+    # why here: torch, pynacl, kept off `nebula --help`
+    from nebula.site.pidfile import pid_file, read_pid, state_file
+    from nebula.site.site import check_credentials, run_site, site_services
     from nebula.transport.config import load_site_config
 
     if args.foreground:
@@ -81,6 +84,7 @@ def _up(args) -> int:
 
 
 def _up_by(path: Path, pid: int) -> bool:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.site.status import read_json_or_empty
     return read_json_or_empty(path).get("pid") == pid
 
@@ -88,10 +92,8 @@ def _up_by(path: Path, pid: int) -> bool:
 def _down(args) -> int:
     """SIGTERM each supervisor of the site (one, or one per service started with --service); what is
     left after --timeout is killed, the services' process groups included: no orphan stays."""
-    import os
-
-    from nebula.observe.status import pid_alive
-    from nebula.site.site import read_pid
+    # why here: pynacl, kept off `nebula --help`
+    from nebula.site.pidfile import read_pid
     from nebula.site.status import read_json_or_empty
     from nebula.transport.config import load_site_config
 
@@ -122,6 +124,7 @@ def _down(args) -> int:
 
 
 def _status(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.site.status import format_status, site_status
     from nebula.transport.config import load_site_config
 
@@ -131,6 +134,7 @@ def _status(args) -> int:
 
 
 def _logs(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.transport.config import load_site_config
 
     site = load_site_config(args.config)
@@ -162,15 +166,26 @@ def _follow(paths: list[Path]) -> None:
 
 
 def _init(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.site.bootstrap import init_site
 
-    line = init_site(args.name, args.dir, args.public, args.external, args.internal, args.job, args.days)
+    stages = _stage_addresses(args.job, args.name) if args.job else []
+    line = init_site(args.name, args.dir, args.public, args.external, args.internal, args.job, args.days, stages)
     print(f"site {args.name}: {args.dir / 'site.toml'}\nthe other site's operator runs, after checking the "
           f"fingerprint with you out of band:\n  {line}")
     return 0
 
 
+def _stage_addresses(job: Path, site: str) -> list[str]:
+    """The addresses of `job`'s stages at `site`: their certificates are issued with the site's."""
+    # why here: torch (a job file imports its stages), kept off `nebula --help` and `site init` without --job
+    from nebula.runtime.job import load_job
+
+    return [s.address for s in load_job(job).stages.values() if s.site == site]
+
+
 def _trust(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.site.bootstrap import trust_site
 
     peer = trust_site(args.config, args.bundle, args.endpoint, args.fingerprint, args.replace)

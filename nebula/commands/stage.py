@@ -1,7 +1,15 @@
-"""`nebula stage run|one-site`: one stage service of a job, or every stage of it in one process."""
+"""`nebula stage run|one-site`: one stage service of a job, or every stage of it in one process.
+
+`stage run` is a stage's entry point: what the process is told from outside (the job it runs for,
+the status file and metrics its supervisor asks for) is read here, once, and handed to the runtime.
+"""
 from __future__ import annotations
 
+import dataclasses
+import functools
 from pathlib import Path
+
+from nebula.errors import ConfigError
 
 
 def register(sub) -> None:
@@ -15,6 +23,9 @@ def register(sub) -> None:
     run.add_argument("--workdir", required=True, help="where checkpoints, metrics and results go")
     run.add_argument("--steps", type=int, help="override [train].steps")
     run.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    run.add_argument("--job-id", help="the submitted job this stage runs for (`nebula job submit` passes it): "
+                     "[job].data = \"dataset:NAME\" is read through that job's grants")
+    run.add_argument("--user", help="the owner of --job-id (checked against the job's record)")
     run.set_defaults(func=run_stage, supervised=True)
     one = stage_sub.add_parser("one-site", help="run every stage of a job in one process (no WAN): the "
                                "intra-cluster phase whose checkpoints hot-start a cross-site run")
@@ -33,10 +44,9 @@ def register(sub) -> None:
 
 def load(job_file: str, steps: int | None = None):
     """The job file, with [train].steps replaced by `steps` if given."""
-    import dataclasses
-
-    from nebula.errors import ConfigError
+    # why here: torch (a job file imports its stages), kept off `nebula --help`
     from nebula.runtime.job import load_job
+
     job = load_job(job_file)
     if steps is not None:
         if steps < 1:
@@ -46,7 +56,9 @@ def load(job_file: str, steps: int | None = None):
 
 
 def one_site(args) -> int:
+    # why here: torch, kept off `nebula --help`
     from nebula.runtime.onesite import run_one_site
+
     run_one_site(load(args.job, args.steps), Path(args.workdir), until=args.until)
     print(f"one-site run done; hot-start a cross-site run with its checkpoints: {args.workdir}/<stage>/checkpoints "
           f"(nebula demo --hot-start {args.workdir})")
@@ -54,13 +66,23 @@ def one_site(args) -> int:
 
 
 def run_stage(args) -> int:
+    # why here: torch, pynacl, prometheus_client, kept off `nebula --help`
+    from nebula.observe.observer import Observing
+    from nebula.observe.stage import StageWatch
     from nebula.runtime.service import run_stage as run
-    run(load(args.job, args.steps), args.stage, Path(args.workdir), Path(args.site), quiet=args.quiet)
+    from nebula.security.grants import Principal
+
+    principal = Principal.of_job(args.job_id, args.user)  # --job-id, --user: as the job's supervisor said
+    observing = Observing.from_env()  # the status file and metrics the supervisor asks for, if any
+    run(load(args.job, args.steps), args.stage, Path(args.workdir), Path(args.site), quiet=args.quiet,
+        principal=principal, observe=functools.partial(StageWatch.start, observing) if observing else None)
     return 0
 
 
 def resolve(args) -> int:
+    # why here: torch, kept off `nebula --help`
     from nebula.runtime.autoranks import resolve as resolve_ranks
+
     path, evidence = resolve_ranks(Path(args.job), Path(args.out))
     print(f"{path}" if evidence else f"{args.job} has no stage with ranks = \"auto\": nothing to resolve")
     return 0

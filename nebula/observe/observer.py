@@ -2,7 +2,8 @@
 
 The supervisor (nebula site up) turns the site config into environment variables, as torchrun does
 for ranks: NEBULA_SERVICE (the service's name), NEBULA_STATUS_FILE and NEBULA_METRICS_PORT /
-NEBULA_METRICS_BIND. With none of them set a service observes nothing and costs nothing.
+NEBULA_METRICS_BIND. A service's entry point reads them once (`Observing.from_env`) and builds its
+observer from them; with none of them set a service observes nothing and costs nothing.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -20,8 +22,37 @@ from nebula.observe.prometheus import PORT_ENV, Exporter, metrics_endpoint
 from nebula.observe.status import FINAL, INTERVAL, STATES, identity, write_status
 
 STATUS_ENV, SERVICE_ENV = "NEBULA_STATUS_FILE", "NEBULA_SERVICE"
-_owner: list["Observer"] = []  # the process's one observer: the variables describe one service
+_owner: list[Observer] = []  # the process's one observer: the variables describe one service
 log = logging.getLogger("nebula.observe")
+
+
+@dataclass(frozen=True)
+class Observing:
+    """What the supervisor asks a service to show of itself: read from the environment once, by the
+    service's entry point, which then builds its one observer with `observer(...)`."""
+
+    service: str  # NEBULA_SERVICE; "" lets the service name itself
+    status_path: Path | None  # NEBULA_STATUS_FILE
+    endpoint: tuple[str, int] | None  # NEBULA_METRICS_BIND, NEBULA_METRICS_PORT
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Observing | None:
+        """What the environment asks for; None when it asks for neither a status file nor metrics."""
+        path, endpoint = environ.get(STATUS_ENV, "").strip(), metrics_endpoint(environ)
+        if not path and endpoint is None:
+            return None
+        return cls(environ.get(SERVICE_ENV, "").strip(), Path(path) if path else None, endpoint)
+
+    def observer(self, kind: str, address: str, numbers: Callable[[], dict[str, Any]], service: str) -> Observer:
+        """The process's observer of `numbers`, named `service` unless NEBULA_SERVICE names it."""
+        service = self.service or service
+        if _owner:
+            raise ConfigError(f"{STATUS_ENV} and {PORT_ENV} describe one service per process, but this process "
+                              f"builds a second ({service}, after {_owner[0].identity['service']}): run each "
+                              "service as its own process (nebula site up does)")
+        observer = Observer(service, kind, address, numbers, self.status_path, self.endpoint)
+        _owner.append(observer)
+        return observer
 
 
 class Observer:
@@ -40,23 +71,7 @@ class Observer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    @classmethod
-    def from_env(cls, kind: str, address: str, numbers: Callable[[], dict[str, Any]], service: str,
-                 environ: Mapping[str, str] = os.environ) -> "Observer | None":
-        """The observer the environment asks for (None: it asks for none); `service` unless NEBULA_SERVICE names it."""
-        path, endpoint = environ.get(STATUS_ENV, "").strip(), metrics_endpoint(environ)
-        if not path and endpoint is None:
-            return None
-        service = environ.get(SERVICE_ENV, "").strip() or service
-        if _owner:
-            raise ConfigError(f"{STATUS_ENV} and {PORT_ENV} describe one service per process, but this process "
-                              f"builds a second ({service}, after {_owner[0].identity['service']}): run each "
-                              "service as its own process (nebula site up does)")
-        observer = cls(service, kind, address, numbers, Path(path) if path else None, endpoint)
-        _owner.append(observer)
-        return observer
-
-    def start(self, background: bool = False) -> "Observer":
+    def start(self, background: bool = False) -> Observer:
         """Serve metrics (a port in use is a ConfigError) and write the first status. `background`:
         a thread writes every INTERVAL, for a service whose own loop may block (a stage waiting);
         otherwise the service calls tick() from its loop, so a stuck loop shows as a stale file."""

@@ -10,6 +10,9 @@ import errno
 import os
 from typing import Any, Callable, Iterator, Mapping
 
+from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, StateSetMetricFamily
+
 from nebula.errors import ConfigError
 from nebula.observe.status import STATES
 
@@ -39,9 +42,7 @@ class Exporter:
         self.bind, self.port, self.current = bind, port, current
         self._server = None
 
-    def start(self) -> "Exporter":
-        from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
-
+    def start(self) -> Exporter:
         registry = CollectorRegistry()
         registry.register(_Collector(self.current))
         ProcessCollector(registry=registry)  # process_cpu_seconds_total, resident memory, open fds
@@ -75,8 +76,6 @@ class _Collector:
 
 
 def service_families(record: dict[str, Any]) -> Iterator[Any]:
-    from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, StateSetMetricFamily
-
     yield InfoMetricFamily("nebula_service", "the service this endpoint belongs to",
                            value={k: str(record.get(k, "")) for k in ("service", "kind", "address")})
     yield StateSetMetricFamily("nebula_service_state", "the service's state (as in its status file)",
@@ -88,8 +87,6 @@ def service_families(record: dict[str, Any]) -> Iterator[Any]:
 
 
 def gateway_families(record: dict[str, Any]) -> Iterator[Any]:
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
     peers = record.get("peers", {})
     for what, unit in (("messages", ""), ("bytes", " (envelope and payload frames)")):
         family = CounterMetricFamily(f"nebula_gateway_{what}", f"{what} routed, per peer (a site, or one of "
@@ -121,8 +118,6 @@ def gateway_families(record: dict[str, Any]) -> Iterator[Any]:
 
 
 def stage_families(record: dict[str, Any]) -> Iterator[Any]:
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
     for key, name, help_ in (("step", "step", "last training step applied"),
                              ("loss", "loss", "loss of the last step"),
                              ("step_s", "step_seconds", "time of the last step, update to update"),
@@ -165,9 +160,7 @@ def stage_families(record: dict[str, Any]) -> Iterator[Any]:
     yield lookups
 
 
-def _counters(name: str, help_: str, label: str, values: Mapping[str, int]):
-    from prometheus_client.core import CounterMetricFamily
-
+def _counters(name: str, help_: str, label: str, values: Mapping[str, int]) -> CounterMetricFamily:
     family = CounterMetricFamily(name, help_, labels=[label])
     for key, value in sorted(values.items()):
         family.add_metric([key], value)

@@ -1,6 +1,7 @@
 """A stage's numbers for its status file and metrics: its last step record (nebula.runtime.metrics),
 what its links encoded (link.jsonl, which the runner writes beside metrics.jsonl) and what crossed its
-channel. Rank 0 of a stage observes; the other ranks only talk to rank 0.
+channel. Rank 0 of a stage observes; the other ranks only talk to rank 0. The stage's entry point
+(`nebula stage run`) hands the runtime `StageWatch.start` to attach to the stage's metrics log.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from nebula.observe.observer import Observer
+from nebula.observe.observer import Observer, Observing
 from nebula.transport.base import Channel
 from nebula.wire import Message
 
@@ -129,24 +130,33 @@ class MeteredChannel(Channel):
         return {**counts, **{key: stats[key] for key in ("resent", "in_flight") if key in stats}}
 
 
-def stage_observer(label: str, address: str, workdir: Path) -> tuple[Observer, StageNumbers] | None:
-    """The observer the environment asks for, started ("starting"), with the numbers it reads."""
-    numbers = StageNumbers(workdir)
-    observer = Observer.from_env("stage", address, numbers, service=label)
-    return None if observer is None else (observer.start(background=True), numbers)
+class StageWatch:
+    """Rank 0 of a stage as its status file and metrics show it (a nebula.runtime.metrics.Watch): its
+    step records, its links and its channel, and how its run ended."""
 
+    def __init__(self, observer: Observer, numbers: StageNumbers) -> None:
+        self.observer, self.numbers = observer, numbers
 
-@contextmanager
-def watching(observer: Observer, numbers: StageNumbers, channel: Channel) -> Iterator[Channel]:
-    """Run the stage over a metered `channel`; its status says running, then how it ended."""
-    numbers.channel = metered = MeteredChannel(channel)
-    observer.set_state("running")
-    try:
-        yield metered
-    except (KeyboardInterrupt, SystemExit):
-        observer.close("stopped", "interrupted")
-        raise
-    except BaseException as exc:
-        observer.close("failed", f"{type(exc).__name__}: {exc}")
-        raise
-    observer.close("done")
+    @classmethod
+    def start(cls, observing: Observing, label: str, address: str, workdir: Path) -> StageWatch:
+        """The stage's observer, as `observing` (its entry point's environment) asks, started: "starting"."""
+        numbers = StageNumbers(workdir)
+        return cls(observing.observer("stage", address, numbers, service=label).start(background=True), numbers)
+
+    def on_record(self, record: dict[str, Any]) -> None:
+        self.numbers.on_record(record)
+
+    @contextmanager
+    def watching(self, channel: Channel) -> Iterator[Channel]:
+        """Run the stage over a metered `channel`; its status says running, then how it ended."""
+        self.numbers.channel = metered = MeteredChannel(channel)
+        self.observer.set_state("running")
+        try:
+            yield metered
+        except (KeyboardInterrupt, SystemExit):
+            self.observer.close("stopped", "interrupted")
+            raise
+        except BaseException as exc:
+            self.observer.close("failed", f"{type(exc).__name__}: {exc}")
+            raise
+        self.observer.close("done")

@@ -11,36 +11,35 @@ results"): a job's [train] batch_size and micro_batches are those of one rank, m
 """
 from __future__ import annotations
 
-import json
 import dataclasses
+import json
 import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from nebula.errors import ConfigError
+from nebula.runtime.job import JobConfig, TrainConfig, load_job
+from nebula.runtime.registry import resolve_stage
 
 
 def scale_step(train: dict, n: int) -> None:
     """A raw [train] table's batch_size and micro_batches, given for one rank, made those of n ranks
     (an omitted one is TrainConfig's default, as the job would have read it)."""
-    from nebula.runtime.job import TrainConfig
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     for key in ("batch_size", "micro_batches"):
         train[key] = n * train.get(key, defaults[key])
 
 
-def auto_stages(job: Any) -> list[str]:
+def auto_stages(job: JobConfig) -> list[str]:
     return [name for name, stage in job.stages.items() if stage.auto_ranks]
 
 
 def resolve(job_file: Path, out: Path, quiet: bool = False) -> tuple[Path, dict[str, Any]]:
     """Write `out`: `job_file` with every ranks = "auto" replaced by the measured n (the original
     is returned unchanged if it has none). -> (the file to run, {stage: evidence})."""
-    import tomli_w
-
-    from nebula.runtime.job import load_job
-    from nebula.runtime.registry import resolve_stage
     job = load_job(job_file)
     names = auto_stages(job)
     if not names:

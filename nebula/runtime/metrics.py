@@ -1,8 +1,9 @@
 """Per-stage metrics as JSON lines (one record per step or event) plus a progress line on stderr.
 
 The log that keeps the records (rank 0's: it has a path) also hands each record to its listeners:
-TensorBoard when [train] tensorboard = true, and the stage's status file and Prometheus metrics when
-the environment asks for them (nebula.observe), so every view shows the same numbers.
+TensorBoard when [train] tensorboard = true, and a `Watch` when the stage's entry point attaches one
+(nebula.observe.stage: its status file and Prometheus metrics), so every view shows the same numbers.
+The runtime defines what a watch is; the observe layer, above it, implements it.
 """
 from __future__ import annotations
 
@@ -10,47 +11,51 @@ import json
 import sys
 import time
 from collections import deque
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
-if TYPE_CHECKING:
-    from nebula.transport.base import Channel
+from nebula.runtime.records import read_records  # noqa: F401 - its old home, where tests still import it from
+from nebula.runtime.tensorboard import TensorBoardLog
+from nebula.transport.base import Channel
 
 RECENT = 10_000  # records kept in memory for in-process readers (tests); the file keeps every one
+Listener = Callable[[dict[str, Any]], None]  # hears every record; may have a close()
+
+
+class Watch(Protocol):
+    """Something outside the runtime that follows one stage (its status file and metrics): it hears
+    every record of the stage's log, and wraps the stage's run around its channel."""
+
+    def on_record(self, record: dict[str, Any]) -> None: ...
+
+    def watching(self, channel: Channel) -> AbstractContextManager[Channel]: ...
+
+
+# What a stage's entry point gets to attach a watch: (label, address, workdir) -> a started Watch.
+WatchFactory = Callable[[str, str, Path], Watch]
 
 
 class MetricsLog:
     def __init__(self, path: str | Path | None, label: str, log_every: int = 10, quiet: bool = False, *,
-                 address: str = "", tensorboard: bool = False):
+                 tensorboard: bool = False, watch: Watch | None = None):
         self.path = Path(path) if path else None
         self.label, self.log_every, self.quiet = label, log_every, quiet
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = open(self.path, "a", buffering=1) if self.path else None
         self.records: deque[dict[str, Any]] = deque(maxlen=RECENT)  # a long job must not grow it forever
-        self.listeners: list[Callable[[dict[str, Any]], None]] = []
-        self.observed = None  # (Observer, StageNumbers) when NEBULA_STATUS_FILE or NEBULA_METRICS_PORT is set
-        if self.path:
-            self._listen(tensorboard, address)
-
-    def _listen(self, tensorboard: bool, address: str) -> None:
-        from nebula.observe.stage import stage_observer
-
-        if tensorboard:
-            from nebula.observe.tensorboard import TensorBoardLog
+        self.listeners: list[Listener] = []
+        self.watch = watch
+        if self.path and tensorboard:
             self.listeners.append(TensorBoardLog(self.path.parent / "tensorboard", self.label))
-        self.observed = stage_observer(self.label, address, self.path.parent)  # writes "starting" now
-        if self.observed is not None:
-            self.listeners.append(self.observed[1].on_record)
+        if watch is not None:
+            self.listeners.append(watch.on_record)
 
-    def watching(self, channel: "Channel"):
+    def watching(self, channel: Channel) -> AbstractContextManager[Channel]:
         """A context around the stage's run: its channel, metered for the status file and metrics, which
-        say running, then done, stopped or failed. Without an observer: the channel as it is."""
-        if self.observed is None:
-            return nullcontext(channel)
-        from nebula.observe.stage import watching
-        return watching(*self.observed, channel)
+        say running, then done, stopped or failed. Without a watch: the channel as it is."""
+        return nullcontext(channel) if self.watch is None else self.watch.watching(channel)
 
     def _write(self, record: dict[str, Any]) -> None:
         record = {"t": round(time.time(), 3), **record}
@@ -79,18 +84,3 @@ class MetricsLog:
             self._file.close()
         for listener in self.listeners:
             getattr(listener, "close", lambda: None)()
-
-
-def read_records(path: str | Path, kind: str | None = "step") -> list[dict[str, Any]]:
-    """Records of a JSON-lines file (metrics, meters, audit) of one `kind` (None: all); a line being
-    written right now is skipped."""
-    path = Path(path)
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return [r for r in records if kind is None or r.get("kind") == kind]

@@ -8,16 +8,19 @@ from __future__ import annotations
 import importlib
 import threading
 from importlib.metadata import entry_points
+from typing import Callable, TypeVar
 
 from nebula.errors import ConfigError
+from nebula.runtime.stage import Stage
 
 ENTRY_POINT_GROUP = "nebula.stages"
-_STAGES: dict[str, type] = {}
+S = TypeVar("S", bound=Stage)
+_STAGES: dict[str, type[Stage]] = {}
 _lock = threading.RLock()
 
 
-def register_stage(name: str):
-    def decorate(cls: type) -> type:
+def register_stage(name: str) -> Callable[[type[S]], type[S]]:
+    def decorate(cls: type[S]) -> type[S]:
         if name in _STAGES and _STAGES[name] is not cls:
             raise ConfigError(f"stage name {name!r} is already registered by {_STAGES[name].__qualname__}")
         _STAGES[name] = cls
@@ -40,9 +43,8 @@ def _load_entry_point(name: str) -> None:
                                   f"{type(exc).__name__}: {exc}") from exc
 
 
-def resolve_stage(impl: str) -> type:
+def resolve_stage(impl: str) -> type[Stage]:
     """A registered name or `package.module:Class` -> the stage class (a nebula.runtime.stage.Stage)."""
-    from nebula.runtime.stage import Stage
     if ":" in impl:
         module_name, _, attr = impl.partition(":")
         try:

@@ -4,21 +4,29 @@
 conventions (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so `torchrun` itself can
 launch them; rank 0 opens the stage's channel, the other ranks only talk to rank 0
 (nebula.runtime.ranks).
+
+What a stage may use of the world outside its maths is resolved here, once per process, and handed
+to it in its StageContext: the site config, the job it runs for and so the data it may read
+(`DataAccess`), and what watches it (a `Watch` from the entry point, for its status and metrics).
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from nebula.errors import ConfigError
-from nebula.runtime.metrics import MetricsLog
+from nebula.runtime.job import JobConfig
+from nebula.runtime.metrics import MetricsLog, Watch, WatchFactory
+from nebula.runtime.ranks import RankGroup
 from nebula.runtime.registry import resolve_stage
 from nebula.runtime.runner import StageRunner
 from nebula.runtime.stage import Stage, StageContext
+from nebula.security.grants import DataAccess, Principal
 from nebula.transport.base import Channel
+from nebula.transport.config import SiteConfig, load_site_config
+from nebula.transport.reliable import open_channel
 
 
 def resolve_device(spec: str, local_rank: int = 0) -> torch.device:
@@ -45,9 +53,11 @@ def torchrun_env() -> tuple[int, int, int]:
         raise ConfigError(f"RANK, WORLD_SIZE and LOCAL_RANK must be integers: {exc}") from exc
 
 
-def build_stage(job: Any, name: str, workdir: Path, quiet: bool = False, rank: int = 0, world: int = 1,
-                local_rank: int = 0, site: Any = None) -> Stage:
-    """The stage module, seeded from [train].seed and its position in the job (ranks alike)."""
+def build_stage(job: JobConfig, name: str, workdir: Path, quiet: bool = False, rank: int = 0, world: int = 1,
+                local_rank: int = 0, site: SiteConfig | None = None, *, principal: Principal | None = None,
+                watch: Watch | None = None) -> Stage:
+    """The stage module, seeded from [train].seed and its position in the job (ranks alike). It reads
+    [job].data at `site` for `principal` (None: not a submitted job); `watch` follows rank 0's records."""
     config = job.stage(name)
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -56,24 +66,24 @@ def build_stage(job: Any, name: str, workdir: Path, quiet: bool = False, rank: i
     workdir.mkdir(parents=True, exist_ok=True)
     label = name if world == 1 else f"{name}/{rank}"
     metrics = MetricsLog(workdir / "metrics.jsonl" if rank == 0 else None, label, job.train.log_every, quiet=quiet,
-                         address=config.address, tensorboard=job.train.tensorboard)
+                         tensorboard=job.train.tensorboard, watch=watch)
     torch.manual_seed(job.train.seed + list(job.stages).index(name))
     context = StageContext(name=name, address=config.address, job=job, workdir=workdir, device=device,
-                           metrics=metrics, rank=rank, world_size=world, site=site)
+                           metrics=metrics, rank=rank, world_size=world, site=site,
+                           access=DataAccess(site, principal))
     return resolve_stage(config.impl)(context, config.options)
 
 
-def make_runner(job: Any, name: str, stage: Stage, channel: Channel, ranks: Any = None,
+def make_runner(job: JobConfig, name: str, stage: Stage, channel: Channel, ranks: RankGroup | None = None,
                 timeout: float = 300.0) -> StageRunner:
     return StageRunner(job, name, stage, channel, stage.context.workdir, stage.context.metrics, ranks=ranks,
                        timeout=timeout)
 
 
-def run_stage(job: Any, name: str, workdir: Path, site_path: Path, quiet: bool = False) -> None:
-    """`nebula stage run`: this process's rank of stage `name`, until the job is done."""
-    from nebula.transport.config import load_site_config
-    from nebula.transport.reliable import open_channel
-
+def run_stage(job: JobConfig, name: str, workdir: Path, site_path: Path, quiet: bool = False, *,
+              principal: Principal | None = None, observe: WatchFactory | None = None) -> None:
+    """`nebula stage run`: this process's rank of stage `name`, until the job is done. `principal`: the
+    job it runs for, as its entry point was told; `observe`: how rank 0 gets its watch (status, metrics)."""
     config = job.stage(name)
     if config.auto_ranks:
         raise ConfigError(f"stage {name} has ranks = \"auto\": resolve it first with `nebula stage resolve --job "
@@ -85,10 +95,11 @@ def run_stage(job: Any, name: str, workdir: Path, site_path: Path, quiet: bool =
                           f"`torchrun --nproc-per-node {config.ranks} -m nebula.cli stage run ...` (or "
                           "nebula's launcher), or change [stages.{name}].ranks")
     site = load_site_config(site_path)  # fails before any model loads; every rank opens its data through it
-    stage = build_stage(job, name, workdir, quiet, rank, world, local_rank, site)
+    label = name if world == 1 else f"{name}/{rank}"
+    watch = observe(label, config.address, Path(workdir)) if observe is not None and rank == 0 else None
+    stage = build_stage(job, name, workdir, quiet, rank, world, local_rank, site, principal=principal, watch=watch)
     ranks = None
     if world > 1:
-        from nebula.runtime.ranks import RankGroup
         ranks = RankGroup.join(job, name, stage, rank, world)
         if rank != 0:
             ranks.serve()

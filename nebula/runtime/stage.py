@@ -33,10 +33,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Sequence
 import torch
 
 from nebula.errors import StageError
+from nebula.runtime.metrics import MetricsLog
+from nebula.security.grants import DataAccess
+from nebula.transport.config import SiteConfig
 from nebula.wire import ITEMSIZE
 
-if TYPE_CHECKING:
-    from nebula.runtime.metrics import MetricsLog
+if TYPE_CHECKING:  # the job loader imports this module (options_of), the runner drives stages: both above it
+    from nebula.runtime.job import JobConfig
     from nebula.runtime.runner import StageRunner
 
 FLOAT = "float"  # a port dtype: any floating-point dtype (codecs may change it on the wire, not after)
@@ -99,25 +102,26 @@ class NoOptions:
 
 @dataclass
 class StageContext:
-    """What the runtime hands a stage module when it builds it."""
+    """What the runtime hands a stage module when it builds it: everything the stage may use of the
+    world outside its maths, resolved by the stage's entry point (nebula.runtime.service)."""
 
     name: str  # the stage's name in the job file
     address: str  # site/stage/rank of rank 0
-    job: Any  # nebula.runtime.job.JobConfig
+    job: JobConfig
     workdir: Path  # checkpoints, metrics and the workload's outputs
     device: torch.device
-    metrics: "MetricsLog"
+    metrics: MetricsLog
     rank: int = 0
     world_size: int = 1
-    site: Any = None  # nebula.transport.config.SiteConfig of the site it runs at (None: tests, one-site runs)
+    site: SiteConfig | None = None  # the site it runs at (None: tests, one-site runs)
+    access: DataAccess = field(default_factory=DataAccess)  # the site and the job it reads data for
 
     @functools.cached_property
     def data(self) -> Path | None:
         """The job's [job].data directory, if it names one (resolved against the job file), or the
-        directory of `dataset:NAME` opened through this site's data grants, once per stage process
-        (nebula.security.grants.resolve_data: refused and audited without a grant)."""
-        from nebula.security.grants import resolve_data
-        return resolve_data(self.job.data, self.site)
+        directory of `dataset:NAME` opened through this site's data grants for the job the stage runs
+        for, once per stage process (DataAccess.open: refused and audited without a grant)."""
+        return self.access.open(self.job.data)
 
 
 class Stage(ABC):
@@ -184,7 +188,7 @@ class Stage(ABC):
             self.scheduler.load_state_dict(state["scheduler"])
 
     # -- the workload's hooks ------------------------------------------------------------------
-    def after_training(self, runner: "StageRunner") -> None:
+    def after_training(self, runner: StageRunner) -> None:
         """Source stages, once training is over, e.g. `runner.evaluate("test", ...)`."""
 
     def infer(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> list[Any]:

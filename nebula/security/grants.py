@@ -6,27 +6,26 @@ only through `open_dataset`, at its own site.
 
 A data owner (a site user) registers a directory under one of the site's data roots
 ([site].data) and grants read access to a user (`user:U`: every job of U) or to one job (`job:ID`).
-The owner always has access. A principal is the job a stage runs for: NEBULA_JOB_ID and NEBULA_USER,
-set by `nebula job submit`, checked against the job's record. Every registration, grant,
+The owner always has access. A principal is the job a stage runs for: its entry point is told
+(`nebula stage run --job-id ID --user U`, as a submitted job's supervisor starts it) and hands the
+stage a `DataAccess`; the claim is checked against the job's record. Every registration, grant,
 revocation, refusal and read is a record in the CA store's audit log.
 """
 from __future__ import annotations
 
-import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Protocol
 
 from nebula.errors import AuthError, ConfigError, DataError
 from nebula.security.accounts import Accounts, RecordFile, audit, check_store, check_user_name
+from nebula.security.job_record import check_job_id, job_owner
 
 DATASETS_FORMAT = "nebula-datasets/1"
 PREFIX = "dataset:"  # what [job].data holds instead of a directory
-JOB_ENV, USER_ENV = "NEBULA_JOB_ID", "NEBULA_USER"
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-_JOB = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -40,16 +39,32 @@ class Principal:
         return f"job:{self.job} (user {self.user})" if self.job else f"user:{self.user}"
 
     @classmethod
-    def from_env(cls) -> Principal | None:
-        """The job this process runs for, as `nebula job submit` sets it; None outside a submitted job.
-        NEBULA_USER alone is no job: it is also what `--user` of the nebula commands defaults to."""
-        job, user = os.environ.get(JOB_ENV), os.environ.get(USER_ENV)
+    def of_job(cls, job: str | None, user: str | None) -> Principal | None:
+        """The job a stage process runs for, as its entry point was told (`--job-id`, `--user`); None
+        outside a submitted job. A user alone is no job: `--user` of every nebula command also defaults
+        from NEBULA_USER."""
         if not job:
             return None
         if not user:
-            raise AuthError(f"{JOB_ENV}={job!r} without {USER_ENV}: a job's stages get both from "
-                            f"`nebula job submit`; unset {JOB_ENV} to run outside a job")
+            raise AuthError(f"job id {job!r} without a user: a job's stages get both (--job-id and --user) "
+                            "from `nebula job submit`; leave out --job-id (and NEBULA_JOB_ID) to run outside a job")
         return cls(check_user_name(user), check_job_id(job))
+
+
+class DataSite(Protocol):
+    """What the grants read of a site config (a nebula.transport.config.SiteConfig, from the layer above)."""
+
+    @property
+    def ca(self) -> Path | None: ...  # the CA store: accounts, data sets and grants, the audit log
+
+    @property
+    def run(self) -> Path: ...  # the run directory: the job records
+
+    @property
+    def data(self) -> tuple[Path, ...]: ...  # the data roots
+
+    @property
+    def source(self) -> str: ...  # the config's file, for messages
 
 
 @dataclass(frozen=True)
@@ -66,12 +81,6 @@ def check_dataset_name(name: str) -> str:
         raise ConfigError(f"data set name {name!r}: use 1-64 lowercase letters, digits, '.', '_' or '-', "
                           "starting with a letter or digit (e.g. es-en)")
     return name
-
-
-def check_job_id(job: str) -> str:
-    if not isinstance(job, str) or not _JOB.fullmatch(job):
-        raise ConfigError(f"job id {job!r} is not a job id (see `nebula job list`)")
-    return job
 
 
 def parse_grantee(grantee: str) -> tuple[str, str]:
@@ -235,17 +244,15 @@ def inside_roots(path: Path, roots: tuple[Path, ...]) -> Path:
     return real
 
 
-def open_dataset(site_config: Any, name: str, principal: Principal) -> Path:
+def open_dataset(site_config: DataSite, name: str, principal: Principal) -> Path:
     """The directory of data set `name` at this site, for `principal`; AuthError (audited) if refused.
 
-    A job principal must be a job of this site that belongs to that user: the claim in the
-    environment is checked against the job's record, so a process cannot read for someone else's job
+    A job principal must be a job of this site that belongs to that user: the claim its entry point
+    was given is checked against the job's record, so a process cannot read for someone else's job
     by naming it."""
     ca = check_store(site_config.ca, site_config.source)
     registry = DataRegistry(ca)
     if principal.job is not None:
-        from nebula.site.jobs import job_owner  # the record's layout belongs to the job workspaces
-
         owner = job_owner(site_config.run, principal.job)
         if owner != principal.user:
             whose = "not a job of this site" if owner is None else f"a job of {owner}, not of {principal.user}"
@@ -255,24 +262,30 @@ def open_dataset(site_config: Any, name: str, principal: Principal) -> Path:
     return registry.authorize(check_dataset_name(name), principal, site_config.data)
 
 
-def resolve_data(data: str | None, site_config: Any) -> Path | None:
-    """What a stage reads for [job].data: a directory as today, or `dataset:NAME` through the grants.
+@dataclass(frozen=True)
+class DataAccess:
+    """How the stages of one process open [job].data: the site they run at and the job they run for,
+    resolved once by the stage's entry point (nebula.runtime.service.run_stage) and handed to each
+    stage's context, so stage code never looks for who it is."""
 
-    Inside a submitted job (NEBULA_JOB_ID set) only `dataset:NAME` is allowed: a job reads nothing
-    that no grant covers."""
-    principal = Principal.from_env()
-    if data is None:
-        return None
-    if not data.startswith(PREFIX):
-        if principal is not None:
-            raise AuthError(f"[job].data = {data!r}: a submitted job reads data only through a grant; "
-                            f"name a registered data set as \"{PREFIX}NAME\" (see `nebula data list`)")
-        return Path(data)
-    name = data[len(PREFIX):]
-    if site_config is None:
-        raise ConfigError(f"[job].data = {data!r} is opened through the site's data grants: run the stage "
-                          "with `nebula stage run --site CONFIG` (or submit the job with `nebula job submit`)")
-    if principal is None:
-        raise AuthError(f"[job].data = {data!r}: a data set is read for a job; submit it with "
-                        f"`nebula job submit JOB.toml --user USER` (no {JOB_ENV} in this process)")
-    return open_dataset(site_config, name, principal)
+    site: DataSite | None = None  # None: tests and one-site runs, which read plain directories
+    principal: Principal | None = None  # None: not a submitted job
+
+    def open(self, data: str | None) -> Path | None:
+        """What a stage reads for [job].data: a directory as given, or `dataset:NAME` through the grants.
+
+        A submitted job (a principal) reads only `dataset:NAME`: nothing that no grant covers."""
+        if data is None:
+            return None
+        if not data.startswith(PREFIX):
+            if self.principal is not None:
+                raise AuthError(f"[job].data = {data!r}: a submitted job reads data only through a grant; "
+                                f"name a registered data set as \"{PREFIX}NAME\" (see `nebula data list`)")
+            return Path(data)
+        if self.site is None:
+            raise ConfigError(f"[job].data = {data!r} is opened through the site's data grants: run the stage "
+                              "with `nebula stage run --site CONFIG` (or submit the job with `nebula job submit`)")
+        if self.principal is None:
+            raise AuthError(f"[job].data = {data!r}: a data set is read for a job; submit it with "
+                            "`nebula job submit JOB.toml --user USER` (this stage was started without --job-id)")
+        return open_dataset(self.site, data[len(PREFIX):], self.principal)

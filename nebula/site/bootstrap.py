@@ -8,19 +8,21 @@ the two operators compare out of band: `site trust` refuses a bundle whose CA ha
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from nebula.errors import AuthError, ConfigError
+from nebula.security.bundle import parse_bundle
+from nebula.security.certs import check_site_name
+from nebula.security.credentials import publish_site
+from nebula.security.keyfile import read_json, write_json
+from nebula.security.keys import fingerprint
+from nebula.security.keystore import SiteKeyStore
+from nebula.transport.config import check_endpoint, load_site_config, parse_site_config, write_site_config
 
 
 def init_site(name: str, out: Path, public: str, external: str | None, internal: str, job: Path | None,
-              days: float) -> str:
-    from nebula.security.certs import check_site_name
-    from nebula.security.credentials import publish_site
-    from nebula.security.keyfile import write_json
-    from nebula.security.keys import fingerprint
-    from nebula.security.keystore import SiteKeyStore
-    from nebula.transport.config import parse_site_config, write_site_config
-
+              days: float, stage_addresses: Sequence[str] = ()) -> str:
+    """`stage_addresses`: those of `job`'s stages at this site (its caller loaded the job), certified now."""
     out = Path(out)
     check_site_name(name)
     if (out / "site.toml").exists():
@@ -36,7 +38,7 @@ def init_site(name: str, out: Path, public: str, external: str | None, internal:
     parse_site_config(table, base=out.resolve(), source=f"{out / 'site.toml'}")  # mistakes before any key exists
     store = SiteKeyStore.init(out / "keys", name)
     store.issue(f"{name}/gateway/0", "gateway", days)
-    for address in _stage_addresses(job, name):
+    for address in stage_addresses:
         store.issue(address, "stage", days)
     publish_site(store.dir, out / "credentials")
     write_site_config(out / "site.toml", table)
@@ -46,22 +48,9 @@ def init_site(name: str, out: Path, public: str, external: str | None, internal:
             f"--fingerprint {fingerprint(store.ca_public())}")
 
 
-def _stage_addresses(job: Path | None, site: str) -> list[str]:
-    if job is None:
-        return []
-    from nebula.runtime.job import load_job
-    return [s.address for s in load_job(job).stages.values() if s.site == site]
-
-
 def trust_site(config: Path, bundle_path: Path, endpoint: str, expected: str, replace: bool) -> str:
     """Import a peer's bundle into this site's CA store (checking the fingerprint the operators
     compared), add its [peers.X] table to the config, refresh the services' credentials."""
-    from nebula.security.bundle import parse_bundle
-    from nebula.security.credentials import publish_site
-    from nebula.security.keyfile import read_json
-    from nebula.security.keystore import SiteKeyStore
-    from nebula.transport.config import check_endpoint, load_site_config
-
     site = load_site_config(config)
     check_endpoint(endpoint, "--endpoint")
     if site.ca is None:

@@ -4,7 +4,7 @@
 --foreground, which is what a container runs); `nebula site down` signals it; `status` and `logs`
 read what it and the services write under the site's run directory:
 
-    <run>/supervisor.pid        the supervisor's pid while the site is up
+    <run>/supervisor.pid        the supervisor's pid while the site is up (nebula.site.pidfile)
     <run>/status/supervisor.json  per service: state, pids, restarts, started, exit code, log
     <run>/status/<service>.json   what the service itself reports (nebula.observe: step, loss, bytes)
     <run>/logs/<service>.log      each service's output (rank r > 0: <service>.rank<r>.log)
@@ -12,36 +12,31 @@ read what it and the services write under the site's run directory:
 """
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
 
 from nebula.errors import ConfigError
-from nebula.observe.status import pid_alive, process_start
-from nebula.site.supervisor import Service, Supervisor
+from nebula.runtime.job import StageConfig, load_job
+from nebula.security.credentials import publish_site, refuse_ca_key
+from nebula.security.grants import Principal
+from nebula.site.pidfile import claim_pid_file, pid_file, state_file
+from nebula.site.supervisor import Service, Supervisor, nebula_argv
 from nebula.transport.config import SiteConfig, load_site_config
 
 POLL_S, REFRESH_S = 0.2, 2.0  # supervisor round; credential refresh from the CA store
 
 
-def state_file(site: SiteConfig) -> Path:
-    return site.run / "status" / "supervisor.json"
-
-
-def pid_file(site: SiteConfig) -> Path:
-    return site.run / "supervisor.pid"
-
-
-def site_services(site: SiteConfig, config_path: Path, only: str | None = None) -> list[Service]:
-    """The gateway and the stages of [stages] job at this site (all, or the one named `only`)."""
-    from nebula.launch import nebula_argv
-
+def site_services(site: SiteConfig, config_path: Path, only: str | None = None,
+                  principal: Principal | None = None) -> list[Service]:
+    """The gateway and the stages of [stages] job at this site (all, or the one named `only`); with
+    `principal` (a submitted job's supervisor), the stages are told the job they run for."""
     entries = [("gateway", site.gateway.address, 1, nebula_argv("gateway", "run", "--site-config", str(config_path)))]
+    job_args = ["--job-id", principal.job, "--user", principal.user] if principal and principal.job else []
     for name, stage in _stages(site).items():
         entries.append((name, stage.address, stage.ranks, nebula_argv(
             "stage", "run", "--job", str(site.stages.job), "--stage", name, "--site", str(config_path),
-            "--workdir", str(site.run / name), "--quiet")))
+            "--workdir", str(site.run / name), "--quiet", *job_args)))
     if only is not None and only not in [e[0] for e in entries]:
         raise ConfigError(f"{site.source}: no service {only!r} at site {site.name}; it runs "
                           f"{', '.join(e[0] for e in entries)}")
@@ -57,12 +52,10 @@ def site_services(site: SiteConfig, config_path: Path, only: str | None = None) 
     return services
 
 
-def _stages(site: SiteConfig) -> dict:
+def _stages(site: SiteConfig) -> dict[str, StageConfig]:
     """name -> StageConfig of the stages this site runs."""
     if site.stages.job is None:
         return {}
-    from nebula.runtime.job import load_job
-
     job = load_job(site.stages.job)
     here = {name: s for name, s in job.stages.items() if s.site == site.name}
     names = site.stages.run if site.stages.run is not None else tuple(here)
@@ -81,8 +74,6 @@ def _stages(site: SiteConfig) -> dict:
 
 def check_credentials(site: SiteConfig, services: list[Service]) -> None:
     """Refresh service credentials from the CA store when this host has it; refuse a missing one."""
-    from nebula.security.credentials import publish_site, refuse_ca_key
-
     if site.ca is not None and (site.ca / "ca.pub").exists():
         publish_site(site.ca, site.credentials)
     for s in services:
@@ -125,30 +116,8 @@ def run_site(config_path: Path, only: str | None = None) -> int:
 
 def _refresh(site: SiteConfig) -> None:
     """A revocation or a newly trusted site reaches the running services (their trust stores reload)."""
-    from nebula.security.credentials import publish_site
-
     if site.ca is not None and (site.ca / "ca.pub").exists():
         try:
             publish_site(site.ca, site.credentials)
         except (ConfigError, OSError) as exc:  # a half-edited store: keep the last good copy, say why
             print(f"credentials not refreshed: {exc}", flush=True)
-
-
-def claim_pid_file(path: Path) -> None:
-    """One supervisor per site: refuse when the pid file names a live process that is the one that
-    wrote it (same pid and start time). A file left by a killed supervisor is stale even when the
-    pid came back, as it does for PID 1 in a restarted container."""
-    pid = read_pid(path)
-    if pid is not None and pid != os.getpid() and pid_alive(pid):
-        raise ConfigError(f"the site is already up (supervisor pid {pid}, {path}); `nebula site down` first")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{os.getpid()} {process_start(os.getpid())}\n")
-
-
-def read_pid(path: Path) -> int | None:
-    """The pid in a pid file if that process is still the one that wrote it, else None."""
-    try:
-        pid, started = path.read_text().split()
-        return int(pid) if str(process_start(int(pid))) == started else None
-    except (OSError, ValueError):
-        return None

@@ -16,15 +16,22 @@ import random
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from nebula.errors import EXIT_FIX_FIRST, StageError
+from nebula.observe.status import record_exit
 from nebula.security.keyfile import write_atomic
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 8.0  # seconds: 0.5, 1, 2, 4, 8, 8, ...
 STABLE_S = 30.0  # a service up this long has recovered: its next crash starts the backoff over
+
+
+def nebula_argv(*args: str) -> list[str]:
+    """The command line of `nebula ARGS` in a child process, with this process's interpreter."""
+    return [sys.executable, "-m", "nebula.cli", *args]
 
 
 _HANDED: set[int] = set()  # ports this process gave out: never twice, whoever binds first
@@ -201,7 +208,6 @@ def _record_exit(service: Service, code: int, asked_to_stop: bool = False) -> No
     """A service killed by a signal cannot write its own final state: the status file gets it here."""
     path = service.env.get("NEBULA_STATUS_FILE")
     if path:
-        from nebula.observe.status import record_exit
         record_exit(path, code, asked_to_stop)
 
 

@@ -41,7 +41,6 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from nebula.runtime.autoranks import scale_step
 from nebula.shipped import deploy_dir  # the job files, in a checkout or a wheel
 
 # G as the job's; D deeper, so that its forward and backward cost what G's do (~0.17 s per micro-batch of
@@ -170,6 +169,8 @@ def bench_job(scenario: ElectraScenario, config: Config, data: Path, timed: int,
               max_ranks: int) -> dict:
     """The scenario's job (one-site or two-site) at the bench sizes: WARMUP + `timed` + 1 steps, one
     checkpoint at the end, D with its throttle and n subs (n x the per-rank batch when n is fixed)."""
+    from nebula.runtime.autoranks import scale_step  # why here: scenarios load at `nebula --help`; it imports torch
+
     template = scenario.one_site_job if config.one_site else scenario.job
     raw = tomllib.loads(template.read_text())
     raw["job"]["data"] = str(data)  # bench_data's copy
@@ -225,7 +226,7 @@ class LinkCounter:
         self._thread.join()
 
     def _watch(self) -> None:
-        from nebula.runtime.metrics import read_records
+        from nebula.runtime.records import read_records
         while self.marks and not self._stop.wait(0.1):
             done = len(read_records(self.metrics))
             if done >= self.marks[0]:
@@ -240,7 +241,7 @@ def qdisc_bytes(link) -> int:
 def measure(run: Path, raw: dict, config: Config, label: str) -> dict:
     """Runs the job (over a fresh shaped link unless one-site) and sums its generator's timed steps."""
     from nebula.bench.wan import run_job
-    from nebula.runtime.metrics import read_records
+    from nebula.runtime.records import read_records
     from nebula.wanem import WanLink
     metrics = run / stage_named(raw, "electra-generator") / "metrics.jsonl"
     steps = raw["train"]["steps"]

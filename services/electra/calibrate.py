@@ -8,21 +8,22 @@ one micro-batch from each every t_G_i; n subs keep up when n / t_D >= sum_i 1 / 
 """
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from nebula.runtime.job import JobConfig
 from nebula.runtime.order import id_hashes
-from nebula.runtime.stage import Batch, finished
+from nebula.runtime.service import build_stage
+from nebula.runtime.stage import Batch, Stage, finished
 
 WARMUP, TIMED = 1, 3  # micro-batches: the first pays for allocations and is not counted
 
 
-def measure(job: Any, name: str, most: int) -> tuple[int, dict[str, Any]]:
-    from nebula.runtime.service import build_stage
-    from services.electra.stages import auto_subs
+def measure(job: JobConfig, name: str, most: int) -> tuple[int, dict[str, Any]]:
     per_micro = max(1, job.train.batch_size // job.train.micro_batches)
     sources = [link.src for link in job.graph.in_links[name]]
     with tempfile.TemporaryDirectory(prefix="nebula-calibrate-") as tmp:
@@ -40,7 +41,7 @@ def measure(job: Any, name: str, most: int) -> tuple[int, dict[str, Any]]:
                "most": most, "micro_batch": per_micro}
 
 
-def _time_generator(gen: Any, size: int, micro_batches: int) -> tuple[list[float], list[tuple[Batch, dict]]]:
+def _time_generator(gen: Stage, size: int, micro_batches: int) -> tuple[list[float], list[tuple[Batch, dict]]]:
     ids = gen.examples("train")
     times, outputs = [], []
     for k in range(WARMUP + TIMED):
@@ -60,7 +61,7 @@ def _time_generator(gen: Any, size: int, micro_batches: int) -> tuple[list[float
     return times, outputs
 
 
-def _time_discriminator(disc: Any, outputs: list[tuple[Batch, dict]], link: str) -> list[float]:
+def _time_discriminator(disc: Stage, outputs: list[tuple[Batch, dict]], link: str) -> list[float]:
     times = []
     for k, (batch, inputs) in enumerate(outputs):
         t0 = time.perf_counter()
@@ -71,3 +72,9 @@ def _time_discriminator(disc: Any, outputs: list[tuple[Batch, dict]], link: str)
             times.append(time.perf_counter() - t0)
     disc.optimizer.zero_grad()
     return times
+
+
+def auto_subs(t_generator: float, t_sub: float, most: int, margin: float = 1.1) -> int:
+    """n of paper §3.3: sub-discriminators enough that they consume G's micro-batches as fast as G makes
+    them (n >= t_sub / t_generator, with a margin for the all-reduce), at most `most`."""
+    return max(1, min(most, math.ceil(margin * t_sub / max(t_generator, 1e-9))))

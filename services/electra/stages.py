@@ -15,7 +15,6 @@ The link from a generator to the discriminator is one-way: no gradient crosses t
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Literal
@@ -25,10 +24,12 @@ import torch.nn.functional as F
 
 from nebula.config import limits
 from nebula.errors import ConfigError, DataError
+from nebula.runtime.job import JobConfig
 from nebula.runtime.registry import register_stage
 from nebula.runtime.stage import Batch, Output, Port, Stage
 from services.abnet.plm import pad_rows
 from services.electra import data
+from services.electra.calibrate import measure
 from services.electra.model import Discriminator, Generator, Size
 
 NO_POSITION = -1  # pads a row of `positions` (and its `originals`) to K
@@ -207,9 +208,8 @@ class ElectraDiscriminator(_Electra):
         self._optimise()
 
     @classmethod
-    def choose_ranks(cls, job, name: str, most: int) -> tuple[int, dict]:
+    def choose_ranks(cls, job: JobConfig, name: str, most: int) -> tuple[int, dict]:
         """ranks = "auto" (nebula.runtime.autoranks): n from a warm-up of the generators and one sub."""
-        from services.electra.calibrate import measure
         return measure(job, name, most)
 
     def check(self, inputs: dict[str, torch.Tensor], where: str) -> tuple[torch.Tensor, ...]:
@@ -267,9 +267,3 @@ class ElectraDiscriminator(_Electra):
             ids = pad_rows(rows, self.specials.pad).to(self.device)
             out.append(self.module.pooled(ids, ids != self.specials.pad).float().cpu())
         return torch.cat(out)
-
-
-def auto_subs(t_generator: float, t_sub: float, most: int, margin: float = 1.1) -> int:
-    """n of paper §3.3: sub-discriminators enough that they consume G's micro-batches as fast as G makes
-    them (n >= t_sub / t_generator, with a margin for the all-reduce), at most `most`."""
-    return max(1, min(most, math.ceil(margin * t_sub / max(t_generator, 1e-9))))

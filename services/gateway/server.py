@@ -45,10 +45,12 @@ AUDIT_RETRY = 2.0  # seconds between attempts to write the audit log again while
 
 class Gateway:
     def __init__(self, site: SiteConfig, *, audit_max_bytes: int = DEFAULT_MAX_BYTES,
-                 audit_summary_interval: float = DEFAULT_SUMMARY_INTERVAL) -> None:
+                 audit_summary_interval: float = DEFAULT_SUMMARY_INTERVAL, meter: Meter | None = None,
+                 observer: Observer | None = None) -> None:
+        """`observer`: its status file and metrics, built by the entry point over `meter.status`."""
         self.site, self.address = site, site.gateway.address
         self.stop_requested = threading.Event()
-        self.meter = Meter()
+        self.meter = meter if meter is not None else Meter()
         # Held, not raised: a full disk makes the gateway refuse traffic until it can record it again
         # (`_check_audit`), instead of exiting into a restart loop that fails at its first record.
         self.audit = AuditLog(site.audit, max_bytes=audit_max_bytes, summary_interval=audit_summary_interval,
@@ -69,8 +71,7 @@ class Gateway:
         self._next_recheck, self._rechecked, self._reload_error = 0.0, None, ""
         self.internal = self.external = None
         self._last_stats = time.monotonic()
-        # status file and Prometheus metrics, when the supervisor asks for them (nebula.observe)
-        self.observer = Observer.from_env("gateway", self.address, self.meter.status, service="gateway")
+        self.observer = observer
         self.failure: BaseException | None = None
 
     def start(self) -> "Gateway":

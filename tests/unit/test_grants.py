@@ -13,8 +13,8 @@ from nebula.runtime.job import parse_job
 from nebula.runtime.service import build_stage
 from nebula.security.accounts import Accounts, RecordFile
 from nebula.security.audit import verify
-from nebula.security.grants import DataRegistry, Principal, open_dataset, resolve_data
-from nebula.site.jobs import RECORD_FORMAT, job_dir
+from nebula.security.grants import DataAccess, DataRegistry, Principal, open_dataset
+from nebula.security.job_record import RECORD_FORMAT, job_dir
 from nebula.transport.config import load_site_config
 from tests.support.accounts import cli_runner, make_site, secret_file
 
@@ -26,10 +26,8 @@ def events(ca, kind: str) -> list[dict]:
 
 
 @pytest.fixture
-def site(tmp_path, monkeypatch):
+def site(tmp_path):
     """Site a with users alice (owner of data set `corpus`) and bob, and jobs of theirs."""
-    monkeypatch.delenv("NEBULA_JOB_ID", raising=False)
-    monkeypatch.delenv("NEBULA_USER", raising=False)
     config = load_site_config(make_site(tmp_path))
     for user in ("alice", "bob"):
         Accounts(config.ca).add(user, SECRET)
@@ -116,38 +114,43 @@ def test_data_sets_must_be_directories_inside_the_data_roots(site, tmp_path):
                      Principal("alice", "j-alice"))
 
 
-def test_resolve_data_paths_outside_jobs_and_only_grants_inside_them(site, monkeypatch, tmp_path):
-    assert resolve_data(str(tmp_path), None) == tmp_path  # tests and the demo: a directory, as before
-    assert resolve_data(None, site) is None
-    with pytest.raises(AuthError, match="no NEBULA_JOB_ID"):
-        resolve_data("dataset:corpus", site)
+def test_data_access_opens_paths_outside_jobs_and_only_grants_inside_them(site, monkeypatch, tmp_path):
+    monkeypatch.setenv("NEBULA_JOB_ID", "j-alice")  # the environment is no principal: only what the entry point passes
+    monkeypatch.setenv("NEBULA_USER", "alice")
+    assert DataAccess().open(str(tmp_path)) == tmp_path  # tests and the demo: a directory, as before
+    assert DataAccess(site).open(None) is None
+    with pytest.raises(AuthError, match="started without --job-id"):
+        DataAccess(site).open("dataset:corpus")
     with pytest.raises(ConfigError, match="nebula stage run --site CONFIG"):
-        resolve_data("dataset:corpus", None)
-    monkeypatch.setenv("NEBULA_USER", "bob")  # the default of --user, not a job: paths still work
-    assert resolve_data(str(tmp_path), site) == tmp_path
-    monkeypatch.delenv("NEBULA_USER")
-    monkeypatch.setenv("NEBULA_JOB_ID", "j-bob")
-    with pytest.raises(AuthError, match="NEBULA_JOB_ID='j-bob' without NEBULA_USER"):
-        resolve_data("dataset:corpus", site)
-    monkeypatch.setenv("NEBULA_USER", "bob")
+        DataAccess(None, Principal("alice", "j-alice")).open("dataset:corpus")
+    bob = DataAccess(site, Principal("bob", "j-bob"))
     with pytest.raises(AuthError, match="a submitted job reads data only through a grant"):
-        resolve_data(str(tmp_path), site)
+        bob.open(str(tmp_path))
     with pytest.raises(AuthError, match="holds no grant"):
-        resolve_data("dataset:corpus", site)
-    monkeypatch.setenv("NEBULA_USER", "alice")
-    monkeypatch.setenv("NEBULA_JOB_ID", "j-alice")
-    assert resolve_data("dataset:corpus", site) == site.data[0] / "corpus"
+        bob.open("dataset:corpus")
+    with pytest.raises(AuthError, match="job j-bob is a job of bob, not of alice"):
+        DataAccess(site, Principal("alice", "j-bob")).open("dataset:corpus")  # a claim the job's record refutes
+    assert DataAccess(site, Principal("alice", "j-alice")).open("dataset:corpus") == site.data[0] / "corpus"
+    assert [r["reason"] for r in events(site.ca, "data.refused")] == ["no grant", "job not of this user"]
 
 
-def test_a_stage_context_opens_its_dataset_once_through_the_grants(site, monkeypatch, tmp_path):
-    monkeypatch.setenv("NEBULA_JOB_ID", "j-alice")
-    monkeypatch.setenv("NEBULA_USER", "alice")
+def test_a_principal_is_a_job_and_its_owner_as_the_entry_point_was_told():
+    assert Principal.of_job(None, "bob") is None  # --user alone (NEBULA_USER, every command's default): no job
+    assert Principal.of_job("j-bob", "bob") == Principal("bob", "j-bob")
+    with pytest.raises(AuthError, match="job id 'j-bob' without a user"):
+        Principal.of_job("j-bob", None)
+    with pytest.raises(ConfigError, match="is not a job id"):
+        Principal.of_job("../j", "bob")
+
+
+def test_a_stage_context_opens_its_dataset_once_through_the_grants(site, tmp_path):
     job = parse_job({"job": {"name": "t", "data": "dataset:corpus"},
                      "stages": {"src": {"address": "a/src/0", "impl": "example-source"},
                                 "sink": {"address": "a/sink/0", "impl": "example-sink"}},
                      "links": [{"from": "src", "to": "sink", "tensors": ["hidden"], "backward": True}]}, source=tmp_path / "job.toml")
     assert job.data == "dataset:corpus"  # not taken for a path relative to the job file
-    stage = build_stage(job, "src", tmp_path / "src", quiet=True, site=site)
+    stage = build_stage(job, "src", tmp_path / "src", quiet=True, site=site, principal=Principal("alice", "j-alice"))
+    assert stage.context.access == DataAccess(site, Principal("alice", "j-alice"))
     assert stage.context.data == stage.context.data == site.data[0] / "corpus"
     assert len(events(site.ca, "data.read")) == 1
 

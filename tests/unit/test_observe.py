@@ -15,9 +15,9 @@ import pytest
 from nebula.cli import main as cli_main
 from nebula.errors import ConfigError, DataError
 from nebula.observe import observer as observer_module
-from nebula.observe.observer import Observer
+from nebula.observe.observer import Observer, Observing
 from nebula.observe.prometheus import Exporter, metrics_endpoint
-from nebula.observe.stage import LinkTail, MeteredChannel
+from nebula.observe.stage import LinkTail, MeteredChannel, StageWatch
 from nebula.observe.status import health, identity, read_status, record_exit, write_status
 from nebula.runtime.metrics import MetricsLog
 from nebula.runtime.service import build_stage, make_runner
@@ -103,7 +103,7 @@ def test_record_exit_fills_in_what_a_killed_service_could_not_write(tmp_path):
 
 
 def test_the_environment_turns_observation_on_and_its_values_are_checked(tmp_path):
-    assert Observer.from_env("stage", "a/x/0", dict, "x", environ={}) is None
+    assert Observing.from_env({}) is None
     assert metrics_endpoint({"NEBULA_METRICS_PORT": "0"}) is None
     assert metrics_endpoint({"NEBULA_METRICS_PORT": "9400"}) == ("127.0.0.1", 9400)
     assert metrics_endpoint({"NEBULA_METRICS_PORT": "9400", "NEBULA_METRICS_BIND": "0.0.0.0"}) == ("0.0.0.0", 9400)
@@ -111,11 +111,13 @@ def test_the_environment_turns_observation_on_and_its_values_are_checked(tmp_pat
         with pytest.raises(ConfigError, match=f"NEBULA_METRICS_PORT={bad!r}|NEBULA_METRICS_PORT={bad}"):
             metrics_endpoint({"NEBULA_METRICS_PORT": bad})
     env = {"NEBULA_STATUS_FILE": str(tmp_path / "status" / "enc.json"), "NEBULA_SERVICE": "encoder"}
-    first = Observer.from_env("stage", "a/encoder/0", lambda: {"step": 3}, "enc", environ=env).start()
+    observing = Observing.from_env(env)
+    assert observing == Observing("encoder", tmp_path / "status" / "enc.json", None)
+    first = observing.observer("stage", "a/encoder/0", lambda: {"step": 3}, "enc").start()
     try:
         assert read_status(tmp_path / "status" / "enc.json")["service"] == "encoder"
         with pytest.raises(ConfigError, match="one service per process"):
-            Observer.from_env("stage", "a/other/0", dict, "other", environ=env)
+            observing.observer("stage", "a/other/0", dict, "other")
     finally:
         first.close("done")
     record = read_status(tmp_path / "status" / "enc.json")
@@ -223,16 +225,15 @@ def test_metered_channel_counts_payload_and_body_bytes():
     assert b.counts()["messages_in"] == 1 and b.counts()["bytes_in"] == 5
 
 
-def test_a_training_stage_reports_its_steps_codecs_and_outcome(tmp_path, monkeypatch):
+def test_a_training_stage_reports_its_steps_codecs_and_outcome(tmp_path):
     """The sink of a real two-stage run (fp16 forward, int8 backward) in-process: its status file and
     metrics endpoint follow its steps; the file says done at the end."""
     job = example_job(steps=4, compression={"forward": "fp16", "backward": "int8"})
-    src = build_stage(job, "src", tmp_path / "src", quiet=True)  # not observed: no variables yet
+    src = build_stage(job, "src", tmp_path / "src", quiet=True)  # not observed: no watch handed to it
     status, port = tmp_path / "status" / "sink.json", free_port()
-    monkeypatch.setenv("NEBULA_STATUS_FILE", str(status))
-    monkeypatch.setenv("NEBULA_METRICS_PORT", str(port))
-    sink = build_stage(job, "sink", tmp_path / "sink", quiet=True)
+    watch = StageWatch.start(Observing("", status, ("127.0.0.1", port)), "sink", "b/sink/0", tmp_path / "sink")
     assert read_status(status)["state"] == "starting"  # written before any step, while the model loads
+    sink = build_stage(job, "sink", tmp_path / "sink", quiet=True, watch=watch)
     hub, scraped = InProcHub(), []
     src_runner = make_runner(job, "src", src, hub.channel("a/src/0"), timeout=20)
     sink_channel = hub.channel("b/sink/0")  # before src starts: its first message must find the sink
@@ -241,7 +242,7 @@ def test_a_training_stage_reports_its_steps_codecs_and_outcome(tmp_path, monkeyp
     with sink.context.metrics.watching(sink_channel) as channel:
         runner = make_runner(job, "sink", sink, channel, timeout=20)
         runner.run()
-        sink.context.metrics.observed[0].publish()
+        watch.observer.publish()
         scraped.append(scrape(port))
         runner.close()
     thread.join(20)
@@ -260,9 +261,9 @@ def test_a_training_stage_reports_its_steps_codecs_and_outcome(tmp_path, monkeyp
     assert ratio in scraped[0]
 
 
-def test_a_stage_that_fails_says_so(tmp_path, monkeypatch):
-    monkeypatch.setenv("NEBULA_STATUS_FILE", str(tmp_path / "x.json"))
-    metrics = MetricsLog(tmp_path / "x" / "metrics.jsonl", "x", address="a/x/0")
+def test_a_stage_that_fails_says_so(tmp_path):
+    watch = StageWatch.start(Observing("", tmp_path / "x.json", None), "x", "a/x/0", tmp_path / "x")
+    metrics = MetricsLog(tmp_path / "x" / "metrics.jsonl", "x", watch=watch)
     with pytest.raises(RuntimeError):
         with metrics.watching(InProcHub().channel("a/x/0")):
             assert read_status(tmp_path / "x.json")["state"] == "running"

@@ -28,7 +28,7 @@ class TensorBoardLog:
     """A MetricsLog listener: each step record's numbers as scalars at its step."""
 
     def __init__(self, logdir: Path, label: str) -> None:
-        try:
+        try:  # why here: the optional tensorboard package, slow to import; only jobs that ask for it pay
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as exc:
             raise ConfigError(f"[train] tensorboard = true (stage {label}) needs the tensorboard package, which "

@@ -1,0 +1,173 @@
+"""`nebula job submit JOB.toml --user U`: authenticate U, check the job (its stages at this site, its
+data grant, no address another job holds), make its workspace and certificates (nebula.site.jobs has
+the layout) and start its supervisor (nebula.site.job_supervisor), detached.
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import secrets
+import subprocess
+import sys
+import time
+import tomllib
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+from nebula.errors import ConfigError
+from nebula.runtime.job import JobConfig, load_job
+from nebula.runtime.registry import resolve_stage
+from nebula.security.accounts import SECRET_ENV, Accounts, audit
+from nebula.security.certs import address_filename
+from nebula.security.credentials import publish_site
+from nebula.security.grants import PREFIX, DataRegistry, Principal
+from nebula.security.job_record import job_dir, record_file
+from nebula.security.keyfile import locked, write_atomic
+from nebula.security.keystore import SiteKeyStore
+from nebula.site.jobs import ACTIVE, START_TIMEOUT_S, Site, finish, kill_all, refuse
+from nebula.site.supervisor import tail
+from nebula.transport.config import write_site_config
+
+
+def submit(site: Site, job_file: Path, user: str, secret: str, cert_days: float = 1.0) -> dict:
+    """Authenticate, check, make the workspace and certificates, start the supervisor; the record."""
+    if not 0 < cert_days <= 30:
+        raise ConfigError(f"--cert-days {cert_days}: a job's certificates live more than 0 and at most 30 days")
+    Accounts(site.ca).authenticate(user, secret, "job.submit")
+    job_file = Path(job_file)
+    job = load_job(job_file)
+    text = job_file.read_bytes()  # what is hashed is what is copied, and so what runs
+    stages = _stages_here(site, job, job_file)
+    _check_data(site, job, user)
+    with _jobs_lock(site):
+        _check_addresses(site, user, stages)
+        directory = _new_workspace(site)
+        record = {"id": directory.name, "owner": user, "site": site.config.name, "dir": str(directory),
+                  "submitted": time.time(), "state": "starting", "pid": None, "job_file": str(job_file.resolve()),
+                  "config_sha256": hashlib.sha256(text).hexdigest(),
+                  "code_sha256": _code_hash(job, stages), "stages": stages, "serials": []}
+        with record_file(directory).update() as entries:
+            entries.update(record)
+    try:
+        _prepare(site, directory, text, stages, cert_days)
+        audit(site.ca, "job.submitted", **{k: v for k, v in record_file(directory).read().items()
+                                           if k in ("id", "owner", "config_sha256", "code_sha256", "stages",
+                                                    "serials", "cert_not_after")})
+        _spawn(directory)
+    except BaseException as exc:
+        if record_file(directory).read()["state"] in ACTIVE:  # else its supervisor recorded the end itself
+            finish(site, directory, "failed", f"submit failed: {exc}")
+        raise
+    return record_file(directory).read()
+
+
+def _stages_here(site: Site, job: JobConfig, job_file: Path) -> dict[str, str]:
+    """name -> address of the job's stages at this site."""
+    here = {name: s.address for name, s in job.stages.items() if s.site == site.config.name}
+    if not here:
+        raise ConfigError(f"{job_file} has no stage at site {site.config.name}; submit it at the sites its "
+                          f"stages name ({', '.join(job.sites)})")
+    auto = [name for name in here if job.stage(name).auto_ranks]
+    if auto:
+        raise ConfigError(f"{job_file}: stage {auto[0]} has ranks = \"auto\"; resolve it first with `nebula stage "
+                          f"resolve --job {job_file} --out RESOLVED.toml` and submit the resolved file")
+    return here
+
+
+def _check_data(site: Site, job: JobConfig, user: str) -> None:
+    """A submitted job reads data only through a grant, and the grant is checked now, not at step 1."""
+    if job.data is None:
+        return
+    if not job.data.startswith(PREFIX):
+        raise ConfigError(f"[job].data = {job.data!r}: a submitted job reads data only through a grant; "
+                          f"register the directory (`nebula data register`) and name it \"{PREFIX}NAME\"")
+    DataRegistry(site.ca).check(job.data[len(PREFIX):], Principal(user), site.config.data)
+
+
+def _check_addresses(site: Site, user: str, stages: dict[str, str]) -> None:
+    """One service per address at a site: the gateway routes by address."""
+    for name, address in stages.items():
+        if (site.ca / "keys" / f"{address_filename(address)}.key").exists():
+            refuse(site, None, user, "submit", f"address {address} is a service of the site", ConfigError,
+                   f"stage {name}'s address {address} belongs to one of site {site.config.name}'s own services; "
+                   "give the stage another address in the job file")
+        for other in site.records():
+            if other["state"] in ACTIVE and address in other["stages"].values():
+                refuse(site, None, user, "submit", f"address {address} is held by job {other['id']}",
+                       ConfigError, f"stage {name}'s address {address} is held by job {other['id']} "
+                       f"(user {other['owner']}, {other['state']}); wait for it to end or give the stage another "
+                       "address")
+
+
+def _new_workspace(site: Site) -> Path:
+    while True:
+        directory = job_dir(site.config.run, f"{time.strftime('%Y%m%d')}-{secrets.token_hex(3)}")
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        directory.chmod(0o700)  # the umask may have narrowed it; never widened
+        return directory
+
+
+def _jobs_lock(site: Site) -> AbstractContextManager[None]:
+    """Two submits at once cannot both take an address: the check and the new record are one step."""
+    (site.config.run / "jobs").mkdir(parents=True, exist_ok=True)
+    return locked(site.config.run / "jobs" / ".lock")
+
+
+def _code_hash(job: JobConfig, stages: dict[str, str]) -> str:
+    """sha256 over each stage implementation's name and module source: what code the job ran."""
+    digest = hashlib.sha256()
+    for name in sorted(stages):
+        cls = resolve_stage(job.stage(name).impl)
+        digest.update(f"{name}={cls.__module__}:{cls.__qualname__}\n".encode())
+        digest.update(Path(inspect.getsourcefile(cls)).read_bytes())
+    return digest.hexdigest()
+
+
+def _prepare(site: Site, directory: Path, text: bytes, stages: dict[str, str], cert_days: float) -> None:
+    """The job file, a certificate and credential directory per stage, and the job's site config."""
+    (directory / "job.toml").write_bytes(text)
+    store = SiteKeyStore(site.ca)
+    for address in stages.values():
+        out = directory / "credentials" / address_filename(address)
+        out.mkdir(parents=True, mode=0o700)
+        cert = store.issue(address, "stage", cert_days, key_dir=out / "keys")
+        with record_file(directory).update() as record:
+            record["serials"].append(cert.serial)
+            record["cert_not_after"] = cert.not_after
+        _copy_public(site.ca, out)
+    publish_site(site.ca, site.config.credentials)  # the running gateway admits the new certificates now
+    table = tomllib.loads(site.path.read_text())
+    config = site.config
+    table["site"].update(ca=str(config.ca), credentials=str(directory / "credentials"), run=str(directory),
+                         audit=str(config.audit), data=[str(d) for d in config.data])
+    table["stages"] = {"job": str(directory / "job.toml"), "run": list(stages)}
+    table.pop("metrics", None)  # the site's own stages hold its metrics ports
+    write_site_config(directory / "site.toml", table)
+
+
+def _copy_public(ca: Path, out: Path) -> None:
+    """The site's public trust (never ca.key) beside the stage's own key, as bundle-service lays it out."""
+    for src in [ca / "ca.pub", ca / "crl.json", *(ca / "certs").glob("*.json"), *(ca / "trust").glob("*.json")]:
+        write_atomic(out / src.relative_to(ca), src.read_bytes())
+
+
+def _spawn(directory: Path) -> None:
+    """The job's supervisor, detached (its own session), without the submitter's secret in its env."""
+    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
+    (directory / "logs").mkdir(exist_ok=True)
+    with open(directory / "logs" / "supervisor.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "nebula.site.job_supervisor", str(directory)], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=directory, env=env,
+                                start_new_session=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while record_file(directory).read()["state"] == "starting":
+        if proc.poll() is not None or time.monotonic() > deadline:
+            kill_all(directory, proc.pid)
+            proc.wait()
+            raise ConfigError(f"job {directory.name} did not start; {directory}/logs/supervisor.log:\n"
+                              f"{tail(directory / 'logs' / 'supervisor.log', 15)}")
+        time.sleep(0.05)
