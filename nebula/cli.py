@@ -18,10 +18,12 @@ import importlib
 import os
 import shlex
 import sys
+import textwrap
 from importlib.metadata import entry_points
 
 from nebula import __version__
 from nebula.errors import EXIT_ERROR, EXIT_FIX_FIRST, FIX_FIRST, NebulaError
+from nebula.shipped import docs_dir
 
 COMMANDS = [
     "bench",
@@ -137,14 +139,12 @@ class Parser(argparse.ArgumentParser):
         return super().format_help() + "\n" + self._fill(note + (f" Set now: {', '.join(now)}." if now else ""))
 
     def _fill(self, text: str) -> str:
-        import textwrap
         width = self._get_formatter()._width
         return textwrap.fill(text, width, break_on_hyphens=False, break_long_words=False) + "\n"  # paths whole
 
 
 def guide(commands: dict) -> str:
     """The epilog of `nebula --help`: the main commands in order of use, the environment, the docs."""
-    from nebula.shipped import docs_dir
     width = max(len(name) for name, _ in GUIDE) + len("nebula ")
     steps = "\n".join(f"  {'nebula ' + name:<{width}}  {what}" for name, what in GUIDE if name in commands)
     docs = docs_dir()

@@ -4,6 +4,11 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from nebula.runtime.records import read_records
+
 Curves = dict[str, list[tuple[int, float]]]  # label -> (step, value) points
 
 
@@ -18,11 +23,8 @@ def plot_panels(panels: dict[str, Curves], out: Path, title: str, smooth: int = 
                 marks: dict[str, float] | None = None) -> Path:
     """plot_curves with one panel per y label (stacked, sharing the step axis): for metrics whose
     scales differ, such as the losses of two stages."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 1.5 + 3 * len(panels)), sharex=True, squeeze=False)
+    fig = Figure(figsize=(7, 1.5 + 3 * len(panels)))  # no pyplot: no display, no global figure state
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False)
     for ax, (ylabel, curves) in zip(axes[:, 0], panels.items()):
         _draw(ax, curves, ylabel, smooth, marks or {})
     axes[-1, 0].set_xlabel("step")
@@ -30,11 +32,10 @@ def plot_panels(panels: dict[str, Curves], out: Path, title: str, smooth: int = 
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)
-    plt.close(fig)
     return out
 
 
-def _draw(ax, curves: Curves, ylabel: str, smooth: int, marks: dict[str, float]) -> None:
+def _draw(ax: Axes, curves: Curves, ylabel: str, smooth: int, marks: dict[str, float]) -> None:
     for label, points in curves.items():
         steps, values = [p[0] for p in points], [p[1] for p in points]
         averaged = [statistics.fmean(values[max(0, i - smooth + 1):i + 1]) for i in range(len(values))]
@@ -47,5 +48,4 @@ def _draw(ax, curves: Curves, ylabel: str, smooth: int, marks: dict[str, float])
 
 def metric_curve(metrics_file: Path, key: str = "loss") -> list[tuple[int, float]]:
     """(step, value) of every step record of a stage's metrics.jsonl that has `key`."""
-    from nebula.runtime.metrics import read_records
     return [(r["step"], r[key]) for r in read_records(metrics_file) if key in r]

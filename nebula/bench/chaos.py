@@ -40,7 +40,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from nebula.bench.wan import write_toml
 from nebula.errors import ConfigError, StageError
+from nebula.runtime.records import read_records
+from nebula.shipped import job_file
+from nebula.wanem import WanLink
 
 DEFAULT_JOB = "abnet-es-en"  # shipped; in a checkout tests/e2e/jobs/tiny.toml is quicker
 POLL_S = 0.05
@@ -79,8 +83,6 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nebula.shipped import job_file
-
     source = job_file(args.job)
     if args.kills < 0 or args.steps < 2 or args.checkpoint_every < 1:
         raise ConfigError("--kills must be >= 0, --steps >= 2 and --checkpoint-every >= 1")
@@ -111,7 +113,7 @@ def progress(line: str) -> None:
 # --- the job and its runs ---------------------------------------------------------------------------
 def prepare_job(source: Path, work: Path, steps: int, checkpoint_every: int, seed: int) -> Path:
     """A copy of `source` with its data path made absolute and [train] steps, checkpoints and seed set."""
-    from nebula.bench.wan import write_toml
+    # why here: torch, kept off `nebula --help`
     from nebula.runtime.job import load_job
 
     job = load_job(source)
@@ -130,6 +132,7 @@ class JobRun:
 
     def __init__(self, run: Path, job_file: Path, wan: Any = None, channel: dict | None = None,
                  keys: bool = True, max_restarts: int = 5, restart: bool = True):
+        # why here: torch, kept off `nebula --help`
         from nebula.launch import start_sites
         from nebula.runtime.job import load_job
 
@@ -204,6 +207,7 @@ def plan(seed: int, services: list[str], kills: int, steps: int) -> list[Kill]:
 def run_kills(job_file: Path, work: Path, seed: int, kills: int, channel: dict | None = None) -> dict:
     """The undisturbed run, then the run under `plan(seed, ...)`; the row of the table. `channel`:
     the stages' [channel] keys (e.g. a longer peer_timeout where a restart takes long)."""
+    # why here: torch, kept off `nebula --help`
     from nebula.runtime.job import load_job
 
     reference = reference_run(job_file, work)
@@ -258,8 +262,8 @@ def run_cut(job_file: Path, work: Path, cut_s: float, at_step: int, wan_timeout:
     """The undisturbed run, then the job on the emulated WAN with the link cut for `cut_s` s from
     the coordinator's step `at_step`; a job the cut stopped (exit 3) is started again once the link
     is back. Row: how it stopped (if it did), the time from the link's return to the next step."""
+    # why here: torch, kept off `nebula --help`
     from nebula.runtime.job import load_job
-    from nebula.wanem import WanLink
 
     job = load_job(job_file)
     if not 0 <= at_step < job.train.steps:
@@ -325,8 +329,6 @@ def stopped_job(run: JobRun, exc: StageError, after_s: float) -> dict:
 # --- what the runs left --------------------------------------------------------------------------------
 def current_step(metrics: Path) -> int:
     """The step of the latest step record or `resumed` event of a metrics file (0 before any)."""
-    from nebula.runtime.metrics import read_records
-
     for record in reversed(read_records(metrics, None)):
         if record.get("kind") == "step" or record.get("event") == "resumed":
             return int(record["step"])
@@ -334,25 +336,21 @@ def current_step(metrics: Path) -> int:
 
 
 def steps_since(metrics: Path, since: float) -> int:
-    from nebula.runtime.metrics import read_records
     return sum(1 for r in read_records(metrics) if r["t"] >= since)
 
 
 def resumed_steps(metrics: Path) -> list[int]:
     """The checkpoint steps of every resume after the first start (which resumes from step 0)."""
-    from nebula.runtime.metrics import read_records
     return [r["step"] for r in read_records(metrics, "event") if r.get("event") == "resumed"][1:]
 
 
 def step_losses(metrics: Path) -> dict[int, float]:
     """Step -> loss of a stage's metrics (a step run again after a resume: its last record)."""
-    from nebula.runtime.metrics import read_records
     return {r["step"]: r["loss"] for r in read_records(metrics) if r.get("loss") is not None}
 
 
 def refusals(run: Path, sites: list[str], code: str) -> dict[str, int]:
     """Per site: messages its gateway(s) refused with `code`, from their final counters (audit log)."""
-    from nebula.runtime.metrics import read_records
     stopped = {site: [r for r in read_records(run / "audit" / f"{site}.jsonl", None)
                       if r.get("event") == "gateway.stopped"] for site in sites}
     return {site: sum(r["stats"].get("refused", {}).get(code, 0) for r in records) for site, records in stopped.items()}

@@ -40,6 +40,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # why here: torch, protobuf, kept off `nebula --help`
     import torch
 
     from nebula.codecs import parse
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
 
 def make_tensor(shape: tuple[int, ...], data: str):
     """`lowrank`: rank-32 signal + 10% Gaussian noise (by norm) over the last dim; `random`: Gaussian."""
+    # why here: torch, kept off `nebula --help`
     import torch
 
     if data == "random":
@@ -77,12 +79,14 @@ def make_tensor(shape: tuple[int, ...], data: str):
 
 def wire_message(payload):
     """The message a row's tensor is measured through (REFERENCE_MESSAGE)."""
+    # why here: protobuf, kept off `nebula --help`
     from nebula.wire import Kind, Message
 
     return Message(Kind.TENSORS, tensors=[payload], **REFERENCE_MESSAGE)
 
 
 def measure(tensor: str, data: str, x, codec, repeat: int) -> dict[str, Any]:
+    # why here: protobuf, kept off `nebula --help`
     from nebula.codecs import CodecState, pack, unpack
     from nebula.wire import decode_message, encode_message
 

@@ -34,6 +34,11 @@ from typing import Any, Callable, Iterator
 
 import zmq
 
+from nebula.bench.transport import _spawn
+from nebula.observe.status import read_status
+from nebula.security.audit_series import series_files
+from nebula.site.supervisor import free_port
+
 SCENARIOS = ("messages", "garbage", "handshakes", "stalled")
 STAGES = ("a/flood/0", "a/stall/0", "b/sink/0")
 SMALL, LARGE = 64, 256 << 10  # tensor bytes of a flooding message; of one toward the stalled stage
@@ -120,7 +125,7 @@ class Sites:
     """Sites a and b under `root`, their gateways as processes writing status files."""
 
     def __init__(self, root: Path, extra_gateway: str = "") -> None:
-        from nebula.site.supervisor import free_port
+        # why here: pynacl, kept off `nebula --help`
         from nebula.transport.testbed import make_sites
 
         root.mkdir(parents=True, exist_ok=True)
@@ -143,6 +148,7 @@ class Sites:
         self.stop()
 
     def config(self, site: str):
+        # why here: pynacl, kept off `nebula --help`
         from nebula.transport.config import load_site_config
         return load_site_config(self.paths[site])
 
@@ -150,7 +156,6 @@ class Sites:
         return self.config(site).audit
 
     def status(self, site: str) -> dict:
-        from nebula.observe.status import read_status
         return read_status(self.root / f"status-{site}.json")
 
     def rss(self, site: str) -> int:
@@ -172,16 +177,12 @@ class Sites:
 
 
 def _start_gateway(config: Path, log: Path, status: Path) -> subprocess.Popen:
-    from nebula.bench.transport import _spawn
-
     return _spawn([sys.executable, "-m", "services.gateway.main", str(config)], log, wait_for=" up: internal",
                   env={**os.environ, "NEBULA_STATUS_FILE": str(status)})
 
 
 def audit_size(path: Path) -> dict[str, int]:
     """Records and bytes of an audit log series (its archives and live file)."""
-    from nebula.security.audit_series import series_files
-
     files = series_files(path) if path.exists() else []
     return {"records": sum(f.read_bytes().count(b"\n") for f in files), "bytes": sum(f.stat().st_size for f in files)}
 
@@ -196,6 +197,7 @@ def rss_bytes(pid: int) -> int:
 # --- the flooding stage ------------------------------------------------------------------------------
 def stage_socket(ctx: zmq.Context, site, address: str, rcvhwm: int = 1000) -> zmq.Socket:
     """A raw DEALER with `address`'s own certificate, connected to its gateway, handshake done."""
+    # why here: pynacl, protobuf, kept off `nebula --help`
     from nebula.security.trust import TrustStore, load_identity, peer_curve_key
     from nebula.transport import sockets
     from nebula.transport.routing_id import stage_routing_id
@@ -223,6 +225,7 @@ def stage_socket(ctx: zmq.Context, site, address: str, rcvhwm: int = 1000) -> zm
 
 
 def tensors_frames(src: str, dst: str, nbytes: int) -> list[Any]:
+    # why here: torch, protobuf, kept off `nebula --help`
     import torch
 
     from nebula.wire import Kind, Message, TensorPayload, encode_message
@@ -235,6 +238,7 @@ def tensors_frames(src: str, dst: str, nbytes: int) -> list[Any]:
 def pump(sock: zmq.Socket, frames: list[Any], seconds: float, sample: Callable[[], bool]) -> dict[str, Any]:
     """Send `frames` as fast as `sock` takes them for `seconds` (or until `sample()` says stop),
     reading the replies; -> {"sent", "replies": {error code: count}}."""
+    # why here: protobuf, kept off `nebula --help`
     from nebula.wire import parse_envelope
 
     sent, replies, end, next_sample = 0, Counter(), time.monotonic() + seconds, 0.0
@@ -299,6 +303,7 @@ def _stalled(ctx, sites: Sites, seconds: float, sample) -> dict:
 
 def _handshakes(ctx, sites: Sites, seconds: float, sample, parallel: int = 16) -> dict:
     """Strangers: each connection a fresh CURVE key; -> {"sent": attempts, "refused": seen refused}."""
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.trust import TrustStore, peer_curve_key
 
     site = sites.config("a")

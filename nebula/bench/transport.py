@@ -34,7 +34,10 @@ import threading
 import time
 from pathlib import Path
 
+import zmq
+
 from nebula.site.supervisor import free_port
+from nebula.wanem import WanError, WanLink, measure_goodput, measure_rtt
 
 MB = 1 << 20
 SIZES = (1 * MB, 25 * MB)
@@ -106,8 +109,6 @@ def _median(repeat: int, measure) -> float:
 # --- one hop, no gateway ----------------------------------------------------------------------
 def _direct(size: int, count: int, curve: bool) -> float:
     """PUSH -> PULL over loopback TCP, sender in a thread; MB/s of payload."""
-    import zmq
-
     ctx = zmq.Context()
     pull, push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     try:
@@ -139,6 +140,7 @@ def _direct(size: int, count: int, curve: bool) -> float:
 
 # --- through two gateways ----------------------------------------------------------------------
 def _gateways(tmp: Path, size: int, count: int) -> float:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.transport.testbed import make_sites
 
     root = Path(tempfile.mkdtemp(dir=tmp))
@@ -210,8 +212,8 @@ def _wan(tmp: Path, size: int, count: int, notes: list[str], rtt_ms: float = 0.0
     if os.geteuid() != 0:
         notes.append("wan skipped: network namespaces need root")
         return None
+    # why here: pynacl, kept off `nebula --help`
     from nebula.transport.testbed import make_sites
-    from nebula.wanem import WanError, WanLink, measure_goodput, measure_rtt
 
     root = Path(tempfile.mkdtemp(dir=tmp))
     try:
@@ -240,6 +242,7 @@ def _wan(tmp: Path, size: int, count: int, notes: list[str], rtt_ms: float = 0.0
 
 # --- the stage processes ----------------------------------------------------------------------------
 def _stage_send(config: str, address: str, dst: str, size: int, count: int) -> None:
+    # why here: torch, pynacl, protobuf, kept off `nebula --help`
     import torch
 
     from nebula.transport.config import load_site_config
@@ -260,6 +263,7 @@ def _stage_send(config: str, address: str, dst: str, size: int, count: int) -> N
 
 
 def _stage_recv(config: str, address: str, count: int) -> None:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.transport.config import load_site_config
     from nebula.transport.reliable import open_channel
 

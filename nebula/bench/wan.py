@@ -38,7 +38,7 @@ from typing import Callable
 
 from nebula.bench.cpu import CpuSampler, per_step, read_samples
 from nebula.errors import ConfigError
-from nebula.runtime.metrics import read_records
+from nebula.runtime.records import read_records
 
 PAPER_MBIT = 60.0
 BOUND_FACTOR = 5.0  # uncompressed wire time / compute time in the communication-bound regime

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from pathlib import Path
+
+from nebula.errors import ConfigError, DataError
+from nebula.security.audit import verify
+from nebula.security.audit_series import series_base, series_files, series_in
 
 PATH_HELP = "the live file of a log (its archives are found beside it), one archive, or a directory"
 
@@ -28,9 +33,6 @@ def register(sub) -> None:
 
 
 def _verify(args) -> int:
-    from nebula.errors import ConfigError
-    from nebula.security.audit import verify
-
     bases = _bases(args.path)
     if args.anchor and len(bases) > 1:
         raise ConfigError(f"--anchor names one log, but {args.path} holds {len(bases)}: "
@@ -47,9 +49,6 @@ def _verify(args) -> int:
 
 
 def _bases(path: Path) -> list[Path]:
-    from nebula.errors import DataError
-    from nebula.security.audit_series import series_base, series_in
-
     if not path.is_dir():
         return [series_base(path)]
     bases = series_in(path)
@@ -59,8 +58,6 @@ def _bases(path: Path) -> list[Path]:
 
 
 def _parse_anchor(text: str) -> tuple[int, str]:
-    from nebula.errors import ConfigError
-
     seq, _, digest = text.partition(":")
     if not seq.isdigit() or len(digest) != 64:
         raise ConfigError(f"--anchor {text!r} is not SEQ:HASH (as printed by `nebula audit verify`)")
@@ -68,11 +65,6 @@ def _parse_anchor(text: str) -> tuple[int, str]:
 
 
 def _show(args) -> int:
-    from collections import deque
-
-    from nebula.errors import DataError
-    from nebula.security.audit_series import series_base, series_files
-
     files = series_files(series_base(args.path))
     if not files:
         raise DataError(f"cannot read audit log {args.path}: no such file, nor archives of it")

@@ -28,6 +28,7 @@ def _stopped_by_sigterm(run):
     where it used to die at once and leave them running."""
     @functools.wraps(run)
     def stopping(args):
+        # why here: torch, kept off `nebula --help`
         from nebula.launch import interrupted_by_sigterm
         with interrupted_by_sigterm():
             return run(args)

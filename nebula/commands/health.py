@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from nebula.observe.status import DEFAULT_MAX_AGE
-
-if TYPE_CHECKING:
-    from nebula.observe.status import Health
+from nebula.errors import ConfigError, DataError
+from nebula.observe.status import DEFAULT_MAX_AGE, Health, health, read_status
 
 EXIT_HEALTHY, EXIT_UNHEALTHY = 0, 1
 
@@ -36,8 +33,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from nebula.errors import ConfigError
-
     if args.max_age <= 0:
         raise ConfigError(f"--max-age {args.max_age:g}: must be > 0 seconds")
     checked = checks(args)
@@ -52,9 +47,6 @@ def run(args) -> int:
 
 def checks(args) -> list[tuple[Path, "Health"]]:
     """(status file, its health) for each service TARGET names; a missing file is unhealthy, not an error."""
-    from nebula.errors import ConfigError
-    from nebula.observe.status import Health, health
-
     target = Path(args.target)
     if args.site_config is not None:
         directory = _status_dir(Path(args.site_config))
@@ -79,6 +71,7 @@ def checks(args) -> list[tuple[Path, "Health"]]:
 
 
 def _status_dir(config: Path) -> Path:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.transport.config import load_site_config
 
     return load_site_config(config).run / "status"
@@ -91,9 +84,6 @@ def _services(directory: Path) -> list[Path]:
 
 def _by_address(directory: Path, address: str) -> Path | None:
     """The status file whose service has `address` (files are named by service, not by address)."""
-    from nebula.errors import ConfigError, DataError
-    from nebula.observe.status import read_status
-
     if address.count("/") != 2:
         raise ConfigError(f"TARGET {address}: with --site-config, TARGET is a service address site/stage/rank, "
                           "e.g. a/gateway/0")

@@ -6,6 +6,9 @@ import json
 import time
 from pathlib import Path
 
+from nebula.errors import AuthError, ConfigError
+from nebula.security.keyfile import write_json
+
 
 def register(sub) -> None:
     parser = sub.add_parser("keys", help="site CA, service certificates, revocation, trust bundles")
@@ -45,8 +48,9 @@ def register(sub) -> None:
 
 
 def _init_site(args) -> int:
-    from nebula.security.keystore import SiteKeyStore
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.keys import fingerprint
+    from nebula.security.keystore import SiteKeyStore
 
     store = SiteKeyStore.init(args.dir, args.site)
     print(f"site {store.site}: CA {fingerprint(store.ca_public())} in {store.dir}")
@@ -54,6 +58,7 @@ def _init_site(args) -> int:
 
 
 def _issue(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.certs import parse_address
     from nebula.security.keystore import SiteKeyStore
 
@@ -64,6 +69,7 @@ def _issue(args) -> int:
 
 
 def _bundle_service(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.certs import parse_address
     from nebula.security.credentials import bundle_service
 
@@ -74,6 +80,7 @@ def _bundle_service(args) -> int:
 
 
 def _revoke(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.keystore import SiteKeyStore
 
     crl = SiteKeyStore.open(args.dir, args.site).revoke(args.serial)
@@ -82,7 +89,7 @@ def _revoke(args) -> int:
 
 
 def _export(args) -> int:
-    from nebula.security.keyfile import write_json
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.keystore import SiteKeyStore
 
     store = SiteKeyStore.open(args.dir, args.site)
@@ -95,7 +102,7 @@ def _export(args) -> int:
 
 
 def _trust(args) -> int:
-    from nebula.errors import ConfigError
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.keystore import SiteKeyStore
 
     try:
@@ -109,6 +116,7 @@ def _trust(args) -> int:
 
 
 def _list(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.keystore import SiteKeyStore
     from nebula.security.trust import TrustStore
 
@@ -126,7 +134,7 @@ def _list(args) -> int:
 def _status(trust, cert, now: float) -> str:
     """The admission check itself (nebula.security.trust.check_certificate) in the certificate's role:
     `valid`, or the check that refuses it (`bad signature`, `untrusted CA`, `revoked`, `expired`, ...)."""
-    from nebula.errors import AuthError
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.trust import FAILED_CHECKS, check_certificate
 
     try:

@@ -18,6 +18,7 @@ def site_arguments() -> argparse.ArgumentParser:
 
 def site_store(config: Path):
     """(SiteConfig, its CA store directory), with a clear error when the config names no CA store."""
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.accounts import check_store
     from nebula.transport.config import load_site_config
 
@@ -42,6 +43,7 @@ def register(sub) -> None:
 
 
 def _add(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.accounts import Accounts, check_user_name, read_secret
 
     check_user_name(args.name)
@@ -53,6 +55,7 @@ def _add(args) -> int:
 
 
 def _enable(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.accounts import Accounts
 
     Accounts(site_store(args.site_config)[1]).set_disabled(args.name, False)
@@ -61,6 +64,7 @@ def _enable(args) -> int:
 
 
 def _disable(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.accounts import Accounts
 
     Accounts(site_store(args.site_config)[1]).set_disabled(args.name, True)
@@ -69,6 +73,7 @@ def _disable(args) -> int:
 
 
 def _remove(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.accounts import Accounts
     from nebula.security.grants import DataRegistry
 
@@ -82,6 +87,7 @@ def _remove(args) -> int:
 
 
 def _list(args) -> int:
+    # why here: pynacl, kept off `nebula --help`
     from nebula.security.accounts import Accounts
 
     rows = [("USER", "STATE", "CREATED", "CHANGED")]

@@ -4,8 +4,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
-from nebula.wanem import DEFAULT_SITES, DEFAULT_SUBNET  # wanem imports only the standard library
+from nebula.wanem import (  # wanem imports only the standard library
+    DEFAULT_SITES,
+    DEFAULT_SUBNET,
+    WanLink,
+    check_host,
+    measure_goodput,
+    measure_rtt,
+    mesh_status,
+    remove_mesh,
+    sites_up,
+)
 
 DEFAULT_PREFIX = "nebula"
 
@@ -47,8 +58,6 @@ def _action(wan_sub, name: str, help_text: str, handler) -> argparse.ArgumentPar
 
 
 def _up(args) -> int:
-    from nebula.wanem import WanLink
-
     sites = tuple(site.strip() for site in args.sites.split(","))
     link = WanLink(name_prefix=args.prefix, rate_mbit=args.rate_mbit, subnet=args.subnet, sites=sites,
                    rtt_ms=args.rtt_ms).up()
@@ -63,8 +72,6 @@ def _up(args) -> int:
 
 
 def _down(args) -> int:
-    from nebula.wanem import check_host, remove_mesh
-
     check_host()
     removed = remove_mesh(args.prefix)
     print(f"removed {', '.join(removed)}" if removed else f"nothing to remove for prefix {args.prefix}")
@@ -72,8 +79,6 @@ def _down(args) -> int:
 
 
 def _status(args) -> int:
-    from nebula.wanem import check_host, mesh_status, sites_up
-
     check_host()
     found = sites_up(args.prefix)
     # Fewer than two namespaces left: report the default sites too, so that what is missing shows.
@@ -107,8 +112,6 @@ def _format_qdisc(q: dict | None) -> str:
 
 
 def _rate(args) -> int:
-    from nebula.wanem import WanLink
-
     link = WanLink.attach(args.prefix)
     before = link.rate_mbit
     link.set_rate(args.rate_mbit)
@@ -117,10 +120,6 @@ def _rate(args) -> int:
 
 
 def _measure(args) -> int:
-    import statistics
-
-    from nebula.wanem import WanLink, measure_goodput, measure_rtt
-
     link = WanLink.attach(args.prefix)
     rtts = measure_rtt(link, src=args.src, dst=args.dst)  # first, on the idle link
     print(f"round trip {args.src} -> {args.dst}: median {statistics.median(rtts):.1f} ms "

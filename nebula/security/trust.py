@@ -18,8 +18,8 @@ from zmq.utils import z85
 
 from nebula.errors import AuthError, ConfigError
 from nebula.security.bundle import Bundle, parse_bundle
-from nebula.security.certs import (Certificate, address_filename, parse_address, reserved_name_error,
-                                   verify_certificate)
+from nebula.security.certs import Certificate, address_filename, parse_address, reserved_name_error, verify_certificate
+from nebula.security.credentials import refuse_ca_key
 from nebula.security.crl import RevocationList
 from nebula.security.keyfile import read_json
 from nebula.security.keys import curve_key_raw, curve_keypair
@@ -216,8 +216,6 @@ def load_identity(site_dir: str | os.PathLike, address: str, now: float | None =
 
     `site_dir` is the service's credential directory (nebula.security.credentials): a service that
     could read a CA's secret through it refuses to start."""
-    from nebula.security.credentials import refuse_ca_key
-
     site_dir = Path(site_dir)
     refuse_ca_key(site_dir)
     parse_address(address)

@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from nebula.config import build, limits
 from nebula.errors import ConfigError
 from nebula.security.certs import address_filename, check_site_name
@@ -304,8 +306,6 @@ def _path(base: Path, value: str | Path) -> Path:
 
 def write_site_config(path: Path, table: dict[str, Any]) -> SiteConfig:
     """Write `table` as a site config at `path`, after checking it parses (paths relative to `path`)."""
-    import tomli_w
-
     path = Path(path)
     config = parse_site_config(table, base=path.resolve().parent, source=str(path))
     path.parent.mkdir(parents=True, exist_ok=True)

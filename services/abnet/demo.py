@@ -64,7 +64,7 @@ def watch(group, run: Path, total: int, driver: str, sink: str) -> float:
     monotonic time the last step was seen."""
     from tqdm import tqdm
 
-    from nebula.runtime.metrics import read_records
+    from nebula.runtime.records import read_records
     trained = None
     with tqdm(total=total, desc="training", unit="step") as bar:
         while not group.services[driver].finished():

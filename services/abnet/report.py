@@ -28,7 +28,7 @@ class Traffic:
 def traffic(link_log: Path, direction: str) -> Traffic:
     """Sum of a stage's link.jsonl records sent in `direction` ("forward"/"backward"), training and
     evaluation passes alike."""
-    from nebula.runtime.metrics import read_records
+    from nebula.runtime.records import read_records
     raw = wire = 0
     codecs: list[str] = []
     for r in read_records(link_log, kind=None):  # link records carry no "kind"

@@ -137,7 +137,7 @@ class Progress:
     stages: list[str]
 
     def update(self, workdir: Path, phase: str) -> None:
-        from nebula.runtime.metrics import read_records
+        from nebula.runtime.records import read_records
         last = {name: read_records(workdir / name / "metrics.jsonl") for name in self.stages}
         losses = {name: records[-1]["loss"] for name, records in last.items() if records}
         step = min((records[-1]["step"] for records in last.values() if records), default=self.bar.n)
@@ -187,7 +187,7 @@ def two_site_phase(run: Path, job: Any, job_file: Path, progress: Progress) -> f
 
 def check_resumed(run: Path, job: Any, until: int) -> None:
     """The two-site run must have continued from the one-site checkpoint: resumed at N1, first step N1 + 1."""
-    from nebula.runtime.metrics import read_records
+    from nebula.runtime.records import read_records
     for name in job.stages:
         records = read_records(run / "two-site" / name / "metrics.jsonl", None)
         resumed = [r["step"] for r in records if r.get("event") == "resumed"]
@@ -328,7 +328,7 @@ def table(before: list[dict], after: list[dict]) -> tuple[str, list[str]]:
 # -- bytes ----------------------------------------------------------------------------------------------
 def transfer(run: Path, job: Any, until: int) -> dict:
     """Payload bytes the sources sent and their tokens, per phase; message bytes through the gateways."""
-    from nebula.runtime.metrics import read_records
+    from nebula.runtime.records import read_records
     out: dict[str, Any] = {}
     for phase in ("one-site", "two-site"):
         sent = tokens = 0.0
