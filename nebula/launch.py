@@ -21,6 +21,7 @@ from nebula.security.keyfile import write_json
 from nebula.security.keystore import SiteKeyStore
 from nebula.site.supervisor import Service, Supervisor, free_port, nebula_argv, tail
 from nebula.transport.config import write_site_config
+from nebula.wanem import WanLink
 
 # one supervisor and one command line for sites, demos, tests, benchmarks
 __all__ = ["Service", "Supervisor", "free_port", "nebula_argv", "tail"]
@@ -44,12 +45,12 @@ def make_keys(root: Path, sites: list[str], stages: dict[str, str], credentials:
         publish_site(root / site, credentials / site)
 
 
-def write_site_configs(root: Path, sites: list[str], wan: Any = None,
+def write_site_configs(root: Path, sites: list[str], wan: WanLink | None = None,
                        channel: dict[str, float] | None = None) -> dict[str, Path]:
     """One site config each (nebula.transport.config's format), checked by loading it back; ports are
     picked free now (a tiny race with other programs is accepted).
 
-    With `wan` (a nebula.wanem.WanLink), each gateway listens on every address of its namespace and
+    With `wan`, each gateway listens on every address of its namespace and
     reaches a peer at that peer's end of their link; otherwise everything is on 127.0.0.1. Stages
     always reach their gateway on 127.0.0.1, which inside a namespace is that namespace's own.
     `channel` sets the stages' [channel] knobs (e.g. resend_timeout on a very slow link).
@@ -109,12 +110,12 @@ def interrupted_by_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def start_sites(run: Path, job_file: Path, wan: Any = None, restart: bool = True,
+def start_sites(run: Path, job_file: Path, wan: WanLink | None = None, restart: bool = True,
                 channel: dict[str, float] | None = None, steps: int | None = None,
                 skip: tuple[str, ...] = (), keys: bool = True) -> Supervisor:
     """Keys, site configs, a gateway per site and every stage of `job_file` but those in `skip`.
 
-    With `wan` (nebula.wanem.WanLink), each site's processes run inside that site's namespace. A
+    With `wan`, each site's processes run inside that site's namespace. A
     benchmark passes restart=False, so that a failing service stops the run instead of being retried.
     keys=False reuses the keys and site configs an earlier call left in `run`.
     """

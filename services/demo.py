@@ -18,7 +18,10 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 from nebula.errors import ConfigError
+from nebula.shipped import data_dir, job_file
 
 ENTRY_POINT_GROUP = "nebula.demos"
 DEFAULT = "abnet"  # what `nebula demo` has always run (README)
@@ -58,7 +61,6 @@ def register(sub) -> None:
 
 
 def dispatch(args: argparse.Namespace, demos: dict[str, Demo], owners: dict) -> int:
-    from nebula.shipped import job_file
     for dest, (owner, action) in owners.items():
         if owner != args.workload and getattr(args, dest) != action.default:
             raise ConfigError(f"{action.option_strings[0]} is an option of `nebula demo {owner}`, "
@@ -109,9 +111,9 @@ def job_copy(source: Path, steps: int | None = None) -> dict[str, Any]:
     """Job file `source` as a dict, [job].data made absolute (nebula.shipped.data_dir: a shipped job's data
     is ./data when installed) and [train].steps replaced by `steps` if given. The demo writes it into its
     run directory (write_job), so that every process it starts reads one job, wherever the file came from."""
+    # why here: torch, pynacl, kept off `nebula --help`
     from nebula.runtime.job import load_job
     from nebula.security.grants import PREFIX
-    from nebula.shipped import data_dir
     load_job(source)  # a missing, unreadable or invalid file is refused here, naming what to fix
     raw = tomllib.loads(source.read_text())
     data = raw["job"].get("data")
@@ -123,6 +125,5 @@ def job_copy(source: Path, steps: int | None = None) -> dict[str, Any]:
 
 
 def write_job(raw: dict[str, Any], out: Path, source: Path) -> Path:
-    import tomli_w
     out.write_text(f"# written by `nebula demo` from {source}\n{tomli_w.dumps(raw)}")
     return out

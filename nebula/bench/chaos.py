@@ -32,19 +32,24 @@ import os
 import random
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from nebula.bench.wan import write_toml
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.records import read_records
 from nebula.shipped import job_file
+from nebula.site.supervisor import Supervisor
 from nebula.wanem import WanLink
+
+if TYPE_CHECKING:  # why: the job loader imports torch, which `nebula --help` (it lists this module) must not pay
+    from nebula.runtime.job import JobConfig
 
 DEFAULT_JOB = "abnet-es-en"  # shipped; in a checkout tests/e2e/jobs/tiny.toml is quicker
 POLL_S = 0.05
@@ -130,7 +135,7 @@ def prepare_job(source: Path, work: Path, steps: int, checkpoint_every: int, see
 class JobRun:
     """A job's sites as supervised local processes (restarts with backoff), watched by the caller."""
 
-    def __init__(self, run: Path, job_file: Path, wan: Any = None, channel: dict | None = None,
+    def __init__(self, run: Path, job_file: Path, wan: WanLink | None = None, channel: dict | None = None,
                  keys: bool = True, max_restarts: int = 5, restart: bool = True):
         # why here: torch, kept off `nebula --help`
         from nebula.launch import start_sites
@@ -187,7 +192,7 @@ def reference_run(job_file: Path, work: Path) -> Path:
 
 
 # --- kills -------------------------------------------------------------------------------------------
-def targets(job: Any) -> list[str]:
+def targets(job: JobConfig) -> list[str]:
     """Every service of the job's sites: a gateway per site, each stage, and each rank of a stage of several."""
     services = [f"gateway-{site}" for site in job.sites]
     for name, stage in job.stages.items():
@@ -246,7 +251,7 @@ def run_kills(job_file: Path, work: Path, seed: int, kills: int, channel: dict |
     return judge(row, work / "chaos", reference, job)
 
 
-def target_process(group: Any, target: str):
+def target_process(group: Supervisor, target: str) -> subprocess.Popen | None:
     """The running process of `target` ("name" or "name#rank"), or None when it is not running now."""
     name, _, rank = target.partition("#")
     service = group.services[name]
@@ -296,7 +301,7 @@ def run_cut(job_file: Path, work: Path, cut_s: float, at_step: int, wan_timeout:
     return judge(row, run_dir, reference, job)
 
 
-def cut_link(run: JobRun, link: Any, at_step: int, cut_s: float) -> tuple[int, dict | None]:
+def cut_link(run: JobRun, link: WanLink, at_step: int, cut_s: float) -> tuple[int, dict | None]:
     """Cut the link once the coordinator is at `at_step`, for `cut_s` s, supervising meanwhile; the
     step it was cut at, and how the job stopped if a stage gave up on the link (None: it did not)."""
     run.supervise(lambda: run.step() >= at_step, job_timeout(at_step), f"step {at_step}")
@@ -361,7 +366,7 @@ def ledger(run: Path, stage: str) -> list:
     return json.loads(path.read_text())["steps"] if path.exists() else []
 
 
-def judge(row: dict, run: Path, reference: Path, job: Any) -> dict:
+def judge(row: dict, run: Path, reference: Path, job: JobConfig) -> dict:
     """Add the ledger and loss verdicts (module docstring) to `row`."""
     steps = list(range(1, job.train.steps + 1))
     problems = []

@@ -33,12 +33,17 @@ import sys
 import tempfile
 import time
 import tomllib
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Callable
 
+import tomli_w
+
 from nebula.bench.cpu import CpuSampler, per_step, read_samples
-from nebula.errors import ConfigError
+from nebula.bench.scenarios import ENTRY_POINT_GROUP, load_scenario, scenario_names
+from nebula.errors import ConfigError, StageError
 from nebula.runtime.records import read_records
+from nebula.wanem import WanLink
 
 PAPER_MBIT = 60.0
 BOUND_FACTOR = 5.0  # uncompressed wire time / compute time in the communication-bound regime
@@ -123,9 +128,6 @@ def register(sub) -> None:
 def add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
     """A scenario that runs its own benchmark (`bench(args)`) may add options (`add_arguments(group)`),
     shown in a group of their own; the compression options above then need not apply to it."""
-    from importlib.metadata import entry_points
-
-    from nebula.bench.scenarios import ENTRY_POINT_GROUP
     owned = {}
     for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
         scenario = ep.load()  # a scenario module imports no torch at import time (nebula.cli)
@@ -137,12 +139,11 @@ def add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from nebula.bench.scenarios import load_scenario
     scenario = load_scenario(args.scenario)
     check_scenario_options(args)
     if hasattr(scenario, "bench"):  # a workload with its own tables (e.g. electra: Tables 3 and 4)
         return scenario.bench(args)
-    if args.quality:
+    if args.quality:  # why here (and below): these modules import this one, and torch and matplotlib
         from nebula.bench.wan_quality import run_quality
         return run_quality(args)
     if args.change:
@@ -175,7 +176,6 @@ def run(args: argparse.Namespace) -> int:
 
 def check_scenario_options(args: argparse.Namespace) -> None:
     """Another scenario's options are refused, not ignored (they default to None)."""
-    from nebula.bench.scenarios import scenario_names
     chosen = args.scenario or scenario_names()[0]  # run() has loaded it: given, or the only one installed
     for name, flags in getattr(args, "scenario_options", {}).items():
         given = [f for f in flags if name != chosen and getattr(args, f[2:].replace("-", "_")) is not None]
@@ -184,13 +184,13 @@ def check_scenario_options(args: argparse.Namespace) -> None:
 
 
 def chosen_job(args: argparse.Namespace) -> Path:
-    from nebula.bench.scenarios import load_scenario
     return args.job or load_scenario(args.scenario).job
 
 
 def base_job(args: argparse.Namespace) -> tuple[dict, str]:
     """The job's raw table, with its data path made absolute (the bench's copy lives elsewhere), and
     the name of the link whose codecs the settings vary."""
+    # why here: torch, kept off `nebula --help`
     from nebula.runtime.job import load_job
     job_file = chosen_job(args)
     job = load_job(job_file)
@@ -259,7 +259,6 @@ def bench_job(args: argparse.Namespace, settings: list[tuple[str, str]], timed: 
               first_lead: int = 0) -> dict:
     """The scenario's job, one compression phase per setting on the benchmarked link (1 untimed +
     `timed` steps each; the first phase has LEAD_IN + `first_lead` more untimed steps)."""
-    from nebula.bench.scenarios import load_scenario
     raw, link = base_job(args)
     per_phase = 1 + timed
     total = per_phase * len(settings) + LEAD_IN + first_lead + 1  # + the final step, which also saves the last checkpoint
@@ -288,13 +287,11 @@ def override_train(raw: dict, args: argparse.Namespace) -> None:
 
 
 def write_toml(table: dict, path: Path) -> None:
-    import tomli_w
     path.write_text(tomli_w.dumps(table))
 
 
 def holds_toml(path: Path, table: dict) -> bool:
     """Whether `path` is `table` as write_toml wrote it (a kept run's job: the very one asked for)."""
-    import tomli_w
     return path.exists() and path.read_text() == tomli_w.dumps(table)
 
 
@@ -403,8 +400,6 @@ def bound_rate(uncompressed: dict, factor: float) -> float:
 
 # --- one run over the shaped links -------------------------------------------------------------------
 def measure_rate(run: Path, job: dict, rate_mbit: float, rtt_ms: float = 0.0) -> list[dict]:
-    from nebula.wanem import WanLink
-
     sites = list(dict.fromkeys(stage["address"].split("/")[0] for stage in job["stages"].values()))
     progress(f"{rate_mbit} Mbit/s{f', RTT {rtt_ms:g} ms' if rtt_ms else ''}: {job['train']['steps']} steps, "
              f"{len(phases_of(job))} settings")
@@ -423,16 +418,15 @@ def resend_timeout(job: dict, rate_mbit: float) -> float:
     """An ACK crosses the link behind whatever the other direction has queued: up to a whole step of
     uncompressed tensors. With the default 5 s go-back-N timer, a link below ~1 Mbit/s resent every
     message of a step (measured: an 18 s step instead of 10.8 s); allow three steps' worth of wire."""
-    from nebula.bench.scenarios import load_scenario
     step_bytes = load_scenario(job["bench"]["scenario"]).step_bytes(job)
     return round(max(5.0, 3 * step_bytes * 8 / (rate_mbit * 1e6)), 1)
 
 
-def run_job(run: Path, job: dict, label: str, wan=None, channel: dict | None = None,
+def run_job(run: Path, job: dict, label: str, wan: WanLink | None = None, channel: dict | None = None,
             timeout_s: float | None = None, watch: Callable[[int], None] | None = None) -> None:
     """Starts every site's gateway and stages, waits until every stage has finished, stops all.
     `watch(steps)` is called as the steps every stage has finished grow (e.g. to change the link)."""
-    from nebula.errors import StageError
+    # why here: torch, kept off `nebula --help`
     from nebula.launch import start_sites
 
     shutil.rmtree(run, ignore_errors=True)  # a kept --workdir from an earlier run: start clean

@@ -29,6 +29,7 @@ from nebula.bench.wan_auto import LOWER, RTT_MS
 from nebula.codecs.auto import EVERY
 from nebula.errors import ConfigError
 from nebula.runtime.records import read_records
+from nebula.wanem import WanLink
 
 SEGMENT = 30  # steps per rate: back up five rungs takes a trial a rung, after up to 16 steps of a failed one's wait
 TAIL = 6  # the segment's last steps, timed: the rung `auto` settled on
@@ -59,8 +60,6 @@ def run_change(args: argparse.Namespace) -> int:
 
 
 def measure(args: argparse.Namespace, run, segment: int, rtt: float) -> list[dict]:
-    from nebula.wanem import WanLink
-
     job = wan.bench_job(args, [("auto", "auto")], 4 * segment - 1, run.parent)
     ends = [wan.LEAD_IN + k * segment for k in range(1, 5)]  # the last step of each segment
     rates, changes = [wan.PAPER_MBIT], []  # (after step, rate)

@@ -29,11 +29,15 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
+from nebula.bench.scenarios import load_scenario
+from nebula.bench.seeds import compare
 from nebula.bench.wan import (_workdir, base_job, chosen_settings, holds_toml, override_train, per_step_link,
                               progress, read_records, run_job, set_compression, sites_job, write_toml)
 from nebula.errors import ConfigError, StageError
+from nebula.plots import plot_curves
 
 QUICK_STEPS = 20
 UNCOMPRESSED = "uncompressed"  # a run's sub-directory: its weights scored with every link uncompressed
@@ -41,9 +45,6 @@ LOSSLESS = {"forward": "none", "backward": "none"}
 
 
 def run_quality(args: argparse.Namespace) -> int:
-    from nebula.bench.scenarios import load_scenario
-    from nebula.plots import plot_curves
-
     scenario = load_scenario(args.scenario)
     settings = quality_settings(args)
     seeds = args.seeds or [args.seed]
@@ -148,8 +149,6 @@ def slug(forward: str, backward: str) -> str:
 
 def quality_job(args: argparse.Namespace, forward: str, backward: str, staleness: int | None = None,
                 seed: int | None = None, scenario=None) -> dict:
-    from nebula.bench.scenarios import load_scenario
-
     scenario = scenario or load_scenario(args.scenario)
     raw, link = base_job(args)
     steps = args.steps or (QUICK_STEPS if args.quick else raw["train"]["steps"])
@@ -209,8 +208,6 @@ def print_quality(rows: list[dict], plot_path: Path, key: str) -> None:
 def summarise_seeds(work: Path, rows: list[dict], seeds: list[int], settings: list, scenario) -> list[dict]:
     """Per setting after the first, per split and per evaluation (through the codecs; with
     --eval-uncompressed also uncompressed): the difference from the first setting, over seeds."""
-    from nebula.bench.seeds import compare
-
     def scored(row: dict, evaluation: str) -> dict:  # the row's scores and "run", where its outputs are
         return row if evaluation == "codecs" else row[evaluation]
 
@@ -236,7 +233,6 @@ def summarise_seeds(work: Path, rows: list[dict], seeds: list[int], settings: li
 
 
 def read_job(run: Path) -> dict:
-    import tomllib
     return tomllib.loads((run / "job.toml").read_text())
 
 

@@ -41,8 +41,8 @@ class Principal:
     @classmethod
     def of_job(cls, job: str | None, user: str | None) -> Principal | None:
         """The job a stage process runs for, as its entry point was told (`--job-id`, `--user`); None
-        outside a submitted job. A user alone is no job: `--user` of every nebula command also defaults
-        from NEBULA_USER."""
+        outside a submitted job. A user alone is no job: NEBULA_USER is the default `--user` of every
+        nebula command."""
         if not job:
             return None
         if not user:

@@ -2,12 +2,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
 
+from nebula.transport.goodput import Goodput
 from nebula.wire import Message
-
-if TYPE_CHECKING:
-    from nebula.transport.goodput import Goodput
 
 
 class Channel(ABC):

@@ -9,12 +9,12 @@ socket monitor for HANDSHAKE_FAILED_* events and turn them into errors with a bo
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from nebula.errors import AuthError, TransportError
+from nebula.security.trust import Identity
 
 # Per-frame hard cap enforced by libzmq itself (a larger frame drops the connection); the softer
 # per-message limit, answered with an ERROR envelope, is the gateway's max_message_bytes.
@@ -45,7 +45,7 @@ def tune(sock: zmq.Socket, hwm: int, tcp_buffer: int = 0) -> None:
         sock.sndbuf = sock.rcvbuf = tcp_buffer
 
 
-def server_socket(ctx: zmq.Context, kind: int, identity: Any, zap_domain: str, hwm: int) -> zmq.Socket:
+def server_socket(ctx: zmq.Context, kind: int, identity: Identity, zap_domain: str, hwm: int) -> zmq.Socket:
     """A CURVE server socket; its peers are admitted by the ZAP policy named `zap_domain`.
 
     The context's ZAP handler must already be running: libzmq admits everyone when none is bound.
@@ -62,7 +62,7 @@ def server_socket(ctx: zmq.Context, kind: int, identity: Any, zap_domain: str, h
     return sock
 
 
-def client_socket(ctx: zmq.Context, kind: int, identity: Any, server_key: bytes, hwm: int,
+def client_socket(ctx: zmq.Context, kind: int, identity: Identity, server_key: bytes, hwm: int,
                   routing_id: str | None = None) -> zmq.Socket:
     """A CURVE client that completes a handshake only with the server holding `server_key` (z85)."""
     sock = ctx.socket(kind)

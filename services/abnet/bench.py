@@ -51,6 +51,7 @@ class AbnetScenario:
 
     def sentence_stats(self, run: Path, raw: dict, split: str):
         """Per-sentence BLEU statistics of `split` (sentences x 10), as the decoder wrote its .hyp/.ref."""
+        # why here: numpy, sacrebleu, kept off `nebula --help`
         import numpy as np
         from sacrebleu.metrics import BLEU
         sink = next(name for name, stage in raw["stages"].items() if stage["impl"] == "abnet-decoder")
@@ -61,6 +62,7 @@ class AbnetScenario:
     @staticmethod
     def score_stats(sums) -> float:
         """BLEU from column sums of sentence_stats (sacrebleu's own path for its paired bootstrap)."""
+        # why here: sacrebleu, kept off `nebula --help`
         from sacrebleu.metrics import BLEU
         return BLEU(lowercase=True)._compute_score_from_stats(list(sums)).score
 

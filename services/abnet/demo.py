@@ -10,7 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from nebula.errors import ConfigError, StageError
+from nebula.runtime.records import read_records
 from nebula.shipped import DEPLOY
 from services.demo import Demo, check_apart, check_run_dir, fresh_run_dir, job_copy, write_job
 
@@ -28,7 +31,9 @@ def _arguments(group) -> list:
 
 
 def demo(args) -> int:
+    # why here: torch (the report reads the stages' helpers), kept off `nebula --help`
     from services.abnet import report
+
     if args.long and args.job is not None:
         raise ConfigError("--long runs the job abnet-es-en-full: leave out --job, or drop --long")
     scores = run_demo(LONG_JOB if args.long else args.job or DEFAULT_JOB, args.run_dir, args.steps, args.hot_start)
@@ -54,6 +59,7 @@ DEMO = Demo(summary="train ABNet-Cloud es->en across two local sites, print BLEU
 def ensure_data(job_data: Path, pair: str) -> None:
     if (job_data / "train.src").exists():
         return
+    # why here: the corpus tooling (~20 ms), kept off `nebula --help`
     from services.corpus.prepare import PrepareConfig, prepare
     print(f"nebula demo: preparing the {pair} corpus from Debian translation packages (once) ...", flush=True)
     prepare(PrepareConfig(pairs=(pair,), out=job_data.parent))
@@ -62,9 +68,6 @@ def ensure_data(job_data: Path, pair: str) -> None:
 def watch(group, run: Path, total: int, driver: str, sink: str) -> float:
     """A progress bar over the training steps, then a line while the sites evaluate; -> the
     monotonic time the last step was seen."""
-    from tqdm import tqdm
-
-    from nebula.runtime.records import read_records
     trained = None
     with tqdm(total=total, desc="training", unit="step") as bar:
         while not group.services[driver].finished():
@@ -89,6 +92,7 @@ def codecs_label(job) -> str:
 def check(job_file: Path, run: Path, steps: int | None, hot: Path | None) -> tuple[dict, Any]:
     """Every argument, before anything is written: the job (two stages at two sites), the hot-start
     checkpoints of each stage, the run directory. -> the job as a dict (for the run dir's copy), parsed."""
+    # why here: torch, kept off `nebula --help`
     from nebula.runtime.job import parse_job
     raw = job_copy(job_file, steps)
     job = parse_job(raw, job_file)
@@ -108,6 +112,7 @@ def check(job_file: Path, run: Path, steps: int | None, hot: Path | None) -> tup
 
 
 def run_demo(job_file: Path, run: Path, steps: int | None, hot: Path | None = None) -> dict:
+    # why here: torch, matplotlib, kept off `nebula --help`
     from nebula.launch import hot_start, interrupted_by_sigterm, start_sites
     from nebula.plots import metric_curve, plot_curves
 

@@ -10,6 +10,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from nebula.runtime.records import read_records
+from services.abnet.stages import spread
+
 EXAMPLES = 6
 
 
@@ -28,7 +31,6 @@ class Traffic:
 def traffic(link_log: Path, direction: str) -> Traffic:
     """Sum of a stage's link.jsonl records sent in `direction` ("forward"/"backward"), training and
     evaluation passes alike."""
-    from nebula.runtime.records import read_records
     raw = wire = 0
     codecs: list[str] = []
     for r in read_records(link_log, kind=None):  # link records carry no "kind"
@@ -42,7 +44,6 @@ def traffic(link_log: Path, direction: str) -> Traffic:
 def examples(run: Path, source: str, sink: str, k: int = EXAMPLES) -> list[tuple[str, str, str]]:
     """(source, reference, translation) of k evaluated sentences evenly spaced over the sample: the
     encoder wrote the sources at site a, the decoder the references and translations at site b."""
-    from services.abnet.stages import spread
     src, ref, hyp = (_lines(run / stage / f"test.{ext}") for stage, ext in
                      ((source, "src"), (sink, "ref"), (sink, "hyp")))
     n = min(len(src), len(ref), len(hyp))

@@ -12,14 +12,18 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
+from sacrebleu.metrics import BLEU
 
 from nebula.config import limits
-from nebula.errors import ConfigError, StageError
+from nebula.errors import ConfigError, DataError, StageError
 from nebula.runtime.registry import register_stage
 from nebula.runtime.stage import FLOAT, Batch, Output, Port, Stage
-from services.abnet.baseline import BaselineConfig
-from services.abnet.model import AbnetConfig
+from services.abnet.baseline import BaselineConfig, BaselineDecoder, BaselineEncoder
+from services.abnet.decoding import detokenize
+from services.abnet.minilm import load_minilm
+from services.abnet.model import AbnetConfig, build_source_encoder, build_target_decoder
 from services.abnet.sides import TokenizedSide, adam_with_warmup
+from services.abnet.xlmr_e5 import load_e5_small
 
 INPUT_SPLIT = "input"
 BOOTSTRAP = 1000  # resamples for BLEU's interval  # sentences given to `nebula translate`: translated, not scored
@@ -107,9 +111,6 @@ class AbnetEncoder(Stage):
 
     def __init__(self, context, options: EncoderOptions):
         super().__init__(context, options)
-        from services.abnet.baseline import BaselineEncoder
-        from services.abnet.model import build_source_encoder
-        from services.abnet.xlmr_e5 import load_e5_small
         self.pre = load_e5_small()
         self.data = TokenizedSide(str(context.data), "src", self.pre, options.max_len, options.max_train_examples)
         if options.model == "transformer":  # same tokenizer and cut vocabulary (paper Table 2's Transformer)
@@ -175,9 +176,6 @@ class AbnetDecoder(Stage):
 
     def __init__(self, context, options: DecoderOptions):
         super().__init__(context, options)
-        from services.abnet.baseline import BaselineDecoder
-        from services.abnet.minilm import load_minilm
-        from services.abnet.model import build_target_decoder
         self.pre = load_minilm()
         self.data = TokenizedSide(str(context.data), "tgt", self.pre, options.max_len, options.max_train_examples)
         if options.model == "transformer":
@@ -195,7 +193,6 @@ class AbnetDecoder(Stage):
 
     def boundary(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         """-> (hidden (B, S, H) float32, source mask (B, S)), or a DataError saying what differs."""
-        from nebula.errors import DataError
         hidden, src_mask = inputs["hidden"], inputs["mask"]
         if hidden.shape[:2] != src_mask.shape:
             raise DataError(f"received hidden {tuple(hidden.shape)} and mask {tuple(src_mask.shape)} do not "
@@ -214,7 +211,6 @@ class AbnetDecoder(Stage):
     def infer(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> list[list[str]]:
         """Beam search (ar) or mask-predict with a length beam (cmlm), beam 4 as the paper's ->
         [translation, reference] per sentence (no reference for `nebula translate`'s input)."""
-        from services.abnet.decoding import detokenize
         refs = None  # `nebula translate`'s input has none; a split this site lacks fails here, before decoding
         if batch.split != INPUT_SPLIT:
             refs = [self.data.splits[batch.split]["text"][i] for i in self.data.lookup(batch.split, batch.ids)]
@@ -234,7 +230,6 @@ class AbnetDecoder(Stage):
         hyps = [h for h, _ in results]
         if split == INPUT_SPLIT:
             return {"split": split, "n": len(hyps), "translations": hyps}
-        from sacrebleu.metrics import BLEU
         refs = [r for _, r in results]
         for ext, lines in (("hyp", hyps), ("ref", refs)):
             (self.context.workdir / f"{split}.{ext}").write_text("".join(f"{x}\n" for x in lines), encoding="utf-8")

@@ -12,6 +12,9 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from nebula.errors import ConfigError
+from services.abnet.demo import DEFAULT_JOB
+
 IDLE_PING_S = 60.0  # while nobody types: an empty pass keeps the decoder's peer timeout (300 s) away
 PROMPT = "es> "
 
@@ -30,7 +33,6 @@ def register(sub) -> None:
 
 
 def translate(args) -> int:
-    from nebula.errors import ConfigError
     interactive = args.interactive or (args.input == "-" and sys.stdin.isatty())
     if interactive and args.input != "-":
         raise ConfigError("--interactive reads stdin: leave out --input")
@@ -71,10 +73,9 @@ def typed_lines() -> Iterator[list[str]]:
 
 def serve(args, batches: Iterator[list[str]]) -> int:
     """Start site b's services, run the encoder here, translate each batch as one evaluation pass."""
-    from nebula.errors import ConfigError
+    # why here: torch, kept off `nebula --help`
     from nebula.launch import interrupted_by_sigterm
     from nebula.runtime.job import load_job
-    from services.abnet.demo import DEFAULT_JOB
 
     job_file = args.job or (args.run_dir / "job.toml" if (args.run_dir / "job.toml").exists() else DEFAULT_JOB)
     job = load_job(job_file)
@@ -86,6 +87,7 @@ def serve(args, batches: Iterator[list[str]]) -> int:
 
 
 def _serve(args, job, job_file: Path, driver: str, batches: Iterator[list[str]]) -> int:
+    # why here: torch, pynacl, kept off `nebula --help`
     from nebula.launch import start_sites
     from nebula.runtime.service import build_stage, make_runner
     from nebula.transport.config import load_site_config

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -21,16 +22,13 @@ from safetensors.torch import save_file
 from tokenizers import Tokenizer
 
 from nebula.errors import StageError
+from nebula.shipped import in_checkout
 from services.abnet.plm import BertConfig, Pretrained, SpecialIds, load_bert
 
 
 def _default_cache() -> Path:
     """$NEBULA_MODEL_CACHE; else the checkout's .cache/models; installed: the user's cache directory
     (a wheel's own directory may be read-only and is no place for 450 MB of weights)."""
-    import os
-
-    from nebula.shipped import in_checkout
-
     if os.environ.get("NEBULA_MODEL_CACHE"):
         return Path(os.environ["NEBULA_MODEL_CACHE"])
     if in_checkout():

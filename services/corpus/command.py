@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from nebula.commands.datasets import add_actions
+
 
 def register(sub) -> None:
-    from nebula.commands.datasets import add_actions
-
     parser = sub.add_parser("data", help="prepare parallel corpora (docs/data.md); register data sets and grant "
                             "read access to them (docs/security.md)")
     data_sub = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
@@ -31,6 +31,7 @@ def register(sub) -> None:
 
 
 def prepare_command(args) -> int:
+    # why here: the corpus tooling (~20 ms), kept off `nebula --help`
     from services.corpus.clean import Filter
     from services.corpus.prepare import PrepareConfig, prepare
 

@@ -41,7 +41,11 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from nebula.bench.wan import BOUND_FACTOR, _workdir, run_job, write_toml
+from nebula.errors import ConfigError, StageError
+from nebula.runtime.records import read_records
 from nebula.shipped import deploy_dir  # the job files, in a checkout or a wheel
+from nebula.wanem import WanLink
 
 # G as the job's; D deeper, so that its forward and backward cost what G's do (~0.17 s per micro-batch of
 # 16 x 64 here; at equal sizes D's is 0.6 x G's, which also samples from a 29k-way softmax at every masked
@@ -102,7 +106,6 @@ class ElectraScenario:
             print("nebula bench wan: skipped: the emulated WAN link needs root (network namespaces and tc)",
                   file=sys.stderr)
             return 2
-        from nebula.bench.wan import _workdir
         with _workdir(args.workdir) as work:
             bench_data(self.job, work / "data")
             rows = ((table3(self, args, work) if args.table in (None, 3) else [])
@@ -117,8 +120,6 @@ class ElectraScenario:
 
 def check_options(args: argparse.Namespace) -> None:
     """The compression options of Table 5 do not apply here: say so rather than ignore them."""
-    from nebula.bench.wan import BOUND_FACTOR
-    from nebula.errors import ConfigError
     given = [k for k, default in {**COMPRESSION_ONLY, "bound_factor": BOUND_FACTOR}.items()
              if getattr(args, k, default) != default]
     if given:
@@ -139,6 +140,7 @@ def bench_data(job_file: Path, out: Path) -> Path:
     valid and test) and the job's vocabulary as a file: the generator tokenises its whole corpus when it
     starts (~18 s for es-en here, per run), while the vocabulary, and so the models' size, stay the
     job's. Lengths, hence tokens per sequence, keep the corpus's distribution."""
+    # why here: torch, kept off `nebula --help`
     from nebula.runtime.job import load_job
     from services.electra import data
     job = load_job(job_file)
@@ -169,7 +171,8 @@ def bench_job(scenario: ElectraScenario, config: Config, data: Path, timed: int,
               max_ranks: int) -> dict:
     """The scenario's job (one-site or two-site) at the bench sizes: WARMUP + `timed` + 1 steps, one
     checkpoint at the end, D with its throttle and n subs (n x the per-rank batch when n is fixed)."""
-    from nebula.runtime.autoranks import scale_step  # why here: scenarios load at `nebula --help`; it imports torch
+    # why here: torch, kept off `nebula --help`
+    from nebula.runtime.autoranks import scale_step
 
     template = scenario.one_site_job if config.one_site else scenario.job
     raw = tomllib.loads(template.read_text())
@@ -198,7 +201,7 @@ def stage_named(raw: dict, impl: str) -> str:
 def resolve_auto(raw: dict, work: Path) -> tuple[dict, dict]:
     """ranks = "auto" measured once, here (nebula.runtime.autoranks, as the launcher would): the
     resolved job and the calibration evidence."""
-    from nebula.bench.wan import write_toml
+    # why here: torch, kept off `nebula --help`
     from nebula.runtime.autoranks import resolve
     work.mkdir(parents=True, exist_ok=True)
     write_toml(raw, work / "job.toml")
@@ -226,7 +229,6 @@ class LinkCounter:
         self._thread.join()
 
     def _watch(self) -> None:
-        from nebula.runtime.records import read_records
         while self.marks and not self._stop.wait(0.1):
             done = len(read_records(self.metrics))
             if done >= self.marks[0]:
@@ -240,9 +242,6 @@ def qdisc_bytes(link) -> int:
 
 def measure(run: Path, raw: dict, config: Config, label: str) -> dict:
     """Runs the job (over a fresh shaped link unless one-site) and sums its generator's timed steps."""
-    from nebula.bench.wan import run_job
-    from nebula.runtime.records import read_records
-    from nebula.wanem import WanLink
     metrics = run / stage_named(raw, "electra-generator") / "metrics.jsonl"
     steps = raw["train"]["steps"]
     shutil.rmtree(run, ignore_errors=True)  # run_job does too, but the counter must not read a kept run's records
@@ -261,7 +260,6 @@ def measure(run: Path, raw: dict, config: Config, label: str) -> dict:
 def step_sums(records: list[dict], snapshots: list[tuple[int, int]], label: str = "run") -> dict:
     """Sums over the timed step records (all but the first WARMUP and the last); with two qdisc
     snapshots (records written, bytes), the link bytes between them and the tokens of those steps."""
-    from nebula.errors import StageError
     timed = records[WARMUP:-1]
     if not timed:
         raise StageError(f"{label}: the generator wrote {len(records)} step records; the timed steps are those "

@@ -28,6 +28,7 @@ import torch
 from nebula.errors import DataError
 from services.abnet.plm import SpecialIds, pad_rows
 from services.abnet.vocab import VocabMap
+from services.abnet.xlmr_e5 import load_xlmr_tokenizer
 from services.corpus.corpus import ParallelSide
 
 SPLITS = ("train", "valid", "test")
@@ -36,7 +37,6 @@ SIDES = {"src": 0, "tgt": 1}
 
 
 def tokenizer():
-    from services.abnet.xlmr_e5 import load_xlmr_tokenizer
     return load_xlmr_tokenizer()
 
 

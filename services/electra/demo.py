@@ -17,11 +17,19 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from tqdm import tqdm
 
 from nebula.errors import ConfigError, DataError, StageError
+from nebula.runtime.records import read_records
 from nebula.shipped import DEPLOY
+from nebula.shipped import job_file as shipped_job
+from services.abnet.demo import ensure_data
 from services.demo import Demo, fresh_run_dir, job_copy, write_job
+
+if TYPE_CHECKING:  # why: the job loader imports torch, which `nebula --help` (it lists the demos) must not pay
+    from nebula.runtime.job import JobConfig
 
 # shipped (nebula.shipped), in a checkout and installed
 DEFAULT_JOB = DEPLOY / "jobs" / "electra.toml"
@@ -102,10 +110,10 @@ def _merge(into: dict, new: dict) -> None:
             into[key] = value
 
 
-def check_pair(one_site: Any, two_site: Any) -> None:
+def check_pair(one_site: JobConfig, two_site: JobConfig) -> None:
     """The one-site job must train what the two-site job continues: the same stages with the same
     options, links, schedule and [train] (order, batch, steps); only the sites may differ."""
-    def shape(job: Any) -> tuple:
+    def shape(job: JobConfig) -> tuple:
         stages = {n: (s.impl, s.options) for n, s in job.stages.items()}
         links = sorted((link.src, link.dst, tuple(link.tensors), link.backward) for link in job.links)
         train = job.train
@@ -120,7 +128,7 @@ def check_pair(one_site: Any, two_site: Any) -> None:
                           f"more; they use {one_site.sites} and {two_site.sites}")
 
 
-def corpora_of(job: Any) -> list[str]:
+def corpora_of(job: JobConfig) -> list[str]:
     """The corpora the stages read (`corpus`, `vocab_corpora`), to prepare if missing."""
     names: list[str] = []
     for stage in job.stages.values():
@@ -137,7 +145,6 @@ class Progress:
     stages: list[str]
 
     def update(self, workdir: Path, phase: str) -> None:
-        from nebula.runtime.records import read_records
         last = {name: read_records(workdir / name / "metrics.jsonl") for name in self.stages}
         losses = {name: records[-1]["loss"] for name, records in last.items() if records}
         step = min((records[-1]["step"] for records in last.values() if records), default=self.bar.n)
@@ -151,6 +158,7 @@ class Progress:
 def supervise(group: Any, services: list[str], progress: Progress, workdir: Path, phase: str) -> None:
     """Poll (restarts, errors with the log tail) and draw progress until every one of `services` exited 0;
     a SIGTERM stops them as Ctrl-C does."""
+    # why here: torch, kept off `nebula --help`
     from nebula.launch import interrupted_by_sigterm
     with interrupted_by_sigterm():
         try:
@@ -165,6 +173,7 @@ def supervise(group: Any, services: list[str], progress: Progress, workdir: Path
 
 def one_site_phase(run: Path, job_file: Path, until: int, progress: Progress) -> float:
     """`nebula stage one-site --until N1` as its own process (one thread per torch op: 2 stages, 2 cores)."""
+    # why here: torch, kept off `nebula --help`
     from nebula.launch import Service, Supervisor, nebula_argv
     started = time.monotonic()
     group = Supervisor()
@@ -175,8 +184,9 @@ def one_site_phase(run: Path, job_file: Path, until: int, progress: Progress) ->
     return time.monotonic() - started
 
 
-def two_site_phase(run: Path, job: Any, job_file: Path, progress: Progress) -> float:
+def two_site_phase(run: Path, job: JobConfig, job_file: Path, progress: Progress) -> float:
     """The one-site checkpoints hot-start the cross-site job: gateways, CURVE, a process per stage."""
+    # why here: torch, kept off `nebula --help`
     from nebula.launch import hot_start, start_sites
     started = time.monotonic()
     hot_start(run / "two-site", run / "one-site", list(job.stages))
@@ -185,9 +195,8 @@ def two_site_phase(run: Path, job: Any, job_file: Path, progress: Progress) -> f
     return time.monotonic() - started
 
 
-def check_resumed(run: Path, job: Any, until: int) -> None:
+def check_resumed(run: Path, job: JobConfig, until: int) -> None:
     """The two-site run must have continued from the one-site checkpoint: resumed at N1, first step N1 + 1."""
-    from nebula.runtime.records import read_records
     for name in job.stages:
         records = read_records(run / "two-site" / name / "metrics.jsonl", None)
         resumed = [r["step"] for r in records if r.get("event") == "resumed"]
@@ -246,14 +255,16 @@ def verdict_line(verdicts: dict[str, dict]) -> str:
         f"{name} ({verdicts[name]['jump']:+.3f}, limit {verdicts[name]['limit']:.3f})" for name in bad)
 
 
-def curves(run: Path, job: Any) -> dict[str, list[tuple[int, float]]]:
+def curves(run: Path, job: JobConfig) -> dict[str, list[tuple[int, float]]]:
     """Each stage's (step, loss) over both phases (one-site up to N1, then two-site)."""
+    # why here: matplotlib, kept off `nebula --help`
     from nebula.plots import metric_curve
     return {name: metric_curve(run / "one-site" / name / "metrics.jsonl")
             + metric_curve(run / "two-site" / name / "metrics.jsonl") for name in job.stages}
 
 
-def plot(run: Path, job: Any, until: int, codecs: str) -> Path:
+def plot(run: Path, job: JobConfig, until: int, codecs: str) -> Path:
+    # why here: matplotlib, kept off `nebula --help`
     from nebula.plots import metric_curve, plot_panels
     panels = {}
     for name in job.stages:
@@ -270,10 +281,11 @@ def untrained_checkpoint(run: Path, sink: str) -> Path | None:
     return path if path.exists() else None
 
 
-def evaluate_checkpoint(job: Any, sink: str, checkpoint: Path | None, data_root: Path, workdir: Path) -> list[dict]:
+def evaluate_checkpoint(job: JobConfig, sink: str, checkpoint: Path | None, data_root: Path, workdir: Path) -> list[dict]:
     """The evaluations of services.electra.evaluate on the sink's mean-pooled states at `checkpoint`
     (None: as built, the seeded initialisation a step-0 checkpoint holds). A task the data cannot
     support (e.g. a test split of one package for the probe) is a row with `skipped`, not a failure."""
+    # why here: torch, kept off `nebula --help`
     from nebula.runtime.checkpoint import CheckpointDir
     from nebula.runtime.service import build_stage
     from services.electra import evaluate
@@ -294,7 +306,7 @@ def evaluate_checkpoint(job: Any, sink: str, checkpoint: Path | None, data_root:
     return rows
 
 
-def changes(before: list[dict], after: list[dict], job: Any) -> list[str]:
+def changes(before: list[dict], after: list[dict], job: JobConfig) -> list[str]:
     """Per evaluation: pre-trained minus untrained, and whether the 95% intervals separate (either way);
     a pair no source stage reads is said so (its language was never trained on)."""
     trained = {getattr(job.stage(name).options, "corpus", None) for name in job.graph.sources}
@@ -319,6 +331,7 @@ def changes(before: list[dict], after: list[dict], job: Any) -> list[str]:
 
 def table(before: list[dict], after: list[dict]) -> tuple[str, list[str]]:
     """format_table of the rows that ran, and a line for each skipped task."""
+    # why here: torch, kept off `nebula --help`
     from services.electra.evaluate import format_table
     ran = lambda rows: [r for r in rows if "skipped" not in r]  # noqa: E731
     skipped = [f"{r['task']} {r['pair']} skipped: {r['skipped']}" for r in after if "skipped" in r]
@@ -326,9 +339,8 @@ def table(before: list[dict], after: list[dict]) -> tuple[str, list[str]]:
 
 
 # -- bytes ----------------------------------------------------------------------------------------------
-def transfer(run: Path, job: Any, until: int) -> dict:
+def transfer(run: Path, job: JobConfig, until: int) -> dict:
     """Payload bytes the sources sent and their tokens, per phase; message bytes through the gateways."""
-    from nebula.runtime.records import read_records
     out: dict[str, Any] = {}
     for phase in ("one-site", "two-site"):
         sent = tokens = 0.0
@@ -345,7 +357,7 @@ def transfer(run: Path, job: Any, until: int) -> dict:
     return out
 
 
-def transfer_lines(t: dict, job: Any, until: int, times: dict) -> list[str]:
+def transfer_lines(t: dict, job: JobConfig, until: int, times: dict) -> list[str]:
     two, one = t["two-site"], t["one-site"]
     lines = [f"\nsteps: {until} on one site in {times['one_site_s']:.0f} s, then {job.train.steps - until} across "
              f"{len(job.sites)} sites in {times['two_site_s']:.0f} s (each phase with its start-up)"]
@@ -358,7 +370,7 @@ def transfer_lines(t: dict, job: Any, until: int, times: dict) -> list[str]:
     return lines
 
 
-def codecs_of(job: Any) -> str:
+def codecs_of(job: JobConfig) -> str:
     return "; ".join(f"{link.name}: {link.compression.phases[-1].forward.codec.spec}" for link in job.links)
 
 
@@ -395,11 +407,10 @@ def prepare(run: Path, job_arg: Path | None, one_site_arg: Path | None, steps: i
             one_site_steps: int | None) -> tuple[Any, Path, Path, int]:
     """Checks first (before anything is written): both job files, N1, the run dir; then the copies of the
     job files in the run dir, and the data."""
+    # why here: torch, kept off `nebula --help`
     from nebula.runtime.job import load_job, parse_job
-    from nebula.shipped import job_file as find
-    from services.abnet.demo import ensure_data
     settings = settings_for(job_arg, one_site_arg)
-    sources = job_arg or DEFAULT_JOB, find(one_site_arg) if one_site_arg else DEFAULT_ONE_SITE_JOB
+    sources = job_arg or DEFAULT_JOB, shipped_job(one_site_arg) if one_site_arg else DEFAULT_ONE_SITE_JOB
     raw, one_raw = (adapted(source, steps, settings) for source in sources)
     job, one_job = parse_job(raw, sources[0]), parse_job(one_raw, sources[1])
     check_pair(one_job, job)
@@ -418,9 +429,8 @@ def prepare(run: Path, job_arg: Path | None, one_site_arg: Path | None, steps: i
     return job, job_file, one_file, until
 
 
-def train(run: Path, job: Any, job_file: Path, one_file: Path, until: int) -> dict[str, float]:
+def train(run: Path, job: JobConfig, job_file: Path, one_file: Path, until: int) -> dict[str, float]:
     """Both phases under one progress bar; then a check that the second continued the first."""
-    from tqdm import tqdm
     print(f"nebula demo electra: {until} steps on one site (in-process), then {job.train.steps - until} across "
           f"sites {', '.join(job.sites)} (a gateway each, CURVE) from the step-{until} checkpoints; run dir {run}",
           flush=True)
@@ -432,7 +442,7 @@ def train(run: Path, job: Any, job_file: Path, one_file: Path, until: int) -> di
     return times
 
 
-def evaluate_both(run: Path, job: Any) -> tuple[list[dict], list[dict], float]:
+def evaluate_both(run: Path, job: JobConfig) -> tuple[list[dict], list[dict], float]:
     """The sink untrained (its step-0 checkpoint) and at the last step, and the seconds both took."""
     print("evaluating the discriminator before and after ...", flush=True)
     started, sink, data_root = time.monotonic(), job.graph.sinks[0], Path(job.data)
@@ -442,7 +452,7 @@ def evaluate_both(run: Path, job: Any) -> tuple[list[dict], list[dict], float]:
     return before, after, time.monotonic() - started
 
 
-def write_report(run: Path, job: Any, s: dict) -> Path:
+def write_report(run: Path, job: JobConfig, s: dict) -> Path:
     until, total = s["one_site_steps"], s["steps"]
     rows = "\n".join(
         f"| {name} | {v['mean_before']:.3f} | {v['mean_after']:.3f} | {v['trend']:.3f} | {v['jump']:+.3f} | "

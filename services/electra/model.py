@@ -15,6 +15,8 @@ from torch import nn
 
 from nebula.config import limits
 from services.abnet.plm import BertConfig, BertModel
+from services.abnet.vocab import VocabMap, cut_embeddings
+from services.abnet.xlmr_e5 import load_e5_small
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,8 +100,6 @@ class Discriminator(nn.Module):
 
 def e5_discriminator(vmap, max_len: int) -> BertModel:
     """multilingual-e5-small (12 x 384, XLM-R vocabulary) cut to the workload's vocabulary, trainable."""
-    from services.abnet.vocab import VocabMap, cut_embeddings
-    from services.abnet.xlmr_e5 import load_e5_small
     bert = load_e5_small().model
     rows = bert.embeddings.word_embeddings.num_embeddings
     if rows > vmap.old_size:  # e5's table is padded past the tokenizer's ids (250,037 rows for 250,002 ids)

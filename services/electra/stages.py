@@ -27,10 +27,10 @@ from nebula.errors import ConfigError, DataError
 from nebula.runtime.job import JobConfig
 from nebula.runtime.registry import register_stage
 from nebula.runtime.stage import Batch, Output, Port, Stage
-from services.abnet.plm import pad_rows
+from services.abnet.plm import BertModel, pad_rows
 from services.electra import data
 from services.electra.calibrate import measure
-from services.electra.model import Discriminator, Generator, Size
+from services.electra.model import Discriminator, Generator, Size, e5_discriminator
 
 NO_POSITION = -1  # pads a row of `positions` (and its `originals`) to K
 # Index-only: varint-friendly small ints (positions < max_len fit one byte), which `deflate` packs tightly;
@@ -190,10 +190,8 @@ class ElectraDiscriminator(_Electra):
         super().__init__(context, options)
         self._vocabulary()
         if options.init == "e5-small":
-            from services.electra.model import e5_discriminator
             bert = e5_discriminator(self.vmap, options.max_len)
         else:
-            from services.abnet.plm import BertModel
             bert = BertModel(options.size.bert(len(self.vmap), options.max_len))
         self.module = Discriminator(bert, pretrained=options.init != "random")
         self._started = (0.0, 0.0)

@@ -5,6 +5,7 @@ site): the source reads the features x, the sink looks its targets y up by examp
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import torch
@@ -72,7 +73,6 @@ class Source(_Example):
     def after_training(self, runner) -> None:
         """Score the test split through the whole chain; scores.json here."""
         if self.options.eval_examples:
-            import json
             test = list(range(min(self.options.eval_examples, len(self.examples("test")))))
             scores = runner.evaluate("test", test, batch_size=8)
             (self.context.workdir / "scores.json").write_text(json.dumps(scores))

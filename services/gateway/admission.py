@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import zmq
+
 from nebula._proto import nebula_pb2 as pb
 from nebula.errors import ConfigError, NebulaError, WireError
 from nebula.security.certs import parse_address, role_name
@@ -121,7 +123,7 @@ class Admission:
             raise Refusal("kind", f"{Kind(env.kind).name} from the gateway {sender} itself: a gateway sends "
                                   "only ERROR, HEARTBEAT and CONTROL as itself", env)
 
-    def _check_certificate(self, frame: Any, sender: str, env: pb.Envelope) -> None:
+    def _check_certificate(self, frame: zmq.Frame, sender: str, env: pb.Envelope) -> None:
         """Revocation and expiry also cut connections admitted before them (ZAP runs only at handshake)."""
         self._refresh_store()
         if why := credential_problem(self.store, Credential.of(frame)):
@@ -137,7 +139,7 @@ class Admission:
                 pass  # a half-written trust file: keep the previous state (the ZAP handler logs it)
 
 
-def _user_id(frame: Any) -> str:
+def _user_id(frame: zmq.Frame) -> str:
     return frame.get("User-Id")
 
 

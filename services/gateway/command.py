@@ -2,6 +2,8 @@
 gateway service adds to `nebula` through the `nebula.commands` entry points)."""
 from __future__ import annotations
 
+import logging
+
 
 def register(sub) -> None:
     parser = sub.add_parser("gateway", help="the site's gateway (Switch Server)")
@@ -12,8 +14,7 @@ def register(sub) -> None:
 
 
 def _run(args) -> int:
-    import logging
-
+    # why here: zmq, pynacl, prometheus_client, kept off `nebula --help`
     from services.gateway.main import run
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

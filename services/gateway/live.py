@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+
+import zmq
 
 from nebula.security.trust import TrustStore
 
@@ -33,7 +34,7 @@ class Credential:
     not_after: int
 
     @classmethod
-    def of(cls, frame: Any) -> "Credential":
+    def of(cls, frame: zmq.Frame) -> Credential:
         return cls(frame.get("User-Id"), int(frame.get("Serial")), frame.get("Issuer"), int(frame.get("Not-After")))
 
 

@@ -6,8 +6,8 @@ whatever the sender puts there (docs/security.md, "Under a flood").
 from __future__ import annotations
 
 import json
-from typing import Any
 
+from nebula._proto import nebula_pb2 as pb
 from nebula.wire import Kind
 
 CLIP = 256  # bytes a sender-chosen string (an address, a job id, a reason) takes in an audit record, at most
@@ -33,14 +33,14 @@ def _width(text: str) -> int:
     return len(json.dumps(text)) - 2
 
 
-def transfer_fields(env: Any, nbytes: int) -> dict:
+def transfer_fields(env: pb.Envelope, nbytes: int) -> dict:
     """The fields of a `transfer.in` / `transfer.out` record of a TENSORS, CONTROL or ERROR message."""
     return {"job": clip(env.job), "src": clip(env.src), "dst": clip(env.dst), "kind": Kind(env.kind).name,
             "bytes": nbytes, "msg_seq": env.seq,
             "codecs": sorted({clip(t.codec, CODEC_CLIP) for t in env.tensors})[:CODECS]}
 
 
-def tally_key(direction: str, env: Any) -> dict:
+def tally_key(direction: str, env: pb.Envelope) -> dict:
     """The key an ACK or HEARTBEAT is counted under in `transfer.summary` records."""
     return {"direction": direction, "job": clip(env.job), "src": clip(env.src), "dst": clip(env.dst),
             "kind": Kind(env.kind).name}
