@@ -20,6 +20,7 @@ Supported annotations: bool, int, float (an int is accepted), str, Path (str in 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from pathlib import Path
@@ -143,7 +144,6 @@ def _check_limits(f: dataclasses.Field, value: Any, where: str) -> None:
 
 
 def _did_you_mean(key: str, known: Mapping[str, Any]) -> str:
-    import difflib
     close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.75)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

@@ -11,12 +11,11 @@ discriminator); a source processes `[train] micro_batches` of its own.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from nebula.codecs.policy import CompressionPolicy
 from nebula.errors import ConfigError
-
-if TYPE_CHECKING:
-    from nebula.codecs.policy import CompressionPolicy
+from nebula.runtime.stage import FLOAT, Stage
 
 
 @dataclass(frozen=True)
@@ -25,7 +24,7 @@ class LinkConfig:
     dst: str
     tensors: tuple[str, ...]  # the src's output ports it carries (= dst's input ports)
     backward: bool  # two-way: gradients of its float tensors return
-    compression: "CompressionPolicy"  # which codec each direction sends, by training step
+    compression: CompressionPolicy  # which codec each direction sends, by training step
 
     @property
     def name(self) -> str:
@@ -137,7 +136,6 @@ class Graph:
 
 def check_ports(graph: Graph, classes: Mapping[str, Any]) -> None:
     """Every link carries tensors its ends declare, with the same dtype and rank; a source reads data."""
-    from nebula.runtime.stage import FLOAT, Stage
     where = graph.where
     for link in graph.links:
         at = f"{where}: [[links]] {link.name}"

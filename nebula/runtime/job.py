@@ -21,10 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nebula.codecs.policy_table import read_policy
 from nebula.config import build, check, limits
 from nebula.errors import ConfigError
 from nebula.runtime.graph import Graph, LinkConfig, check_ports
+from nebula.runtime.registry import resolve_stage
 from nebula.runtime.schedules import Schedule, build_schedule
+from nebula.runtime.stage import options_of
 from nebula.runtime.train import TrainConfig
 from nebula.security.certs import reserved_name_error
 
@@ -128,8 +131,6 @@ def load_job(path: str | Path) -> JobConfig:
 
 
 def _stage(name: str, table: dict, where: str) -> tuple[StageConfig, type]:
-    from nebula.runtime.registry import resolve_stage
-    from nebula.runtime.stage import options_of
     if not _STAGE_NAME.match(name):
         raise ConfigError(f"{where}: stage names are 1-32 lowercase letters, digits or '-', starting with a letter")
     framework = {"address", "impl", "ranks", "max_ranks", "device", "threads"}
@@ -174,7 +175,6 @@ class _LinkTable:
 
 
 def _link(i: int, table: dict, where: str) -> LinkConfig:
-    from nebula.codecs.policy_table import read_policy  # imports the codecs (and torch): only when a job loads
     at = f"{where}: [[links]] #{i + 1}"
     ends = {}
     for key in ("from", "to"):
