@@ -121,7 +121,7 @@ class WanLink:
         self.subnet = subnet
 
     @classmethod
-    def attach(cls, name_prefix: str) -> "WanLink":
+    def attach(cls, name_prefix: str) -> WanLink:
         """A handle on a mesh that is already up (e.g. from `nebula wan up`): its sites, in the order
         they were given, its rate and the smallest subnet that holds its links, all read back."""
         check_host()
@@ -192,7 +192,7 @@ class WanLink:
         present = set(_existing_namespaces())
         return [self.namespace(s) for s in self.sites if self.namespace(s) in present]
 
-    def up(self) -> "WanLink":
+    def up(self) -> WanLink:
         check_host()
         if taken := [f"{self.prefix}-{site}" for site in sites_up(self.prefix)]:
             raise WanError(f"network namespace(s) {', '.join(taken)} already exist: run "
@@ -215,7 +215,7 @@ class WanLink:
             proc.wait()
         self._delay_procs.clear()
 
-    def __enter__(self) -> "WanLink":
+    def __enter__(self) -> WanLink:
         return self.up()
 
     def __exit__(self, *exc_info) -> None:

@@ -32,13 +32,13 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "uint8": 1, "i
 
 
 @functools.cache
-def torch_dtypes() -> dict[str, "torch.dtype"]:
+def torch_dtypes() -> dict[str, torch.dtype]:
     import torch
     return {name: getattr(torch, name) for name in ITEMSIZE}
 
 
 @functools.cache
-def dtype_names() -> dict["torch.dtype", str]:
+def dtype_names() -> dict[torch.dtype, str]:
     return {dtype: name for name, dtype in torch_dtypes().items()}
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
+import tomllib
 
 from nebula.errors import ConfigError
 from nebula.shipped import data_dir, job_file

@@ -36,10 +36,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
+
+import tomllib
 
 from nebula.bench.wan import write_toml
 from nebula.errors import ConfigError, StageError

@@ -42,7 +42,7 @@ class CpuSampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-sampler", daemon=True)
 
-    def __enter__(self) -> "CpuSampler":
+    def __enter__(self) -> CpuSampler:
         self._out = open(self.path, "a", encoding="utf-8")
         self._thread.start()
         return self

@@ -134,7 +134,7 @@ class Sites:
         self.paths = make_sites(root, endpoints, list(STAGES), extra_gateway=f"stats_interval = 0\n{extra_gateway}")
         self.procs: dict[str, subprocess.Popen] = {}
 
-    def __enter__(self) -> "Sites":
+    def __enter__(self) -> Sites:
         try:
             for site in ("a", "b"):
                 self.procs[site] = _start_gateway(self.paths[site], self.root / f"gateway-{site}.log",

@@ -71,10 +71,10 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="nebula-bench-") as tmp:
         for size in () if args.wan_only else SIZES:
             count = COUNTS[size] // (4 if args.quick else 1)
-            plain = _median(repeat, lambda: _direct(size, count, curve=False))
-            for path, mb_s in [("zmq-plain", plain),
-                               ("curve-direct", _median(repeat, lambda: _direct(size, count, curve=True))),
-                               ("curve-gateways", _median(repeat, lambda: _gateways(Path(tmp), size, count)))]:
+            plain = _median(repeat, lambda size=size, count=count: _direct(size, count, curve=False))
+            curve = _median(repeat, lambda size=size, count=count: _direct(size, count, curve=True))
+            gateways = _median(repeat, lambda size=size, count=count: _gateways(Path(tmp), size, count))
+            for path, mb_s in [("zmq-plain", plain), ("curve-direct", curve), ("curve-gateways", gateways)]:
                 rows.append({"path": path, "size_bytes": size, "mb_per_s": round(mb_s, 2),
                              "fraction_of_plain": round(mb_s / plain, 4)})
                 emit(rows[-1])
@@ -283,4 +283,5 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["recv"]:
         _stage_recv(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
-        sys.exit("usage: python -m nebula.bench.transport send CONFIG ADDRESS DST SIZE COUNT | recv CONFIG ADDRESS COUNT")
+        sys.exit("usage: python -m nebula.bench.transport send CONFIG ADDRESS DST SIZE COUNT "
+                 "| recv CONFIG ADDRESS COUNT")

@@ -32,12 +32,12 @@ import statistics
 import sys
 import tempfile
 import time
-import tomllib
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Callable
 
 import tomli_w
+import tomllib
 
 from nebula.bench.cpu import CpuSampler, per_step, read_samples
 from nebula.bench.scenarios import ENTRY_POINT_GROUP, load_scenario, scenario_names
@@ -213,7 +213,7 @@ def int_list(text: str) -> list[int]:
     try:
         return [int(word) for word in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected integers separated by commas, e.g. 1,2,3")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected integers separated by commas, e.g. 1,2,3") from None
 
 
 def staleness_list(text: str) -> list[int]:
@@ -261,7 +261,8 @@ def bench_job(args: argparse.Namespace, settings: list[tuple[str, str]], timed: 
     `timed` steps each; the first phase has LEAD_IN + `first_lead` more untimed steps)."""
     raw, link = base_job(args)
     per_phase = 1 + timed
-    total = per_phase * len(settings) + LEAD_IN + first_lead + 1  # + the final step, which also saves the last checkpoint
+    # + 1: the final step, which also saves the last checkpoint
+    total = per_phase * len(settings) + LEAD_IN + first_lead + 1
     raw["train"].update(steps=total, checkpoint_every=total, log_every=total)
     override_train(raw, args)
     raw = load_scenario(args.scenario).speed_job(raw, work, total)
@@ -327,7 +328,8 @@ def per_step_link(path: Path, direction: str, link: str | None = None) -> dict[i
         if (r.get("dir") == direction and "raw" in r and "split" not in r  # not `auto` events, not inference
                 and (link is None or r.get("link") == link)):
             s = sums.setdefault(r["step"], {"raw": 0, "wire": 0, "encode_s": 0.0, "first": r["t"], "last": r["t"]})
-            s["raw"], s["wire"], s["encode_s"] = s["raw"] + r["raw"], s["wire"] + r["wire"], s["encode_s"] + r["encode_s"]
+            for key in ("raw", "wire", "encode_s"):
+                s[key] += r[key]
             s["first"], s["last"] = min(s["first"], r["t"]), max(s["last"], r["t"])
     return sums
 
@@ -347,7 +349,8 @@ def summarise(run: Path, job: dict, rate_mbit: float) -> list[dict]:
     driver, link = next(iter(stages)), job["bench"]["link"]
     src, dst = link.split("->")
     metrics = {name: {r["step"]: r for r in read_records(run / name / "metrics.jsonl")} for name in stages}
-    fwd, bwd = per_step_link(run / src / "link.jsonl", "forward", link), per_step_link(run / dst / "link.jsonl", "backward", link)
+    fwd = per_step_link(run / src / "link.jsonl", "forward", link)
+    bwd = per_step_link(run / dst / "link.jsonl", "backward", link)
     every = [(name, d, per_step_link(run / name / "link.jsonl", d)) for name in stages for d in ("forward", "backward")]
     rows, schedule = [], job.get("schedule", {}).get("name", "synchronous")
     samples = read_samples(run / "cpu.jsonl")

@@ -161,7 +161,8 @@ def print_verdicts(verdicts: list[dict], rtt_ms: float) -> None:
           "compute: the same with each phase's s/step over its own compute; fastest phase: round 1's fastest fixed "
           "phase / auto's round 1 (the first runs' measure, biased to the luckiest phase); spread: the median "
           "stdev / mean of a rung's s/step over the rounds")
-    print(f"{'Mbit/s':>8}  {'best fixed':<22}{'s/step':>8}  {'auto chose (fwd / bwd)':<44}{'s/step':>8}{'best/auto':>11}"
+    print(f"{'Mbit/s':>8}  {'best fixed':<22}{'s/step':>8}  {'auto chose (fwd / bwd)':<44}{'s/step':>8}"
+          f"{'best/auto':>11}"
           f"{'per compute':>13}{'fastest phase':>15}{'spread':>8}")
     for v in verdicts:
         picks = " / ".join(",".join(v["auto_chosen"].get(d, ["-"])) for d in ("forward", "backward"))

@@ -70,7 +70,8 @@ def measure(args: argparse.Namespace, run, segment: int, rtt: float) -> list[dic
             return
         if not changes:  # calibrate on the lossless first segment's tail
             tail = window(run, job, range(ends[0] - TAIL + 1, ends[0] + 1), rates[0])
-            bound = float(f"{max(tail['forward_mb'], tail['backward_mb']) * 8 / (args.bound_factor * tail['compute_s']):.3g}")
+            wire_mbit = max(tail["forward_mb"], tail["backward_mb"]) * 8
+            bound = float(f"{wire_mbit / (args.bound_factor * tail['compute_s']):.3g}")
             rates.extend([bound, float(f"{bound / LOWER:.3g}"), wan.PAPER_MBIT])
         link.set_rate(rates[len(changes) + 1])
         changes.append(done)
@@ -138,7 +139,8 @@ def print_rows(rows: list[dict], rtt: float) -> None:
     for r in rows:
         moved = {d: f"{r[f'{d}_first_move'] if r[f'{d}_first_move'] is not None else '-'}/{r[f'{d}_settled']}"
                  for d in ("forward", "backward")}
-        print(f"{r['segment']:>8}{r['link_mbit']:>8.3g}{r['after_step']:>7}  {moved['forward']:>15}{moved['backward']:>15}  "
+        print(f"{r['segment']:>8}{r['link_mbit']:>8.3g}{r['after_step']:>7}  "
+              f"{moved['forward']:>15}{moved['backward']:>15}  "
               f"{','.join(r['forward_codecs']):<22}{','.join(r['backward_codecs']):<22}{r['s_per_step']:>8.2f}"
               f"{r['compute_s']:>9.2f}{r['wire_s']:>7.2f}{r['to_limit']:>10.2f}")
     for r in rows:

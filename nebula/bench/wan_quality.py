@@ -29,13 +29,26 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 from nebula.bench.scenarios import load_scenario
 from nebula.bench.seeds import compare
-from nebula.bench.wan import (_workdir, base_job, chosen_settings, holds_toml, override_train, per_step_link,
-                              progress, read_records, run_job, set_compression, sites_job, write_toml)
+from nebula.bench.wan import (
+    _workdir,
+    base_job,
+    chosen_settings,
+    holds_toml,
+    override_train,
+    per_step_link,
+    progress,
+    read_records,
+    run_job,
+    set_compression,
+    sites_job,
+    write_toml,
+)
 from nebula.errors import ConfigError, StageError
 from nebula.plots import plot_curves
 

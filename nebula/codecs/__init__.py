@@ -6,12 +6,12 @@
 Spec grammar, wire layouts and measurements: docs/codecs.md; the normative layouts and arithmetic,
 with worked examples: docs/protocol.md §3.
 """
-from nebula.codecs.base import CODECS, Codec, register_codec
 # importing a codec module registers it
-from nebula.codecs import none, fp16, bf16, int8, int4, svd, lowrank, topk, ef, deflate, delta  # noqa: F401,E401
+from nebula.codecs import bf16, deflate, delta, ef, fp16, int4, int8, lowrank, none, svd, topk  # noqa: F401,E401
+from nebula.codecs.auto import Auto
+from nebula.codecs.base import CODECS, Codec, register_codec
 from nebula.codecs.chain import Chain
 from nebula.codecs.packing import pack, unpack
-from nebula.codecs.auto import Auto
 from nebula.codecs.policy import CompressionPolicy, Phase, Setting
 from nebula.codecs.policy_table import read_policy
 from nebula.codecs.spec import canonical, parse

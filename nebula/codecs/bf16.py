@@ -5,8 +5,17 @@ from dataclasses import dataclass
 
 import torch
 
-from nebula.codecs.base import (FLOAT_DTYPES, Codec, Meta, Parts, check_part, check_parts, register_codec, require_finite,
-                                require_float)
+from nebula.codecs.base import (
+    FLOAT_DTYPES,
+    Codec,
+    Meta,
+    Parts,
+    check_part,
+    check_parts,
+    register_codec,
+    require_finite,
+    require_float,
+)
 from nebula.errors import CodecError
 
 

@@ -11,7 +11,8 @@ Before zlib, a transform that lines the bytes up for it:
   transposed to (s, N)), so exponent bytes meet exponent bytes;
 - one-byte dtypes (uint8, int8, bool): as they are.
 Any wire dtype, bit-exact. Wire: part 0 = the zlib stream, uint8 (compressed bytes,).
-Meta: {"dtype": name, "shape": [...]} (+ "shuffle": true for an integer tensor sent shuffled) (decoding sees only parts and meta, not the payload header).
+Meta: {"dtype": name, "shape": [...]} (+ "shuffle": true for an integer tensor sent shuffled) (decoding sees
+only parts and meta, not the payload header).
 Bytes: data-dependent; real packed ELECTRA sequences (128 tokens, a 28,902-id frequency-ordered
 vocabulary), int32 (8, 128): 1.27 bytes per token (1.46 with the byte shuffle, 4 raw).
 """
@@ -25,8 +26,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nebula.codecs.base import (MAX_DECODED_NUMEL, Codec, Meta, Parts, check_part, check_parts, meta_shape,
-                                register_codec)
+from nebula.codecs.base import (
+    MAX_DECODED_NUMEL,
+    Codec,
+    Meta,
+    Parts,
+    check_part,
+    check_parts,
+    meta_shape,
+    register_codec,
+)
 from nebula.errors import CodecError, ConfigError
 from nebula.wire import ITEMSIZE, dtype_names, torch_dtypes
 

@@ -163,7 +163,8 @@ class RowCache:
         spilled rows are read back into it."""
         keys = [*self._disk, *self._rows]
         entries = [self.get(key) for key in keys]
-        return {"cap_bytes": self.cap_bytes, "ram_cap_bytes": self.ram_cap, "ids": torch.tensor(keys, dtype=torch.int64),
+        return {"cap_bytes": self.cap_bytes, "ram_cap_bytes": self.ram_cap,
+                "ids": torch.tensor(keys, dtype=torch.int64),
                 "seqs": torch.tensor([s for s, _ in entries], dtype=torch.int64),
                 "rows": [r for _, r in entries], "counts": dict(self.counts)}
 
@@ -308,7 +309,8 @@ class Delta(Codec):
             out[mask] = rows if add is None else add + rows
             pos += group[0]
         if pos != len(parts):
-            raise CodecError(f"codec {self.spec!r}: meta accounts for {pos + 2} parts, the message has {len(parts) + 2}")
+            raise CodecError(f"codec {self.spec!r}: meta accounts for {pos + 2} parts, "
+                             f"the message has {len(parts) + 2}")
         return out
 
 

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nebula.codecs.base import (Codec, Meta, Parts, check_part, check_parts, meta_shape, register_codec,
-                                require_float)
+from nebula.codecs.base import Codec, Meta, Parts, check_part, check_parts, meta_shape, register_codec, require_float
 from nebula.codecs.int8 import check_block_and_scale, dequantize, quantize
 from nebula.errors import CodecError
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from nebula.codecs.base import (Codec, Meta, Parts, check_part, check_parts, register_codec, require_float)
+from nebula.codecs.base import Codec, Meta, Parts, check_part, check_parts, register_codec, require_float
 from nebula.errors import CodecError, ConfigError
 
 SCALE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}

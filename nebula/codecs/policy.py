@@ -88,7 +88,7 @@ class CompressionPolicy:
             first += phase.steps or 0
 
     @classmethod
-    def fixed(cls, forward: Setting = UNCOMPRESSED, backward: Setting = UNCOMPRESSED) -> "CompressionPolicy":
+    def fixed(cls, forward: Setting = UNCOMPRESSED, backward: Setting = UNCOMPRESSED) -> CompressionPolicy:
         """One setting per direction for the whole run."""
         return cls((Phase(first_step=1, steps=None, forward=forward, backward=backward),))
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from nebula.codecs.base import CODECS, Codec
 from nebula.codecs.chain import Chain
@@ -27,21 +27,22 @@ MAX_SPEC_CHARS = 256
 MAX_DEPTH = 8
 WHITESPACE = " \t\r\n\f\v"  # the grammar's (§3.1), TOKEN's \s; str.strip() would also take '\x1c' or '\u3000'
 _ONLY_ASCII_SPACE = " (only space, tab, CR, LF, FF and VT may separate tokens)"
-TOKEN = re.compile(r"\s*(?:(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)|(?P<name>[A-Za-z_]\w*)|(?P<sym>[(),=]))", re.ASCII)
+TOKEN = re.compile(r"\s*(?:(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
+                   r"|(?P<name>[A-Za-z_]\w*)|(?P<sym>[(),=]))", re.ASCII)
 
 
 @dataclass
 class _Call:
     name: str
-    args: list[Union["_Call", int, float]]
-    kwargs: dict[str, Union["_Call", int, float, "_Bare"]]
+    args: list[_Call | int | float]
+    kwargs: dict[str, _Call | int | float | _Bare]
     at: int
 
 
 class _Bare(str):
     """A bare name given as a parameter's value (a string, or a codec without arguments), and its column."""
 
-    def __new__(cls, name: str, at: int) -> "_Bare":
+    def __new__(cls, name: str, at: int) -> _Bare:
         value = super().__new__(cls, name)
         value.at = at
         return value

@@ -70,7 +70,7 @@ class SpillFile:
 
 def _runs(blocks: list[int], size: int):
     """(first block, start, stop): the row's bytes [start, stop) go to consecutive blocks from `first`."""
-    start = 0
+    first = start = 0
     for i, block in enumerate(blocks):
         if i == 0 or block != blocks[i - 1] + 1:
             if i:

@@ -13,8 +13,19 @@ from dataclasses import dataclass
 
 import torch
 
-from nebula.codecs.base import (FLOAT_DTYPES, Codec, Meta, Parts, check_part, check_parts, check_ratio, meta_shape,
-                                register_codec, require_finite, require_float)
+from nebula.codecs.base import (
+    FLOAT_DTYPES,
+    Codec,
+    Meta,
+    Parts,
+    check_part,
+    check_parts,
+    check_ratio,
+    meta_shape,
+    register_codec,
+    require_finite,
+    require_float,
+)
 from nebula.errors import CodecError
 
 

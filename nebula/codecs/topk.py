@@ -12,8 +12,19 @@ from dataclasses import dataclass
 
 import torch
 
-from nebula.codecs.base import (FLOAT_DTYPES, Codec, Meta, Parts, check_part, check_parts, check_ratio, meta_shape,
-                                register_codec, require_finite, require_float)
+from nebula.codecs.base import (
+    FLOAT_DTYPES,
+    Codec,
+    Meta,
+    Parts,
+    check_part,
+    check_parts,
+    check_ratio,
+    meta_shape,
+    register_codec,
+    require_finite,
+    require_float,
+)
 from nebula.errors import CodecError
 
 MAX_INDEX = (1 << 31) - 1  # indices travel as int32

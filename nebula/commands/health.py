@@ -45,7 +45,7 @@ def run(args) -> int:
     return EXIT_HEALTHY if all(h.ok for _, h in checked) else EXIT_UNHEALTHY
 
 
-def checks(args) -> list[tuple[Path, "Health"]]:
+def checks(args) -> list[tuple[Path, Health]]:
     """(status file, its health) for each service TARGET names; a missing file is unhealthy, not an error."""
     target = Path(args.target)
     if args.site_config is not None:

@@ -108,7 +108,8 @@ def _trust(args) -> int:
     try:
         data = json.loads(args.bundle.read_text())
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read bundle {args.bundle} ({exc}); pass the file `nebula keys export` wrote") from exc
+        raise ConfigError(f"cannot read bundle {args.bundle} ({exc}); pass the file `nebula keys export` "
+                          "wrote") from exc
     bundle = SiteKeyStore.open(args.dir, args.site).trust(data, str(args.bundle), replace=args.replace)
     print(f"trusting site {bundle.site} CA {bundle.fingerprint} — compare this fingerprint with the other site's "
           f"operator; {len(bundle.certs)} certificates, revocation list #{bundle.crl.number if bundle.crl else '-'}")

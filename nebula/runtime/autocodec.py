@@ -42,7 +42,8 @@ and 80 ms RTT the fixed costs of a 5 kB message made the path read 8 Mbit/s, whi
 `none` to fp16 for 4 steps (bench wan --auto, run 10) before its trial brought it back.
 
 Every message names its codec, so the receiver follows without being told; each switch is a
-`compression` event in the stage's metrics and a line in link.jsonl. One-site links (no measured goodput) stay on the first rung.
+`compression` event in the stage's metrics and a line in link.jsonl. One-site links (no measured goodput)
+stay on the first rung.
 """
 from __future__ import annotations
 
@@ -114,7 +115,8 @@ class AutoChoice:
             return False  # no recent ACKs of the rung in force's own messages (a trial's, or after other codecs)
         budget = self.headroom * compute
         failed = self._judge_trial(wires[self.rung] <= budget, step)
-        fits = [i for i, w in enumerate(wires) if (i > self.rung or not failed) and self._fits(i, w, budget, sized[i], step)]
+        fits = [i for i, w in enumerate(wires)
+                if (i > self.rung or not failed) and self._fits(i, w, budget, sized[i], step)]
         chosen = fits[0] if fits else len(self.ladder) - 1
         if chosen < self.rung and not sized[chosen]:
             self.trial = chosen

@@ -14,11 +14,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
 import tomli_w
+import tomllib
 
 from nebula.errors import ConfigError
 from nebula.runtime.job import JobConfig, TrainConfig, load_job

@@ -67,7 +67,7 @@ class LinkCodecs:
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any] | str, link: str, meter_path: str | Path | None = None,
-                   spill_dir: str | Path | None = None) -> "LinkCodecs":
+                   spill_dir: str | Path | None = None) -> LinkCodecs:
         """From a job's [links.compression] table (or "auto"); meter lines go to `meter_path`."""
         return cls(codecs.read_policy(table), link, LinkMeter(meter_path) if meter_path else None, spill_dir)
 

@@ -97,14 +97,14 @@ class Coordination:
 class Role:
     """A stage's part in resuming and ending the job."""
 
-    def __init__(self, runner: "StageRunner"):
+    def __init__(self, runner: StageRunner):
         self.runner = runner
         self.coordinator = runner.graph.coordinator
         self.members = [s for s in runner.graph.stages if s != runner.name]
         self.incarnation = random.SystemRandom().randrange(1, 1 << 62)  # a new one per process start
 
     @staticmethod
-    def of(runner: "StageRunner") -> "Role":
+    def of(runner: StageRunner) -> Role:
         return Coordinator(runner) if runner.name == runner.graph.coordinator else Member(runner)
 
     def start(self) -> None:
@@ -147,7 +147,7 @@ class Role:
 
 
 class Coordinator(Role):
-    def __init__(self, runner: "StageRunner"):
+    def __init__(self, runner: StageRunner):
         super().__init__(runner)
         self.coordination = Coordination(list(self.members))
         self.ended: set[str] = set()  # sources through training
@@ -245,7 +245,7 @@ class Coordinator(Role):
 
 
 class Member(Role):
-    def __init__(self, runner: "StageRunner"):
+    def __init__(self, runner: StageRunner):
         super().__init__(runner)
         self.joining: int | None = None  # the RESYNC round answered last, while awaiting RESUME
         self.finish_at: int | None = None  # the step FINISH asked this stage to reach

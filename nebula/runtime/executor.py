@@ -62,7 +62,8 @@ class _Bound(torch.nn.Module):
 class Executor:
     def __init__(self, stage: Stage, graph: Graph, name: str, weights: ExactWeights, emit: Emit,
                  reduce: Callable[[list[torch.nn.Parameter]], None] | None = None):
-        self.stage, self.graph, self.name, self.weights, self.emit, self.reduce = stage, graph, name, weights, emit, reduce
+        self.stage, self.graph, self.name, self.weights = stage, graph, name, weights
+        self.emit, self.reduce = emit, reduce
         self.per_step = graph.per_step(name)
         self.waits = graph.waits_for_gradients(name)
         self.out_links = graph.out_links[name]
@@ -73,7 +74,7 @@ class Executor:
 
     @classmethod
     def for_job(cls, job: JobConfig, name: str, stage: Stage, emit: Emit,
-                reduce: Callable[[list[torch.nn.Parameter]], None] | None = None) -> "Executor":
+                reduce: Callable[[list[torch.nn.Parameter]], None] | None = None) -> Executor:
         """Stage `name`'s executor, its weights policy from the job's schedule."""
         waits = job.graph.waits_for_gradients(name)
         return cls(stage, job.graph, name, job.schedule.weights(waits, job.train), emit, reduce)

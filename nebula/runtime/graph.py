@@ -74,7 +74,8 @@ class Graph:
     def link(self, name: str) -> LinkConfig:
         if name in self.links_by_name:
             return self.links_by_name[name]
-        raise ConfigError(f"{self.where}: no link {name!r}; links: {', '.join(l.name for l in self.links) or 'none'}")
+        names = ", ".join(link.name for link in self.links) or "none"
+        raise ConfigError(f"{self.where}: no link {name!r}; links: {names}")
 
     def items(self, stage: str) -> list[Item]:
         return self._items[stage]

@@ -27,7 +27,7 @@ PASS_TOPICS = (Topic.INFER_END, Topic.INFER_PROGRESS, Topic.SCORES)
 
 
 class Inference:
-    def __init__(self, runner: "StageRunner"):
+    def __init__(self, runner: StageRunner):
         self.runner = runner
         self.queue: deque = deque()  # (message, link, inputs, ids, topic or end marker), arrival order
         self.results: dict[tuple[str, str], list] = {}  # sink: (origin, split) -> results so far

@@ -3,7 +3,7 @@ stage's options. Every mistake is a ConfigError naming the file and the key, bef
 
     [job]        name = "chain"   data = "../../data/chain"
     [train]      steps = 200   batch_size = 16   micro_batches = 4   seed = 1   checkpoint_every = 25
-    [schedule]   name = "synchronous"          # or "one-step-stale", "forward-only" (+ credit = k): nebula.runtime.schedules
+    [schedule]   name = "synchronous"          # "one-step-stale", "forward-only" (+ credit = k): runtime.schedules
     [stages.src]   address = "a/src/0"   impl = "example-source"   lr = 1e-2   # + its options
     [stages.sink]  address = "b/sink/0"  impl = "example-sink"     ranks = 2
     [[links]]    from = "src"   to = "sink"   tensors = ["hidden"]   backward = true
@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from nebula.codecs.policy_table import read_policy
 from nebula.config import build, check, limits
@@ -36,7 +37,8 @@ _STAGE_NAME = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 MOVED = {
     "staleness": 'the schedule is chosen by name now: [schedule] name = "one-step-stale" (staleness = 1) '
                  'or "synchronous" (staleness = 0)',
-    **{key: f"{key} is an option of each stage now: set it under [stages.NAME]" for key in ("lr", "warmup_steps", "max_len")},
+    **{key: f"{key} is an option of each stage now: set it under [stages.NAME]"
+       for key in ("lr", "warmup_steps", "max_len")},
 }
 
 

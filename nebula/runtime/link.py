@@ -45,7 +45,7 @@ class Link:
 
     @classmethod
     def open(cls, config: LinkConfig, here: str, job: JobConfig, ports: Mapping[str, Port], sender: BackgroundSender,
-             channel: Channel, meter: LinkMeter, spill_dir: Any, on_switch: Callable[..., None]) -> "Link":
+             channel: Channel, meter: LinkMeter, spill_dir: Any, on_switch: Callable[..., None]) -> Link:
         """The link with its compression, whose `auto` goes by the goodput of the path it sends on."""
         compression = LinkCodecs(config.compression, config.name, meter, spill_dir=spill_dir)
         ends = {"forward": job.stage(config.dst).address, "backward": job.stage(config.src).address}

@@ -89,7 +89,7 @@ class RankGroup:
         self._relay: threading.Thread | None = None
 
     @classmethod
-    def join(cls, job: Any, name: str, stage: Stage, rank: int, world: int, timeout: float = 600.0) -> "RankGroup":
+    def join(cls, job: Any, name: str, stage: Stage, rank: int, world: int, timeout: float = 600.0) -> RankGroup:
         """This process's place in the stage's group (MASTER_ADDR and MASTER_PORT say where to meet)."""
         try:  # torchrun and the supervisor set it; without it, assume every rank is on this host
             local = int(os.environ.get("LOCAL_WORLD_SIZE", world))

@@ -97,14 +97,15 @@ class StageRunner:
 
     def _open_links(self) -> dict[str, Link]:
         meter = LinkMeter(self.workdir / "link.jsonl")
-        ports = {"in": {p.name: p for p in type(self.stage).inputs}, "out": {p.name: p for p in type(self.stage).outputs}}
+        ports = {"in": {p.name: p for p in type(self.stage).inputs},
+                 "out": {p.name: p for p in type(self.stage).outputs}}
         on_switch = lambda **event: self.metrics.event("compression", **event)  # noqa: E731 - `auto` changed rung
         return {config.name: Link.open(config, self.name, self.job, ports["out" if config.src == self.name else "in"],
                                        self.sender, self.channel, meter, self.workdir, on_switch)
                 for config in (*self.graph.in_links[self.name], *self.graph.out_links[self.name])}
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    def run(self, hook: Callable[["StageRunner"], Any] | None = None, train: bool = True) -> Any:
+    def run(self, hook: Callable[[StageRunner], Any] | None = None, train: bool = True) -> Any:
         """Start, train to [train].steps (a source drives it), run `hook` (default: the stage's
         after_training, at sources), and end the job together with the other stages."""
         try:
@@ -178,7 +179,7 @@ class StageRunner:
             for step in self.schedule.opens(self.step, self.waits, self.train):
                 if step not in self.open:
                     self._open(step)
-            self.pump(lambda: self.step >= t)
+            self.pump(lambda t=t: self.step >= t)
 
     def _open(self, t: int) -> None:
         """A source opens step t: its micro-batches, once every forward-only receiver allows it."""

@@ -178,7 +178,8 @@ class Stage(ABC):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        missing = self.module.load_state_dict({**state.get("buffers", {}), **state["weights"]}, strict=False).missing_keys
+        saved = {**state.get("buffers", {}), **state["weights"]}
+        missing = self.module.load_state_dict(saved, strict=False).missing_keys
         if set(self.trainable()) & set(missing):
             raise StageError(f"checkpoint of stage {self.context.name} lacks weights "
                              f"{sorted(set(self.trainable()) & set(missing))[:5]}: was it written by another model?")

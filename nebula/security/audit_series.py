@@ -20,7 +20,7 @@ from pathlib import Path
 from nebula.errors import DataError
 
 DIGITS = 6
-_ARCHIVE = re.compile(r"^(?P<stem>.+?)\.(?P<number>\d{%d,})(?P<suffix>\.[^.]*)?$" % DIGITS)
+_ARCHIVE = re.compile(r"^(?P<stem>.+?)\.(?P<number>\d{%d,})(?P<suffix>\.[^.]*)?$" % DIGITS)  # noqa: UP031 - braces
 
 
 def archive_path(base: Path, number: int) -> Path:

@@ -160,4 +160,5 @@ def verify_certificate(cert: Certificate, ca_key: VerifyKey) -> None:
     except (BadSignatureError, ValueError) as exc:
         raise AuthError(f"bad signature on certificate serial {cert.serial} for {cert.address}") from exc
     if curve_public_raw(verify_key_from_hex(cert.identity_key)).hex() != cert.curve_key:
-        raise AuthError(f"bad signature: certificate serial {cert.serial} CURVE key does not derive from its identity key")
+        raise AuthError(f"bad signature: certificate serial {cert.serial} CURVE key does not derive from its "
+                        "identity key")

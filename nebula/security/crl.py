@@ -56,7 +56,8 @@ class RevocationList:
         try:
             ca_key.verify(self.signed_bytes(), bytes.fromhex(self.signature))
         except (BadSignatureError, ValueError) as exc:
-            raise AuthError(f"bad signature on the revocation list of site {self.issuer_site}; re-import its bundle") from exc
+            raise AuthError(f"bad signature on the revocation list of site {self.issuer_site}; "
+                            "re-import its bundle") from exc
 
 
 def sign_crl(ca_key: SigningKey, site: str, number: int, issued_at: int, revoked: dict[int, int]) -> RevocationList:

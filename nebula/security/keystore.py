@@ -20,8 +20,14 @@ from nacl.signing import SigningKey, VerifyKey
 from nebula.errors import AuthError, ConfigError
 from nebula.security.audit import AuditLog
 from nebula.security.bundle import Bundle, ca_public_dict, parse_bundle, verify_bundle_certs
-from nebula.security.certs import (Certificate, address_filename, certificate_filename, check_site_name,
-                                   issue_certificate, parse_address)
+from nebula.security.certs import (
+    Certificate,
+    address_filename,
+    certificate_filename,
+    check_site_name,
+    issue_certificate,
+    parse_address,
+)
 from nebula.security.crl import RevocationList, sign_crl
 from nebula.security.keyfile import locked, read_json, read_secret_json, write_json
 from nebula.security.keys import fingerprint, generate_identity, signing_key_from_hex
@@ -52,7 +58,8 @@ class SiteKeyStore:
         self.dir = Path(site_dir)
         self.site = check_site_name(self.dir.name)
         if not (self.dir / "ca.pub").exists():
-            raise ConfigError(f"{self.dir} is not a site key store (no ca.pub); run `nebula keys init-site {self.site}`")
+            raise ConfigError(f"{self.dir} is not a site key store (no ca.pub); "
+                              f"run `nebula keys init-site {self.site}`")
 
     def _audit(self, event: str, **fields) -> None:
         # Key events are rare: open, append, fsync and close each time so no descriptor lingers.

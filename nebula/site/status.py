@@ -24,7 +24,8 @@ def site_status(site: SiteConfig) -> dict:
     the service's state."""
     pid = read_pid(pid_file(site))
     up = pid is not None and pid_alive(pid)
-    records = [r for f in sorted((site.run / "status").glob("supervisor*.json")) for r in read_json_or_empty(f).get("services", [])]
+    files = sorted((site.run / "status").glob("supervisor*.json"))
+    records = [r for f in files for r in read_json_or_empty(f).get("services", [])]
     services = []
     for s in records:
         reported = read_json_or_empty(site.run / "status" / f"{s['name']}.json")

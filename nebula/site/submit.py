@@ -11,9 +11,10 @@ import secrets
 import subprocess
 import sys
 import time
-import tomllib
 from contextlib import AbstractContextManager
 from pathlib import Path
+
+import tomllib
 
 from nebula.errors import ConfigError
 from nebula.runtime.job import JobConfig, load_job

@@ -31,12 +31,12 @@ class Channel(ABC):
         by [channel] wan_timeout); an in-process channel has none."""
         return {}
 
-    def goodput(self, dst: str, message_bytes: int = 0) -> "Goodput | None":
+    def goodput(self, dst: str, message_bytes: int = 0) -> Goodput | None:
         """What the path to `dst` delivered lately, from ACK timing (nebula.transport.goodput); None where
         nothing is measured, e.g. in process, where no link is a bottleneck."""
         return None
 
-    def __enter__(self) -> "Channel":
+    def __enter__(self) -> Channel:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -39,12 +39,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tomli_w
+import tomllib
 
 from nebula.config import build, limits
 from nebula.errors import ConfigError

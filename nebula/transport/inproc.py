@@ -16,14 +16,14 @@ class InProcHub:
         self._queues: dict[str, queue.Queue] = {}
         self._lock = threading.Lock()
 
-    def channel(self, address: str) -> "InProcChannel":
+    def channel(self, address: str) -> InProcChannel:
         with self._lock:
             if address in self._queues:
                 raise TransportError(f"address {address} already has a channel on this hub")
             self._queues[address] = queue.Queue()
         return InProcChannel(self, address)
 
-    def restart(self, address: str) -> "InProcChannel":
+    def restart(self, address: str) -> InProcChannel:
         """A fresh channel for an address whose process 'died': unread messages are lost with it."""
         with self._lock:
             self._queues[address] = queue.Queue()

@@ -31,6 +31,7 @@ from nebula.transport.window import Window
 from nebula.wire import Message, encode_message
 
 POLL_SLICE = 0.1  # recv() re-checks for a dead gateway or peer this often while it waits
+DEFAULTS = ChannelConfig()  # a channel's knobs where the site config sets none (docs/transport.md)
 
 
 class ReliableChannel(Channel):
@@ -39,7 +40,7 @@ class ReliableChannel(Channel):
     ERRORs (relayed by our gateway) are refusals of our messages, as our own gateway's are."""
 
     def __init__(self, identity: Identity, endpoint: str, gateway: str, gateway_key: bytes,
-                 config: ChannelConfig = ChannelConfig(), *, peers: Iterable[str] | None = None,
+                 config: ChannelConfig = DEFAULTS, *, peers: Iterable[str] | None = None,
                  peer_gateways: Iterable[str] = ()) -> None:
         self.address, self.gateway, self.config = identity.address, gateway, config
         self.peers = None if peers is None else frozenset(peers)

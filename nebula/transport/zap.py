@@ -68,7 +68,7 @@ class ZapHandler:
         self.decisions = {"admitted": 0, "refused": 0}  # handshakes decided, for the gateway's status
         self._thread = threading.Thread(target=self._run, name="nebula-zap", daemon=True)
 
-    def start(self, timeout: float = 5.0) -> "ZapHandler":
+    def start(self, timeout: float = 5.0) -> ZapHandler:
         self._thread.start()
         if not self._ready.wait(timeout) or self._error is not None:
             raise NebulaError(f"ZAP handler failed to start: {self._error!r}")

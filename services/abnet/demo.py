@@ -46,7 +46,8 @@ def demo(args) -> int:
     report.print_examples(rows)
     for line in lines:
         print(line)
-    out = report.write_report(run / "report.md", f"nebula demo: {raw['job']['name']} across two sites", lines, rows, raw)
+    title = f"nebula demo: {raw['job']['name']} across two sites"
+    out = report.write_report(run / "report.md", title, lines, rows, raw)
     print(f"report: {out}, loss curve: {run / 'loss.png'}; logs: {run / 'logs'}")
     return 0
 

@@ -13,7 +13,6 @@ from tokenizers import Tokenizer
 from nebula.errors import StageError
 from services.abnet.plm import BertConfig, Pretrained, SpecialIds, load_bert
 
-
 MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors")
 
 

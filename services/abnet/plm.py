@@ -41,7 +41,7 @@ class BertConfig:
                               f"num_heads {self.num_heads}; fix the model config")
 
     @classmethod
-    def from_hf_json(cls, path: Path) -> "BertConfig":
+    def from_hf_json(cls, path: Path) -> BertConfig:
         """Read a Hugging Face ``config.json`` (bert or xlm-roberta)."""
         raw = json.loads(Path(path).read_text())
         is_xlmr = raw.get("model_type") == "xlm-roberta"
@@ -146,20 +146,20 @@ class BertModel(nn.Module):
             x = layer(x, am)
         return x  # (B, S, H)
 
-    def truncate(self, num_layers: int) -> "BertModel":
+    def truncate(self, num_layers: int) -> BertModel:
         """Keep only the first ``num_layers`` layers (small slices of real models for tests)."""
         self.layers = self.layers[:num_layers]
         self.cfg = replace(self.cfg, num_layers=num_layers)
         return self
 
-    def set_dropout(self, p: float) -> "BertModel":
+    def set_dropout(self, p: float) -> BertModel:
         """Dropout used in train mode (BERT's is 0.1; ABNet may run its frozen PLMs without)."""
         self.embeddings.dropout.p = p
         for layer in self.layers:
             layer.dropout = p
         return self
 
-    def freeze(self) -> "BertModel":
+    def freeze(self) -> BertModel:
         for p in self.parameters():
             p.requires_grad_(False)
         return self

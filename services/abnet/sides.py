@@ -8,11 +8,11 @@ from typing import Any
 
 import torch
 
-from services.corpus.corpus import ParallelSide
 from nebula.errors import DataError
 from nebula.runtime.order import id_hash
 from services.abnet.plm import Pretrained, pad_rows
 from services.abnet.vocab import build_vocab_map, count_ids
+from services.corpus.corpus import ParallelSide
 
 SPLITS = ("train", "valid", "test")
 

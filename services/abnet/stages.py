@@ -117,8 +117,8 @@ class AbnetEncoder(Stage):
             pad = self.data.vmap.specials(self.pre.specials).pad
             self.module = BaselineEncoder(len(self.data.vmap), pad, BaselineConfig())
         else:
-            self.module = build_source_encoder(self.pre, _abnet_config(options, enc_adapter_dim=options.enc_adapter_dim),
-                                               self.data.vmap)
+            config = _abnet_config(options, enc_adapter_dim=options.enc_adapter_dim)
+            self.module = build_source_encoder(self.pre, config, self.data.vmap)
         if options.long_sentences == "skip":  # the decoder needs no filter: it looks targets up by id
             self.data.keep("train", self._fits("train"))
         _place(self)

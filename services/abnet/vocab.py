@@ -53,7 +53,7 @@ class VocabMap:
                                           "new_to_old": self.new_to_old.tolist()}))
 
     @classmethod
-    def load(cls, path: Path) -> "VocabMap":
+    def load(cls, path: Path) -> VocabMap:
         try:
             raw = json.loads(Path(path).read_text())
             return cls(torch.tensor(raw["new_to_old"], dtype=torch.long),

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from services.corpus.pair import Pair
 from nebula.errors import ConfigError, DataError
+from services.corpus.pair import Pair
 
 SIDES = ("src", "tgt")
 

@@ -11,8 +11,8 @@ import random
 from collections import Counter
 from dataclasses import dataclass
 
-from services.corpus.pair import Pair
 from nebula.errors import ConfigError, DataError
+from services.corpus.pair import Pair
 
 
 @dataclass(frozen=True)

@@ -37,9 +37,10 @@ import shutil
 import statistics
 import sys
 import threading
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+import tomllib
 
 from nebula.bench.wan import BOUND_FACTOR, _workdir, run_job, write_toml
 from nebula.errors import ConfigError, StageError
@@ -220,7 +221,7 @@ class LinkCounter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="link-counter", daemon=True)
 
-    def __enter__(self) -> "LinkCounter":
+    def __enter__(self) -> LinkCounter:
         self._thread.start()
         return self
 

@@ -281,7 +281,8 @@ def untrained_checkpoint(run: Path, sink: str) -> Path | None:
     return path if path.exists() else None
 
 
-def evaluate_checkpoint(job: JobConfig, sink: str, checkpoint: Path | None, data_root: Path, workdir: Path) -> list[dict]:
+def evaluate_checkpoint(job: JobConfig, sink: str, checkpoint: Path | None, data_root: Path,
+                        workdir: Path) -> list[dict]:
     """The evaluations of services.electra.evaluate on the sink's mean-pooled states at `checkpoint`
     (None: as built, the seeded initialisation a step-0 checkpoint holds). A task the data cannot
     support (e.g. a test split of one package for the probe) is a row with `skipped`, not a failure."""

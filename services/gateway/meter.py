@@ -53,6 +53,7 @@ class Meter:
                 "rate_limited": dict(self.rate_limited), "handshakes": dict(self.handshakes)}
 
     def summary(self) -> str:
-        links = ", ".join(f"{name} {c['messages']} msgs/{c['bytes'] / 1e6:.1f} MB" for name, c in sorted(self.links.items()))
+        links = ", ".join(f"{name} {c['messages']} msgs/{c['bytes'] / 1e6:.1f} MB"
+                          for name, c in sorted(self.links.items()))
         refused = sum(self.refused.values())
         return f"links: {links or 'none'}; refused {refused}; dropped {sum(self.dropped.values())}"

@@ -33,8 +33,8 @@ from services.gateway.live import Credential, LiveConnections, credential_proble
 from services.gateway.meter import Meter
 from services.gateway.peers import PeerLinks
 from services.gateway.queues import HopQueues
-from services.gateway.records import clip, tally_key, transfer_fields
 from services.gateway.rates import SenderRates
+from services.gateway.records import clip, tally_key, transfer_fields
 
 log = logging.getLogger("nebula.gateway")
 BATCH = 64  # messages taken from one socket before the others get their turn
@@ -74,7 +74,7 @@ class Gateway:
         self.observer = observer
         self.failure: BaseException | None = None
 
-    def start(self) -> "Gateway":
+    def start(self) -> Gateway:
         """Bind and connect; on any failure close what was opened and raise."""
         try:
             policies = {INTERNAL: internal_policy(self.site.name), EXTERNAL: external_policy(self.site.name)}

@@ -18,8 +18,8 @@ def test_a_name_is_registered_once():
 
 
 @pytest.mark.parametrize("table, message", [
-    ({"name": "eventually"}, r"\[schedule\].name: 'eventually' is not one of 'synchronous', 'one-step-stale', "
-                             r"'forward-only'"),
+    ({"name": "eventually"}, r"\[schedule\].name: 'eventually' is not one of 'synchronous', 'forward-only', "
+                             r"'one-step-stale'"),
     ({"name": "synchronous", "credit": 3}, r"\[schedule\].credit: only name = \"forward-only\" takes a credit; "
                                           r"under 'synchronous' a forward-only link's credit is 1"),
     ({"name": "forward-only", "credit": 0}, r"\[schedule\].credit: 0 must be >= 1"),

@@ -1,10 +1,10 @@
 """Schedules, one class each, chosen by name from the job's [schedule] table (nebula.runtime.schedules.base
 has the contract; docs/runtime.md, "Schedules", the table)."""
 from nebula.runtime.schedules.base import ExactWeights, Schedule, build_schedule, register_schedule, schedule_names
+from nebula.runtime.schedules.forward_only import ForwardOnly
+from nebula.runtime.schedules.one_step_stale import OneStepStale, WeightStash
 from nebula.runtime.schedules.pace import Pace
-from nebula.runtime.schedules.synchronous import Synchronous  # registered first: the default, named first
-from nebula.runtime.schedules.one_step_stale import OneStepStale, WeightStash  # noqa: I001
-from nebula.runtime.schedules.forward_only import ForwardOnly  # noqa: I001
+from nebula.runtime.schedules.synchronous import Synchronous
 
 __all__ = ["ExactWeights", "ForwardOnly", "OneStepStale", "Pace", "Schedule", "Synchronous", "WeightStash",
            "build_schedule", "register_schedule", "schedule_names"]

@@ -31,7 +31,6 @@ from nebula.errors import ConfigError, StageError
 from nebula.runtime.graph import Graph
 from nebula.runtime.train import TrainConfig
 
-
 Params = MutableMapping[str, torch.Tensor]  # a stage's trainable parameters by name, or a stash of them
 
 
@@ -127,7 +126,8 @@ def register_schedule(name: str):
 
 
 def schedule_names() -> list[str]:
-    return list(_SCHEDULES)
+    """The registered schedules, the default first."""
+    return sorted(_SCHEDULES, key=lambda name: (name != "synchronous", name))
 
 
 def build_schedule(table: Mapping[str, Any], where: str) -> Schedule:
@@ -136,7 +136,7 @@ def build_schedule(table: Mapping[str, Any], where: str) -> Schedule:
         raise ConfigError(f"{where}: expected a table such as {{ name = \"synchronous\" }}, got {table!r}")
     name = table.get("name", "synchronous")
     if name not in _SCHEDULES:
-        raise ConfigError(f"{where}.name: {name!r} is not one of {', '.join(repr(n) for n in _SCHEDULES)} "
+        raise ConfigError(f"{where}.name: {name!r} is not one of {', '.join(map(repr, schedule_names()))} "
                           "(docs/runtime.md, \"Schedules\")")
     cls = _SCHEDULES[name]
     options = {k: v for k, v in table.items() if k != "name"}
