@@ -22,16 +22,18 @@ JOB_TIMEOUT = 150.0  # one tiny job takes ~30 s on 2 busy cores, ~45 s with a re
 
 def write_job(root: Path, replace: dict[str, str] | None = None) -> Path:
     """tests/e2e/jobs/tiny.toml (ABNet) with the data path made absolute and `replace` (old -> new) applied."""
-    path = job_file(root, "tiny", replace)
-    path.write_text(path.read_text().replace('data = "../data/es-en"', f'data = "{E2E / "data" / "es-en"}"'))
-    return path
+    text = TINY.read_text().replace('data = "../data/es-en"', f'data = "{E2E / "data" / "es-en"}"')
+    return _write(root, text, replace, TINY.name)
 
 
 def job_file(root: Path, name: str, replace: dict[str, str] | None = None) -> Path:
     """tests/e2e/jobs/`name`.toml as `root`/job.toml, with `replace` (old -> new, each must occur) applied."""
-    text = (E2E / "jobs" / f"{name}.toml").read_text()
+    return _write(root, (E2E / "jobs" / f"{name}.toml").read_text(), replace, f"{name}.toml")
+
+
+def _write(root: Path, text: str, replace: dict[str, str] | None, name: str) -> Path:
     for old, new in (replace or {}).items():
-        assert old in text, f"{old!r} is not in {name}.toml"
+        assert old in text, f"{old!r} is not in {name}"
         text = text.replace(old, new)
     root.mkdir(parents=True, exist_ok=True)
     path = root / "job.toml"
