@@ -124,13 +124,13 @@ def _as_buffer(part: torch.Tensor) -> memoryview:
         part = part.view(torch.uint8)
     if part.numel() == 0:
         return memoryview(b"")
-    return memoryview(part.reshape(-1).numpy()).cast("B")
+    return part.reshape(-1).numpy().data.cast("B")
 
 
 def encode_message(msg: Message) -> list[Any]:
     """Frames to pass to `socket.send_multipart(frames, copy=False)`."""
     env = pb.Envelope(version=PROTOCOL_VERSION, job=msg.job, src=msg.src, dst=msg.dst,
-                      kind=int(msg.kind), seq=msg.seq, step=msg.step, micro_batch=msg.micro_batch,
+                      kind=msg.kind.value, seq=msg.seq, step=msg.step, micro_batch=msg.micro_batch,
                       topic=msg.topic, body=msg.body, ack=msg.ack, epoch=msg.epoch,
                       generation=msg.generation, base=msg.base)
     if msg.error_code or msg.error_message:
