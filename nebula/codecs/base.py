@@ -89,8 +89,8 @@ def register_codec(name: str) -> Callable[[C], C]:
 
 def spec_args(codec: Codec) -> list[str]:
     """Required fields positionally, then non-default optional fields as key=value (dataclass codecs)."""
-    args = []
-    for f in dataclasses.fields(codec):  # type: ignore[arg-type]
+    args: list[str] = []
+    for f in dataclasses.fields(codec):  # type: ignore[arg-type]  # leaf codecs are dataclasses; Codec is not
         value = getattr(codec, f.name)
         if isinstance(value, Codec) and f.type in ("Codec", Codec):
             args.insert(0, value.spec)  # the inner codec always comes first; others go by name

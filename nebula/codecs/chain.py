@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -32,7 +33,8 @@ class Chain(Codec):
     def encode(self, x: torch.Tensor, state: dict | None = None, *,
                ids: torch.Tensor | None = None) -> tuple[Parts, Meta]:
         inner_parts, inner_meta = self.inner.encode(x, _sub(state, "inner"), ids=ids)
-        parts, groups = [], []
+        parts: Parts = []
+        groups: list[list[Any] | None] = []  # [part count, outer meta] per inner part, None: passed through
         for j, part in enumerate(inner_parts):
             if part.dtype in FLOAT_DTYPES:
                 encoded, meta = self.outer.encode(part, _sub(state, f"outer{j}"))
@@ -50,7 +52,8 @@ class Chain(Codec):
         if len(groups) > MAX_GROUPS:
             raise CodecError(f"codec {self.spec!r}: meta 'o' lists {len(groups)} parts, more than {MAX_GROUPS}")
         limit = _parts_limit(inner_meta)
-        inner_parts, pos, decoded = [], 0, 0
+        inner_parts: list[torch.Tensor | None] = []  # None: a passed-through part past the message's end
+        pos = decoded = 0
         for group in groups:
             if group is None:
                 inner_parts.append(parts[pos] if pos < len(parts) else None)
@@ -62,14 +65,16 @@ class Chain(Codec):
             declared = _numel(group[1])  # counted before decoding where the meta says (topk, svd: they expand)
             if decoded + (declared or 0) > limit:
                 raise CodecError(f"codec {self.spec!r}: its parts would decode to more than {limit} elements")
-            inner_parts.append(self.outer.decode(parts[pos:pos + group[0]], group[1]))
+            outer_decoded = self.outer.decode(parts[pos:pos + group[0]], group[1])
+            inner_parts.append(outer_decoded)
             pos += group[0]
-            decoded += inner_parts[-1].numel()
+            decoded += outer_decoded.numel()
             if decoded > limit:
                 raise CodecError(f"codec {self.spec!r}: its parts decode to more than {limit} elements")
         if pos != len(parts):
             raise CodecError(f"codec {self.spec!r}: meta accounts for {pos} parts, the message has {len(parts)}")
-        return self.inner.decode(inner_parts, inner_meta)
+        # pos == len(parts): every passed-through part was in the message, and the filter drops nothing
+        return self.inner.decode([part for part in inner_parts if part is not None], inner_meta)
 
 
 def _numel(meta: dict) -> int | None:

@@ -65,12 +65,13 @@ class Deflate(Codec):
         flat = x.detach().cpu().contiguous().reshape(-1)  # (N,): a 0-d tensor cannot be viewed as bytes
         if flat.numel() <= 1 and flat.stride(-1) != 1:  # torch calls a 0- or 1-element tensor contiguous
             flat = flat.clone(memory_format=torch.contiguous_format)  # at any stride; bytes need stride 1
-        meta = {"dtype": dtype_names()[x.dtype], "shape": list(x.shape)}
-        data = _varints(flat) if _is_varint(meta["dtype"]) else None
+        dtype = dtype_names()[x.dtype]
+        meta: Meta = {"dtype": dtype, "shape": list(x.shape)}
+        data = _varints(flat) if _is_varint(dtype) else None
         if data is None or len(data) > flat.numel() * flat.element_size():  # hashes: varints would only grow
             data = flat.view(torch.uint8).view(-1, flat.element_size()).t().contiguous().numpy()  # (s, N)
             meta["shuffle"] = True
-        packed = bytearray(zlib.compress(data, self.level))  # writable: no read-only tensor
+        packed = bytearray(zlib.compress(data.data, self.level))  # writable: no read-only tensor
         return [torch.frombuffer(packed, dtype=torch.uint8)], meta
 
     def decode(self, parts: Parts, meta: Meta) -> torch.Tensor:
@@ -107,7 +108,7 @@ def _inflate(part: torch.Tensor, expected: int, what: str, exact: bool = True) -
     stream = zlib.decompressobj()
     try:
         # one byte over the limit tells "longer than meta says" from "exactly right" without inflating more
-        raw = stream.decompress(part.contiguous().numpy(), expected + 1)
+        raw = stream.decompress(part.contiguous().numpy().data, expected + 1)
     except zlib.error as exc:
         raise CodecError(f"codec 'deflate': part 0 is not a valid zlib stream ({exc})") from exc
     if len(raw) > expected:
@@ -147,9 +148,9 @@ def _varints(flat: torch.Tensor) -> np.ndarray:
         count += z >= np.uint64(1 << (7 * k))
     width = int(count.max()) if len(z) else 1
     groups = np.stack([(z >> np.uint64(7 * k)) & np.uint64(127) for k in range(width)], 1).astype(np.uint8)
-    k = np.arange(width)[None, :]
-    groups |= ((k < count[:, None] - 1) * 128).astype(np.uint8)  # "another byte follows"
-    return groups[k < count[:, None]]  # row-major: element after element
+    group = np.arange(width)[None, :]  # (1, width)
+    groups |= ((group < count[:, None] - 1) * 128).astype(np.uint8)  # "another byte follows"
+    return groups[group < count[:, None]]  # row-major: element after element
 
 
 VARINT_CHUNK = 1 << 20  # bytes decoded at once: the vector decode needs ~60 B of temporaries per byte

@@ -82,6 +82,12 @@ class RowCache:
         held = self._disk.get(key)
         return None if held is None else (held[0], self._read(*held))
 
+    def held(self, key: int) -> tuple[int, torch.Tensor]:
+        """`get` for an example the cache holds: one of its own keys, or one `entry` has found."""
+        got = self.get(key)
+        assert got is not None, f"example {key:#x} is not in the cache"  # the callers looked it up first
+        return got
+
     def touch(self, key: int, row: torch.Tensor) -> None:
         """Make the example the most recently used (back in memory if it was on disk); `row` is its
         row, already read with `get`."""
@@ -89,7 +95,7 @@ class RowCache:
             self._rows.move_to_end(key)
             return
         seq, shape, blocks = self._disk.pop(key)
-        self._spill.free(blocks, shape)
+        self._spilled.free(blocks, shape)
         self.counts["read_back"] += 1
         self._rows[key] = (seq, row)
         self.ram_bytes += row.numel() * 4
@@ -112,7 +118,7 @@ class RowCache:
             self.ram_bytes -= row.numel() * 4
         elif key in self._disk:
             _, shape, blocks = self._disk.pop(key)
-            self._spill.free(blocks, shape)
+            self._spilled.free(blocks, shape)
             self.bytes -= shape.numel() * 4
 
     def _demote(self) -> None:
@@ -136,9 +142,15 @@ class RowCache:
             self.counts["spilled"] += 1
         self._spill_failed = False
 
+    @property
+    def _spilled(self) -> SpillFile:
+        """The spill file, for a row on disk."""
+        assert self._spill is not None  # a row is on disk only once the spill file exists
+        return self._spill
+
     def _read(self, seq: int, shape: torch.Size, blocks: list[int]) -> torch.Tensor:
         try:
-            return self._spill.read(blocks, shape)
+            return self._spilled.read(blocks, shape)
         except OSError as exc:
             raise CodecError(f"delta cache: the spilled row of message {seq} cannot be read back ({exc})") from exc
 
@@ -162,7 +174,7 @@ class RowCache:
         """Plain tensors and ints (loads with torch.load(weights_only=True)), least recent first;
         spilled rows are read back into it."""
         keys = [*self._disk, *self._rows]
-        entries = [self.get(key) for key in keys]
+        entries = [self.held(key) for key in keys]
         return {"cap_bytes": self.cap_bytes, "ram_cap_bytes": self.ram_cap,
                 "ids": torch.tensor(keys, dtype=torch.int64),
                 "seqs": torch.tensor([s for s, _ in entries], dtype=torch.int64),
@@ -170,7 +182,8 @@ class RowCache:
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         self.close()
-        self.__init__(int(saved["cap_bytes"]), int(saved.get("ram_cap_bytes", saved["cap_bytes"])), self.spill_dir)
+        RowCache.__init__(self, int(saved["cap_bytes"]), int(saved.get("ram_cap_bytes", saved["cap_bytes"])),
+                          self.spill_dir)
         for key, seq, row in zip(saved["ids"].tolist(), saved["seqs"].tolist(), saved["rows"]):
             self.put(key, seq, row)
         self.counts = {**self.counts, **saved["counts"]}
@@ -268,9 +281,9 @@ class Delta(Codec):
         for key, tag in zip(ids.tolist(), tags.tolist()):  # refuse before anything is applied
             entry = cache.entry(key)
             if tag and (entry is None or entry[0] != tag or not fits(entry[1], shape[1:])):
-                held = "no base" if entry is None else f"the base of message {entry[0]} {tuple(entry[1])}"
+                has = "no base" if entry is None else f"the base of message {entry[0]} {tuple(entry[1])}"
                 raise CodecError(f"codec {self.spec!r}: example {key:#x} is a delta against the base of message "
-                                 f"{tag} {tuple(shape[1:])}, and this receiver holds {held}: the two caches are "
+                                 f"{tag} {tuple(shape[1:])}, and this receiver holds {has}: the two caches are "
                                  "out of step; reset the link's codec state at both ends (a resume does)")
         held, bases = self._bases(cache, ids, tags, shape[1:])
         out = self._rebuild(list(parts[2:]), meta, tags, bases, shape)
@@ -287,10 +300,10 @@ class Delta(Codec):
         return cache
 
     def _bases(self, cache: RowCache, ids: torch.Tensor, tags: torch.Tensor,
-               row: torch.Size) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor]:
+               row: tuple[int, ...]) -> tuple[list[tuple[int, torch.Tensor]], torch.Tensor]:
         """The delta rows' (key, cached row as held), and the rows fitted and stacked (D, *row), in row
         order; reads only: `_commit` marks them used once the message is whole."""
-        held = [(key, cache.get(key)[1]) for key, tag in zip(ids.tolist(), tags.tolist()) if tag]
+        held = [(key, cache.held(key)[1]) for key, tag in zip(ids.tolist(), tags.tolist()) if tag]
         return held, (torch.stack([fit(h, row) for _, h in held]) if held else torch.zeros(0, *row))
 
     def _rebuild(self, parts: Parts, meta: Meta, tags: torch.Tensor, bases: torch.Tensor,
@@ -314,13 +327,13 @@ class Delta(Codec):
         return out
 
 
-def fits(base: torch.Size, row: torch.Size) -> bool:
+def fits(base: tuple[int, ...], row: tuple[int, ...]) -> bool:
     """Whether a cached row of shape `base` can be the base of a row of shape `row`: the same shape, or
     the same but for the first dimension (another padded length of one sequence)."""
     return base == row or (len(base) == len(row) >= 1 and base[1:] == row[1:])
 
 
-def fit(base: torch.Tensor, row: torch.Size) -> torch.Tensor:
+def fit(base: torch.Tensor, row: tuple[int, ...]) -> torch.Tensor:
     """`base` cut or zero-extended along its first dimension to `row`. Both ends fit alike, so the
     decoded row is x_row plus the inner codec's error whatever the fit; it pays off for sequences
     padded on the right (services/abnet's pad_rows), whose real positions come first and are in both:

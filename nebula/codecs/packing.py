@@ -72,6 +72,7 @@ def unpack(payload: TensorPayload, state: dict[str, Any] | None = None,
         raise CodecError(f"{where}: codec {payload.codec!r} decoded {x.numel()} elements, the header's "
                          f"shape {list(payload.shape)} has {math.prod(payload.shape)}")
     if slot is not state:
+        assert state is not None and slot is not None  # a fresh slot is made above only beside a stream's state
         state.clear()
         state.update(slot)
     return x.reshape(payload.shape).to(torch_dtypes()[payload.dtype])

@@ -34,13 +34,16 @@ TOKEN = re.compile(r"\s*(?:(?P<num>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)"
 @dataclass
 class _Call:
     name: str
-    args: list[_Call | int | float]
+    args: list[int | float]  # the numbers, after the inner codec if there is one
     kwargs: dict[str, _Call | int | float | _Bare]
     at: int
+    inner: _Call | None = None  # the inner codec: the first argument, if it is a codec
 
 
 class _Bare(str):
     """A bare name given as a parameter's value (a string, or a codec without arguments), and its column."""
+
+    at: int
 
     def __new__(cls, name: str, at: int) -> _Bare:
         value = super().__new__(cls, name)
@@ -100,15 +103,15 @@ class _Parser:
             self.i += 1
             node.kwargs[text] = _number(value) if vkind == "num" else _Bare(value, value_at)
         elif kind == "name":
-            if node.args or node.kwargs:  # §3.1: the inner codec MUST be the first argument
+            if node.inner is not None or node.args or node.kwargs:  # §3.1: the inner codec MUST be the first argument
                 raise self.fail(_misplaced_inner(node, text), at)
-            node.args.append(self.call(depth + 1))
+            node.inner = self.call(depth + 1)
         else:
             raise self.fail(f"expected an argument, found {_describe(self.peek())}")
 
 
 def _misplaced_inner(node: _Call, name: str) -> str:
-    if node.args and isinstance(node.args[0], _Call):
+    if node.inner is not None:
         return f"{node.name!r} takes one inner codec, found a second one, {name!r},"
     return (f"the inner codec must be the first argument, e.g. int8(lowrank(0.2), block=64): move {name!r} "
             "before the others; found it")
@@ -133,7 +136,7 @@ def _delta_outermost(text: str, node: _Call, top: bool) -> None:
     if node.name == "delta" and not top:
         raise ConfigError(f"codec spec {text!r}: 'delta' at column {node.at + 1} must be the outermost codec, "
                           "e.g. delta(int8(lowrank(0.5)))")
-    for arg in [*node.args, *node.kwargs.values()]:
+    for arg in [node.inner, *node.kwargs.values()]:
         if isinstance(arg, _Call):
             _delta_outermost(text, arg, top=False)
 
@@ -148,8 +151,8 @@ def _build(text: str, node: _Call) -> Codec:
     cls = CODECS.get(node.name)
     if cls is None:
         raise ConfigError(f"{where}: unknown codec (known: {', '.join(sorted(CODECS))})")
-    inner, numbers = _split_args(node)
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    inner, numbers = node.inner, node.args
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # codecs built from specs are dataclasses
     inner_field = next((f for f in fields if f.type in ("Codec", Codec)), None)
     params = [f for f in fields if f is not inner_field]
     kwargs: dict[str, Any] = {}
@@ -158,14 +161,13 @@ def _build(text: str, node: _Call) -> Codec:
                           f"({', '.join(f.name for f in params) or 'none'}), got {len(numbers)}")
     for f, value in zip(params, numbers):
         kwargs[f.name] = value
-    for key, value in node.kwargs.items():
-        f = next((f for f in params if f.name == key), None)
-        if f is None:
+    for key, given in node.kwargs.items():
+        if not any(f.name == key for f in params):
             raise ConfigError(f"{where}: unknown parameter {key!r} "
                               f"(parameters: {', '.join(f.name for f in params) or 'none'})")
         if key in kwargs:
             raise ConfigError(f"{where}: parameter {key!r} given both by position and by name")
-        kwargs[key] = value
+        kwargs[key] = given
     for f in params:
         if f.name in kwargs and _codec_typed(f):
             kwargs[f.name] = _codec_value(text, where, f, kwargs[f.name])
@@ -180,12 +182,6 @@ def _build(text: str, node: _Call) -> Codec:
         return cls(**kwargs)
     codec = cls(**kwargs)
     return Chain(codec, _build(text, inner)) if inner is not None else codec
-
-
-def _split_args(node: _Call) -> tuple[_Call | None, list[int | float]]:
-    """The inner codec (the parser let one in only as the first argument) and the numbers after it."""
-    inner = node.args[0] if node.args and isinstance(node.args[0], _Call) else None
-    return inner, node.args[1:] if inner is not None else node.args  # type: ignore[return-value]
 
 
 def _codec_typed(f: dataclasses.Field) -> bool:

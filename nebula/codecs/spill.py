@@ -37,7 +37,7 @@ class SpillFile:
     def write(self, row: torch.Tensor) -> list[int]:
         """Store a float32 row; the blocks that hold it. An OSError (a full disk) leaves the file's
         bookkeeping as it was."""
-        data = memoryview(row.detach().contiguous().numpy()).cast("B")
+        data = row.detach().contiguous().numpy().data.cast("B")
         count = -(-len(data) // BLOCK)
         reused = sorted(self._free[-count:]) if count else []
         blocks = reused + list(range(self.blocks, self.blocks + count - len(reused)))
@@ -50,7 +50,7 @@ class SpillFile:
 
     def read(self, blocks: list[int], shape: torch.Size) -> torch.Tensor:
         row = torch.empty(shape, dtype=torch.float32)
-        view = memoryview(row.numpy()).cast("B")
+        view = row.numpy().data.cast("B")
         for first, start, stop in _runs(blocks, len(view)):
             done = start
             while done < stop:
