@@ -79,7 +79,7 @@ def _list(args) -> int:
     from nebula.security.grants import DataRegistry
 
     rows = [("DATA SET", "OWNER", "PATH", "GRANTS")]
-    for d in DataRegistry(site_store(args.site_config)[1]).list():
+    for d in DataRegistry(site_store(args.site_config)[1]).datasets():
         rows.append((d.name, d.owner, str(d.path), ", ".join(d.grants) or "-"))
     print(table(rows))
     return 0

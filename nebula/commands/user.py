@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 
@@ -91,13 +92,13 @@ def _list(args) -> int:
     from nebula.security.accounts import Accounts
 
     rows = [("USER", "STATE", "CREATED", "CHANGED")]
-    for user in Accounts(site_store(args.site_config)[1]).list():
+    for user in Accounts(site_store(args.site_config)[1]).users():
         rows.append((user.name, "disabled" if user.disabled else "enabled", _date(user.created), _date(user.changed)))
     print(table(rows))
     return 0
 
 
-def table(rows: list[tuple[str, ...]]) -> str:
+def table(rows: Sequence[tuple[str, ...]]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows)
 

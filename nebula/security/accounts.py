@@ -17,7 +17,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NoReturn
 
 import nacl.pwhash
 from nacl.exceptions import InvalidkeyError
@@ -130,7 +130,7 @@ class Accounts:
     def find(self, name: str) -> User | None:
         return self.get(name) if self.exists(name) else None
 
-    def list(self) -> list[User]:
+    def users(self) -> list[User]:
         return [self.get(name) for name in sorted(self.file.read())]
 
     def exists(self, name: str) -> bool:
@@ -151,7 +151,7 @@ class Accounts:
                          f"(`nebula user enable {name}`)")
         return User(name, False, entry["created"], entry["changed"])
 
-    def _refuse(self, name: str, purpose: str, reason: str, message: str) -> None:
+    def _refuse(self, name: str, purpose: str, reason: str, message: str) -> NoReturn:
         audit(self.dir, "account.auth_failed", user=name, purpose=purpose, reason=reason)
         raise AuthError(message)
 

@@ -356,7 +356,7 @@ def _check(event: str, fields: dict, reserved: frozenset) -> None:
         raise ConfigError(f"audit fields {sorted(clash)} are reserved; rename them")
 
 
-def _positive(value: Any, name: str, kind: type | tuple) -> Any:
+def _positive(value: Any, name: str, kind: type[int] | tuple[type[int], type[float]]) -> Any:
     if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
         raise ConfigError(f"audit log {name} must be a positive number, got {value!r}")
     return value
@@ -486,6 +486,7 @@ class _Chain:
 
     def check_anchor(self, base: Path) -> None:
         if not self.anchored:
+            assert self.anchor is not None  # without an anchor, a chain is anchored from the start
             raise _Broken(f"log ends at seq {self.seq} but the anchor names seq {self.anchor[0]}: "
                           "records were removed from the end", base)
 

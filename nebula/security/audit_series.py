@@ -62,7 +62,7 @@ def series_in(directory: Path) -> list[Path]:
 def last_record(path: Path, fd: int | None = None) -> dict | None:
     """The last record of a file (None if it is empty); DataError if that line is cut short or not JSON."""
     own = fd is None
-    fd = os.open(path, os.O_RDONLY) if own else fd
+    fd = os.open(path, os.O_RDONLY) if fd is None else fd
     try:
         size = os.fstat(fd).st_size
         if size == 0:

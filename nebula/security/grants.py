@@ -17,7 +17,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NoReturn, Protocol
 
 from nebula.errors import AuthError, ConfigError, DataError
 from nebula.security.accounts import Accounts, RecordFile, audit, check_store, check_user_name
@@ -149,11 +149,11 @@ class DataRegistry:
     def get(self, name: str) -> Dataset:
         return _dataset(name, self._entry(self.file.read(), name))
 
-    def list(self) -> list[Dataset]:
+    def datasets(self) -> list[Dataset]:
         return [_dataset(name, entry) for name, entry in sorted(self.file.read().items())]
 
     def check_removable(self, user: str) -> None:
-        owned = [d.name for d in self.list() if d.owner == user]
+        owned = [d.name for d in self.datasets() if d.owner == user]
         if owned:
             raise ConfigError(f"user {user} owns the data sets {', '.join(owned)}: their grants would have no "
                               f"owner; disable the user instead (`nebula user disable {user}`)")
@@ -198,7 +198,7 @@ class DataRegistry:
             self.refuse(name, principal, "outside the data roots", str(exc))
         return path
 
-    def refuse(self, name: str, principal: Principal, reason: str, message: str) -> None:
+    def refuse(self, name: str, principal: Principal, reason: str, message: str) -> NoReturn:
         audit(self.dir, "data.refused", dataset=name, user=principal.user, job=principal.job, reason=reason)
         raise AuthError(message)
 

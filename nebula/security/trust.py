@@ -124,6 +124,7 @@ def check_peer(store: TrustStore, curve_public_key: bytes, allowed_roles: set[st
             return cert
         except AuthError as exc:
             first_error = first_error or exc
+    assert first_error is not None  # certs is not empty, and every one of them failed
     raise first_error
 
 

@@ -32,7 +32,7 @@ def test_secrets_are_stored_as_argon2id_hashes_in_a_0600_file(ca):
     assert "$argon2id$" in text and SECRET not in text
     assert stat.S_IMODE((ca / "users.json").stat().st_mode) == 0o600
     assert accounts.authenticate("alice", SECRET, "test").name == "alice"
-    assert [u.name for u in accounts.list()] == ["alice"]
+    assert [u.name for u in accounts.users()] == ["alice"]
     assert events(ca)[-1]["event"] == "account.added" and events(ca)[-1]["user"] == "alice"
 
 
@@ -65,7 +65,7 @@ def test_bad_names_weak_secrets_duplicates_and_unknown_users_are_config_errors(c
     with pytest.raises(ConfigError, match="no user 'carol'.*have: bob"):
         accounts.remove("carol")
     accounts.remove("bob")
-    assert accounts.list() == [] and events(ca)[-1]["event"] == "account.removed"
+    assert accounts.users() == [] and events(ca)[-1]["event"] == "account.removed"
 
 
 def _add_users(ca, prefix):
@@ -80,7 +80,7 @@ def test_concurrent_changes_from_several_processes_all_land(ca):
     for proc in procs:
         proc.join(30)
     assert [p.exitcode for p in procs] == [0] * 4
-    assert len(Accounts(ca).list()) == 8
+    assert len(Accounts(ca).users()) == 8
     assert verify(ca / "audit.jsonl").ok
 
 
