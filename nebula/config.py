@@ -96,7 +96,7 @@ def check(annotation: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"{where}: expected a table, got {_show(value)}")
         item = args[1] if len(args) == 2 else Any
         return {str(k): check(item, v, f"{where}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(annotation):
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
         return build(annotation, value, where)
     return _scalar(annotation, value, where)
 

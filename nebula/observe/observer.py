@@ -109,13 +109,13 @@ class Observer:
                 record["error"] = self.error
             self.record = record
             if self.path is not None:
-                self._write(record)
+                self._write(self.path, record)
 
-    def _write(self, record: dict[str, Any]) -> None:
+    def _write(self, path: Path, record: dict[str, Any]) -> None:
         """A full disk or a removed run directory costs the file, not the service (a gateway writes from
         its message loop): logged once per cause, and the next write tries again."""
         try:
-            write_status(self.path, record)
+            write_status(path, record)
             self._unwritten = ""
         except OSError as exc:
             if str(exc) != self._unwritten:

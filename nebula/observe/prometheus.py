@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 from typing import Any, Callable, Iterator, Mapping
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, StateSetMetricFamily
@@ -40,7 +41,7 @@ class Exporter:
 
     def __init__(self, bind: str, port: int, current: Callable[[], dict[str, Any]]) -> None:
         self.bind, self.port, self.current = bind, port, current
-        self._server = None
+        self._server: WSGIServer | None = None
 
     def start(self) -> Exporter:
         registry = CollectorRegistry()

@@ -73,7 +73,8 @@ class AutoChoice:
         self.headroom = settings.headroom_or(default_headroom)
         self.ladder = settings.ladder
         self.goodput, self.compute, self.on_switch = goodput, compute, on_switch
-        self.rung, self.step, self.decided_at, self.warm = 0, 0, None, False
+        self.rung, self.step, self.warm = 0, 0, False
+        self.decided_at: int | None = None  # the step of the last decision
         self.trial: int | None = None  # the rung on trial: chosen on an estimate from smaller messages
         self.failures: Counter = Counter()  # rung -> trials that failed in a row
         self.retry_at: dict[int, int] = {}  # rung -> the step before which it is not tried again
@@ -138,6 +139,7 @@ class AutoChoice:
         for codec in self.ladder:
             step_bytes = self._wire_bytes(codec)
             got = self.goodput(int(step_bytes / self.messages))
+            assert got is not None  # `_decide` had a measurement, and a meter never forgets its last ACKs
             wires.append(step_bytes / got.bytes_per_s if got.bytes_per_s else 0.0)
             rates.append(got.bytes_per_s)
             sized.append(got.sized)

@@ -155,7 +155,7 @@ def _check_device(device: str, where: str) -> None:
 
 
 def _check_addresses(configs: dict[str, StageConfig], where: str) -> None:
-    seen = {}
+    seen: dict[str, str] = {}  # address -> stage name
     for name, stage in configs.items():
         parts = stage.address.split("/")
         if len(parts) != 3 or not all(parts) or parts[2] != "0":

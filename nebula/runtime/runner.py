@@ -175,11 +175,14 @@ class StageRunner:
     # -- training ------------------------------------------------------------------------------------
     def _train_to(self, last: int) -> None:
         while self.step < last:
-            t = self.step + 1
-            for step in self.schedule.opens(self.step, self.waits, self.train):
-                if step not in self.open:
-                    self._open(step)
-            self.pump(lambda t=t: self.step >= t)
+            self._train_step(self.step + 1)
+
+    def _train_step(self, t: int) -> None:
+        """Open the steps the schedule keeps open, then handle messages until step t is applied."""
+        for step in self.schedule.opens(self.step, self.waits, self.train):
+            if step not in self.open:
+                self._open(step)
+        self.pump(lambda: self.step >= t)
 
     def _open(self, t: int) -> None:
         """A source opens step t: its micro-batches, once every forward-only receiver allows it."""

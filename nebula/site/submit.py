@@ -124,7 +124,11 @@ def _code_hash(job: JobConfig, stages: dict[str, str]) -> str:
     for name in sorted(stages):
         cls = resolve_stage(job.stage(name).impl)
         digest.update(f"{name}={cls.__module__}:{cls.__qualname__}\n".encode())
-        digest.update(Path(inspect.getsourcefile(cls)).read_bytes())
+        source = inspect.getsourcefile(cls)
+        if source is None:  # a module shipped compiled (an extension, or .pyc only): no source to hash
+            raise ConfigError(f"stage {name}: the module of {job.stage(name).impl} ({cls.__module__}) has no source "
+                              "file, so the job record could not say what code ran; install the workload from source")
+        digest.update(Path(source).read_bytes())
     return digest.hexdigest()
 
 

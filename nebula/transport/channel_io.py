@@ -16,7 +16,6 @@ import os
 import queue
 import threading
 import time
-from typing import Any
 
 import zmq
 
@@ -260,7 +259,7 @@ class ChannelIO(threading.Thread):
                 stream.gap_reported = hole
                 self.acks_due[msg.src] = (msg.epoch, True)
 
-    def _on_monitor_event(self, event: dict[str, Any]) -> None:
+    def _on_monitor_event(self, event: sockets.MonitorEvent) -> None:
         kind = event["event"]
         if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED:
             self._on_reconnected()
@@ -277,8 +276,8 @@ class ChannelIO(threading.Thread):
         self.last_ping = 0.0  # ping at the next tick: a restarted gateway sends us nothing until we speak
         for stream in self.window.snapshot():
             self.stats["resent"] += self.window.requeue(stream)
-        for peer, stream in self.recv_streams.items():
-            self.acks_due[peer] = (stream.epoch, True)
+        for peer, received in self.recv_streams.items():
+            self.acks_due[peer] = (received.epoch, True)
 
     # --- timers ----------------------------------------------------------------------------
     def _tick(self, now: float) -> None:

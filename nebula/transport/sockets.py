@@ -9,6 +9,7 @@ socket monitor for HANDSHAKE_FAILED_* events and turn them into errors with a bo
 from __future__ import annotations
 
 import time
+from typing import TypedDict
 
 import zmq
 from zmq.utils.monitor import parse_monitor_message
@@ -21,7 +22,7 @@ from nebula.security.trust import Identity
 HARD_FRAME_LIMIT = (1 << 31) - 1
 CONNECT_TIMEOUT_MS = 3000  # one TCP connect attempt: two SYNs at TCP's initial 1 s RTO, then a fresh attempt
 
-HANDSHAKE_FAILURES = {
+HANDSHAKE_FAILURES: dict[int, str] = {
     zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused by the server's authenticator",
     zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "CURVE protocol error (wrong server key, or the server is not CURVE)",
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
@@ -80,11 +81,19 @@ def plain_socket(ctx: zmq.Context, kind: int, hwm: int) -> zmq.Socket:
     return sock
 
 
-def read_event(monitor: zmq.Socket) -> dict:
+class MonitorEvent(TypedDict):
+    """One socket-monitor event, as pyzmq's parse_monitor_message reads it."""
+
+    event: int
+    value: int
+    endpoint: bytes
+
+
+def read_event(monitor: zmq.Socket) -> MonitorEvent:
     return parse_monitor_message(monitor.recv_multipart())
 
 
-def handshake_error(event: dict, who: str, endpoint: str) -> AuthError:
+def handshake_error(event: MonitorEvent, who: str, endpoint: str) -> AuthError:
     reason = HANDSHAKE_FAILURES.get(event["event"], "handshake failed")
     status = f" (ZAP status {event['value']})" if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH else ""
     return AuthError(f"{who}: CURVE handshake with {endpoint} failed: {reason}{status}. Check that this "

@@ -37,7 +37,7 @@ class Window:
         with self.cond:
             while not self._has_room(nbytes):
                 self.raise_if_failed(dst)
-                if self.outage and deadline is not None:  # the ACKs cannot come: not this send's time out
+                if self.outage and timeout is not None:  # the ACKs cannot come: not this send's time out
                     deadline = time.monotonic() + timeout
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:

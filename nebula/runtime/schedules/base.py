@@ -100,7 +100,7 @@ class Schedule(ABC):
         return ExactWeights()
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and other.options == self.options  # type: ignore[attr-defined]
+        return type(other) is type(self) and other.options == self.options
 
     def __hash__(self) -> int:
         return hash((self.name, self.options))
