@@ -62,7 +62,7 @@ class LowRank(Codec):
 def _factor(a: torch.Tensor, k: int, oversample: int, iters: int, state: dict | None):
     """a (m, n), n <= m -> (A V_k (m, k), V (n, l)) with V's columns the Ritz vectors, best first."""
     n = a.shape[1]
-    l = min(n, k + oversample)
+    l = min(n, k + oversample)  # noqa: E741 - the docstring's l, the subspace width
     v = _orthonormal(_start(state, n, l))  # (n, l)
     for _ in range(iters):
         v = _orthonormal(a.T @ (a @ v))  # (n, l)
@@ -94,7 +94,7 @@ def _ritz(av: torch.Tensor) -> torch.Tensor:
     return torch.linalg.svd(av, full_matrices=False).Vh.T
 
 
-def _start(state: dict | None, n: int, l: int) -> torch.Tensor:
+def _start(state: dict | None, n: int, l: int) -> torch.Tensor:  # noqa: E741 - the docstring's l
     """The previous step's Ritz vectors when they fit this tensor, else a seeded Gaussian (n, l)."""
     previous = state.get("basis") if state is not None else None
     if isinstance(previous, torch.Tensor) and previous.shape[0] == n and previous.shape[1] >= l:
