@@ -149,8 +149,8 @@ def test_killed_rank_stops_its_stage_which_restarts_and_resumes(tmp_path, start_
     """Rank 1 of the sink SIGKILLed: rank 0 stops by itself (a rank gone is restarted, not blamed on
     anyone), the supervisor restarts both ranks, and every stage resumes from the last checkpoint they
     all hold; the source is neither told to stop nor restarted."""
-    sites = start_job(job_file(tmp_path, "pair", {**FORWARD_ONLY, "examples = 64\n\n[[links]]":
-                                                  "examples = 64\nranks = 2\n\n[[links]]"}))
+    sites = start_job(job_file(tmp_path, "pair", {**FORWARD_ONLY, "pace_s = 0.025\n\n[[links]]":
+                                                  "pace_s = 0.025\nranks = 2\n\n[[links]]"}))
     reached = wait_for_step(sites, "sink", 3)
     root, sub = sites.group.services["sink"].procs
     os.killpg(sub.pid, signal.SIGKILL)

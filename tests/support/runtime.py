@@ -137,14 +137,6 @@ class BadDataSink(Sink):
         return super().forward(batch, inputs)
 
 
-class IntHiddenSource(Source):
-    """A broken source: its forward returns an integer `hidden` where its port declares floating point."""
-
-    def forward(self, batch, inputs):
-        out = super().forward(batch, inputs)
-        return Output(tensors={"hidden": out.tensors["hidden"].long()}, loss=out.loss)  # (B, width), wrong dtype
-
-
 class TimedSource(Source):
     def forward(self, batch, inputs):
         if batch.training and batch.micro_batch == 0:
@@ -176,6 +168,14 @@ class PacedSource(_Paced, Source):
 
 class PacedSink(_Paced, Sink):
     pass
+
+
+class IntHiddenSource(PacedSource):
+    """A broken source: its forward returns an integer `hidden` where its port declares floating point."""
+
+    def forward(self, batch, inputs):
+        out = super().forward(batch, inputs)
+        return Output(tensors={"hidden": out.tensors["hidden"].long()}, loss=out.loss)  # (B, width), wrong dtype
 
 
 class NoData(Stage):
