@@ -29,10 +29,10 @@ def test_an_unreachable_site_is_waited_for_past_peer_timeout_and_resent_to_when_
         gateways["b"].kill()  # site b is gone for a's gateway, as in a WAN cut
         a.send(tensor_message("b/dec/0", 1), timeout=5)  # accepted, held unacknowledged
         with pytest.raises(RecvTimeout):  # a plain timeout: not "peer b/dec/0 has not answered"
-            a.recv(timeout=3 * OUTAGE.peer_timeout)
+            a.recv(timeout=2 * OUTAGE.peer_timeout)
         assert set(a.outages()) == {"b"} and a.outages()["b"] > OUTAGE.peer_timeout
         resent_before = a.stats["resent"]
-        time.sleep(2.0)
+        time.sleep(1.5 * OUTAGE.resend_timeout)  # a resend would have come by now
         assert a.stats["resent"] == resent_before, "resent into the outage: only pings should probe it"
         gateways["b"].start()
         assert b.recv(timeout=20).step == 1  # resent as soon as site b answered again
