@@ -18,11 +18,11 @@ import signal
 import subprocess
 import sys
 import time
-import tomllib
 import zipfile
 from pathlib import Path, PurePosixPath
 
 import pytest
+import tomllib
 
 from nebula.security.certs import address_filename
 

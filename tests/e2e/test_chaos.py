@@ -11,7 +11,8 @@ import pytest
 
 from nebula.bench import chaos
 from nebula.runtime.job import load_job
-from tests.support.electra import electra_job, expected_ledger as electra_expected_ledger
+from tests.support.electra import electra_job
+from tests.support.electra import expected_ledger as electra_expected_ledger
 from tests.support.sites import example_ledger, expected_ledger, job_file, write_job
 from tests.support.wan import ROOT
 

@@ -21,8 +21,8 @@ import torch
 from nebula.launch import Service, Supervisor, make_keys, start_stage, write_site_configs
 from nebula.runtime.job import load_job
 from nebula.wire import Kind, parse_envelope
-from tests.support.sites import E2E, JOB_TIMEOUT, write_job
 from tests.support.recording_gateway import EXTERNAL, PEER, read_record
+from tests.support.sites import E2E, JOB_TIMEOUT, write_job
 
 MARKER = "Xylobrantic quendifor marzipelt"  # in no corpus: on the wire, it can only come from site a's text
 SOURCE = E2E / "data" / "es-en"

@@ -73,10 +73,10 @@ def demo(*args, timeout=3 * JOB_TIMEOUT) -> subprocess.CompletedProcess:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as exc:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
-        raise AssertionError(f"nebula demo electra timed out after {timeout} s\n{out[-3000:]}{err[-3000:]}")
+        raise AssertionError(f"nebula demo electra timed out after {timeout} s\n{out[-3000:]}{err[-3000:]}") from exc
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

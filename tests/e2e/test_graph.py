@@ -85,9 +85,9 @@ def test_torchrun_itself_launches_a_stages_ranks(tmp_path, start_job):
     job = job_file(tmp_path, "chain", {'impl = "example-sink"': 'impl = "example-sink"\nranks = 2'})
     sites = start_job(job, skip=("sink",))
     torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "nebula.cli",
-                           "stage", "run", "--job", str(job), "--stage", "sink", "--site", str(sites.run / "site-c.toml"),
-                           "--workdir", str(sites.run / "sink"), "--quiet"],
+    done = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()),
+                           "-m", "nebula.cli", "stage", "run", "--job", str(job), "--stage", "sink",
+                           "--site", str(sites.run / "site-c.toml"), "--workdir", str(sites.run / "sink"), "--quiet"],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     sites.wait(until=lambda: all(sites.group.services[n].finished() for n in ("src", "mid")))

@@ -21,8 +21,16 @@ from nebula.transport.reliable import open_channel
 from nebula.transport.routing_id import stage_routing_id
 from nebula.wire import Kind, Message, decode_message, encode_message
 from tests.support.certs import legacy_certificate
-from tests.support.gateways import (FAST, GatewayProcess, audit_events, gateway_key, make_world, raw_identity,
-                                    tensor_message, wait_for)
+from tests.support.gateways import (
+    FAST,
+    GatewayProcess,
+    audit_events,
+    gateway_key,
+    make_world,
+    raw_identity,
+    tensor_message,
+    wait_for,
+)
 
 QUICK_PEERS = dataclasses.replace(FAST, peer_timeout=1.5)  # a stranger would be "dead" within the test
 NO_GATEWAY_TIMEOUT = dataclasses.replace(FAST, gateway_timeout=60.0)  # the fake gateway never answers pings

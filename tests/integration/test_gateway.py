@@ -12,9 +12,16 @@ from nebula.transport import sockets
 from nebula.transport.reliable import open_channel
 from nebula.transport.routing_id import stage_routing_id
 from nebula.wire import Kind, Message, decode_message, encode_message
-from tests.support.gateways import (FAST, GatewayProcess, audit_events, gateway_key, make_world, raw_identity,
-                                    tensor_message, wait_for)
-
+from tests.support.gateways import (
+    FAST,
+    GatewayProcess,
+    audit_events,
+    gateway_key,
+    make_world,
+    raw_identity,
+    tensor_message,
+    wait_for,
+)
 
 LIMIT = 8 << 20  # the gateways' max_message_bytes in this module
 

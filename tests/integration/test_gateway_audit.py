@@ -53,7 +53,8 @@ def tensor_message(dst: str, step: int) -> Message:
 
 def audit(world, site: str) -> list[dict]:
     import json
-    return [json.loads(line) for f in series_files(world.site(site).config.audit) for line in f.read_text().splitlines()]
+    files = series_files(world.site(site).config.audit)
+    return [json.loads(line) for f in files for line in f.read_text().splitlines()]
 
 
 def test_tensors_stay_individual_acks_become_summaries_and_the_log_rotates(gateways):

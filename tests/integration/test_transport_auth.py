@@ -16,8 +16,7 @@ from nebula.security.keystore import SiteKeyStore
 from nebula.security.trust import Identity
 from nebula.transport.reliable import ReliableChannel
 from nebula.wire import Kind, Message
-from tests.support.gateways import (FAST, GatewayProcess, audit_events, gateway_key, make_world, raw_identity,
-                                    wait_for)
+from tests.support.gateways import FAST, GatewayProcess, audit_events, gateway_key, make_world, raw_identity, wait_for
 
 DAY = 86400
 
@@ -53,7 +52,8 @@ BAD = {  # case -> (identity factory, reason the audit log must give)
     "revoked": (lambda w: raw_identity(w.site("a").store.dir, "a/revoked/0"), "revoked"),
     "wrong-role": (lambda w: raw_identity(w.site("a").store.dir, "a/admin/0"), "role admin not allowed"),
     "wrong-CA": (lambda w: raw_identity(w.root / "keys" / "c", "c/enc/0"), "untrusted CA"),
-    "other-site-stage": (lambda w: raw_identity(w.site("b").store.dir, "b/dec/0"), "unknown key"),  # b shares only gateway certs
+    # site b shares only its gateway's certificate: its stages are strangers here
+    "other-site-stage": (lambda w: raw_identity(w.site("b").store.dir, "b/dec/0"), "unknown key"),
 }
 
 

@@ -71,7 +71,7 @@ class GatewayProcess:
         self.site, self.log_path = site, log_dir / f"gateway-{site.name}.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 10.0) -> "GatewayProcess":
+    def start(self, timeout: float = 10.0) -> GatewayProcess:
         log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "services.gateway.main", str(self.site.config_path)],
                                      cwd=REPO, stdout=log, stderr=subprocess.STDOUT)

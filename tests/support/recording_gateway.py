@@ -60,7 +60,7 @@ def _record_sends(sock: zmq.Socket, which: int, out: BinaryIO) -> None:
 class RecordingGateway(Gateway):
     record_path: Path  # set by main() before the gateway is built
 
-    def start(self) -> "RecordingGateway":
+    def start(self) -> RecordingGateway:
         self.record = open(self.record_path, "ab", buffering=0)  # unbuffered: a killed gateway loses nothing
         open_link = self.links._open
 

@@ -10,11 +10,9 @@ import torch.nn.functional as F
 from services.abnet.baseline import BaselineConfig, build_baseline
 from services.abnet.cmlm import lengths_from_classes
 from services.abnet.decoding import corpus_bleu, detokenize
-from services.abnet.model import (AbnetConfig, Batch, build_source_encoder, build_target_decoder,
-                                  train_step)
+from services.abnet.model import AbnetConfig, Batch, build_source_encoder, build_target_decoder, train_step
 from services.abnet.plm import Pretrained
-from services.abnet.vocab import (VocabMap, build_vocab_map, count_ids, cut_embeddings,
-                                  encode_texts)
+from services.abnet.vocab import VocabMap, build_vocab_map, count_ids, cut_embeddings, encode_texts
 from tests.support.abnet import PAIRS, sliced, vocab_map
 
 UNRELATED = "Stock markets fell sharply after the announcement."

@@ -170,7 +170,8 @@ def test_secrets_are_0600_and_readable_secrets_are_refused(sites):
 def test_load_identity_refuses_expired_and_revoked(sites, tmp_path):
     a, _, certs = sites
     identity = load_identity(creds(a, "a/encoder/0"), "a/encoder/0")
-    assert identity.certificate == certs["a_enc"] and curve_key_raw(identity.curve_public) == certs["a_enc"].curve_key_raw
+    assert identity.certificate == certs["a_enc"]
+    assert curve_key_raw(identity.curve_public) == certs["a_enc"].curve_key_raw
     with pytest.raises(AuthError, match="expired"):
         load_identity(creds(a, "a/encoder/0"), "a/encoder/0", now=certs["a_enc"].not_after + 1)
     a.revoke(certs["a_enc"].serial)
@@ -199,7 +200,8 @@ def test_bundle_import_checks_signatures_key_changes_and_rollback(sites, tmp_pat
 
 def test_derived_curve_keys_work_for_a_real_curve_socket_pair(sites):
     a, _, _ = sites
-    server_id, client_id = load_identity(creds(a, "a/gateway/0"), "a/gateway/0"), load_identity(creds(a, "a/encoder/0"), "a/encoder/0")
+    server_id = load_identity(creds(a, "a/gateway/0"), "a/gateway/0")
+    client_id = load_identity(creds(a, "a/encoder/0"), "a/encoder/0")
     server_key = peer_curve_key(TrustStore.load(a.dir), "a/gateway/0")
     ctx = zmq.Context()
     rep, req, bad = ctx.socket(zmq.REP), ctx.socket(zmq.REQ), ctx.socket(zmq.REQ)

@@ -1,8 +1,8 @@
 """Cleaning rules, on real msgid/msgstr strings from Debian 12 packages (quoted with their package)."""
 import pytest
 
-from services.corpus.clean import Filter, clean_text, units
 from nebula.errors import ConfigError
+from services.corpus.clean import Filter, clean_text, units
 
 
 @pytest.mark.parametrize(

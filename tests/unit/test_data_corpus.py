@@ -1,10 +1,10 @@
 """The on-disk format: each site reads one side plus ids; misalignment raises DataError."""
 import pytest
 
+from nebula.errors import ConfigError, DataError
 from services.corpus import ParallelSide, check_aligned
 from services.corpus.corpus import write_split
 from services.corpus.pair import Pair
-from nebula.errors import ConfigError, DataError
 
 PAIRS = [
     Pair("vlc-l10n", "网络协议", "Network Protocol"),

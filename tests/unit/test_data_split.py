@@ -1,9 +1,9 @@
 """The package-held-out split: whole packages in valid/test, and nothing held out leaks into train."""
 import pytest
 
+from nebula.errors import ConfigError, DataError
 from services.corpus.pair import Pair
 from services.corpus.split import split_by_package, unique_sources
-from nebula.errors import ConfigError, DataError
 
 
 def corpus() -> list[Pair]:

@@ -6,8 +6,14 @@ import pytest
 
 from nebula.errors import ConfigError
 from nebula.runtime.job import load_job
-from services.electra.demo import DEFAULT_JOB, DEFAULT_ONE_SITE_JOB, adapt_job, check_pair, fresh_run_dir, \
-    switch_verdict
+from services.electra.demo import (
+    DEFAULT_JOB,
+    DEFAULT_ONE_SITE_JOB,
+    adapt_job,
+    check_pair,
+    fresh_run_dir,
+    switch_verdict,
+)
 
 SWITCH, NOISE = 150, 0.3
 

@@ -42,7 +42,7 @@ def noise(texts: list[str], dim: int = 512) -> torch.Tensor:
 
 @cache
 def real(encoder: str, pair: str) -> tuple[dict, dict]:
-    """(retrieval, probe) on the held-out packages of tests/fixtures/electra_eval; computed once per encoder and pair."""
+    """(retrieval, probe) on the held-out packages of tests/fixtures/electra_eval, once per encoder and pair."""
     encode = {"hashing": hashing, "noise": noise}[encoder]
     return retrieval(encode, DATA, pair, n=N), probe(encode, DATA, pair)
 

@@ -253,9 +253,11 @@ def audit_writes() -> dict[str, set[str]]:
 def _audit_call(call: ast.Call, func: ast.AST, builders: dict) -> list[tuple[str, set[str]]]:
     f = call.func
     if isinstance(f, ast.Attribute) and f.attr == "_write_records" and isinstance(call.args[0], ast.List):
-        return [(entry.elts[0].value, _dict_keys(entry.elts[1], func, builders)) for entry in call.args[0].elts  # `audit.resumed`
+        return [(entry.elts[0].value, _dict_keys(entry.elts[1], func, builders))  # `audit.resumed`
+                for entry in call.args[0].elts
                 if isinstance(entry, ast.Tuple) and isinstance(entry.elts[0], ast.Constant)]
-    if isinstance(f, ast.Attribute) and f.attr in WRITERS and (f.attr == "_audit" or ast.unparse(f.value).endswith("audit")):
+    if isinstance(f, ast.Attribute) and f.attr in WRITERS and (f.attr == "_audit"
+                                                               or ast.unparse(f.value).endswith("audit")):
         kind, args = f.attr, call.args
     elif isinstance(f, ast.Name) and f.id == "audit":
         kind, args = "append", call.args[1:]
@@ -333,7 +335,8 @@ def test_the_event_table_lists_every_event_the_code_writes_with_its_fields():
         names = table_names(event, table, literal)
         assert names, f"{event} is written ({sorted(fields)}) but not in the table of docs/protocol.md §6"
         for name in names:
-            assert table[name] == fields, f"{name}: the table says {sorted(table[name])}, the code writes {sorted(fields)}"
+            assert table[name] == fields, \
+                f"{name}: the table says {sorted(table[name])}, the code writes {sorted(fields)}"
         covered.update(names)
     assert not table.keys() - covered, f"the table lists events no code writes: {sorted(table.keys() - covered)}"
 

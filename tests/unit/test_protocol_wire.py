@@ -228,7 +228,8 @@ def test_int8_is_the_documented_rounding_bit_for_bit(scale):
                 divided = np.rint(x / np.repeat(scales, block)[:x.size])
             differs += int((divided != q).sum()) if i < 40 else 0  # the tie blocks: normal, non-zero scales
     # the tie blocks are built around fp32 scales
-    assert differs > 0 or scale == "bf16", "no input where rint(x / s) and rint(x * fl(1/s)) differ: the test lost its point"
+    assert differs > 0 or scale == "bf16", \
+        "no input where rint(x / s) and rint(x * fl(1/s)) differ: the test lost its point"
 
 
 @pytest.mark.parametrize("scale", ["fp32", "bf16"])

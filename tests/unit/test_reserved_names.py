@@ -2,7 +2,6 @@
 even in a certificate signed before the names were reserved."""
 from __future__ import annotations
 
-
 import pytest
 
 from nebula import cli

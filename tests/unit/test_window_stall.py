@@ -13,8 +13,8 @@ from nebula.transport.window import Window
 MB = 1 << 20
 
 
-def window_with_one_sent(nbytes: int, config: ChannelConfig = ChannelConfig()) -> tuple[Window, object]:
-    window = Window("a/src/0", config)
+def window_with_one_sent(nbytes: int, config: ChannelConfig | None = None) -> tuple[Window, object]:
+    window = Window("a/src/0", config or ChannelConfig())
     window.push("b/dst/0", nbytes, lambda seq, epoch: [b"frame"], timeout=1)
     stream, pending = window.next_outgoing()
     window.mark_sent(stream, pending, now=100.0)

@@ -2,12 +2,12 @@
 import pytest
 import torch
 import zmq
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nebula._proto import nebula_pb2 as pb
 from nebula.errors import WireError
-from nebula.wire import (ITEMSIZE, Kind, Limits, Message, TensorPayload, decode_message, encode_message,
-                         parse_envelope)
+from nebula.wire import ITEMSIZE, Kind, Limits, Message, TensorPayload, decode_message, encode_message, parse_envelope
 
 
 def tensor_msg(*parts, codec="none"):
@@ -68,7 +68,8 @@ def test_zero_copy_through_a_real_zmq_socket_pair():
         frames = pull.recv_multipart(copy=False)
         assert torch.equal(decode_message(frames).tensors[0].parts[0], x)
     finally:
-        pull.close(); push.close()
+        pull.close()
+        push.close()
 
 
 def envelope(**fields):
@@ -127,7 +128,7 @@ dtype_names = st.sampled_from(sorted(ITEMSIZE))
 @st.composite
 def messages(draw):
     tensors, gen = [], torch.Generator().manual_seed(draw(st.integers(0, 2**31)))  # data must replay
-    for i in range(draw(st.integers(0, 4))):
+    for _ in range(draw(st.integers(0, 4))):
         parts = []
         for _ in range(draw(st.integers(0, 3))):
             dtype = getattr(torch, draw(dtype_names))

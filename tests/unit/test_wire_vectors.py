@@ -12,8 +12,7 @@ import torch
 
 from nebula.codecs import unpack
 from nebula.wire import decode_message, dtype_names, with_base
-from tests.vectors.make_wire import (EXACT, FACTORS, ROOT, ZLIB, frames_of, generate, refusal, tensor_bytes,
-                                        values)
+from tests.vectors.make_wire import EXACT, FACTORS, ROOT, ZLIB, frames_of, generate, refusal, tensor_bytes, values
 
 STORED = {path.name: json.loads(path.read_text()) for path in sorted(ROOT.glob("*.json"))}
 VECTORS = [vector for content in STORED.values() for vector in content.get("vectors", [])]

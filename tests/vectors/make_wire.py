@@ -116,7 +116,8 @@ VECTORS: dict[str, list[Vector]] = {
                 torch.tensor([1.0, -2.5, 0.1], dtype=torch.bfloat16)),
         encoded("none-float16", "IEEE binary16, little-endian", "none", torch.tensor([0.5, -0.1], dtype=torch.float16)),
         encoded("none-bool", "bool: one byte, 0 or 1", "none", torch.tensor([True, False, True])),
-        encoded("none-int32-scalar", "a 0-d tensor: shape [], one element", "none", torch.tensor(-7, dtype=torch.int32)),
+        encoded("none-int32-scalar", "a 0-d tensor: shape [], one element", "none",
+                torch.tensor(-7, dtype=torch.int32)),
     ],
     "fp16": [
         encoded("fp16-rounding", "round to nearest even; 65519 is below the overflow threshold 65520; a subnormal",
@@ -145,8 +146,8 @@ VECTORS: dict[str, list[Vector]] = {
         encoded("int4-nibbles", "scale = absmax / 7; q + 8 in nibbles, element 2i low, 2i + 1 high; an odd count "
                 "pads the last high nibble with 8 (a zero); bf16 scales", "int4",
                 torch.tensor([[7.0, -7.0, 2.5], [3.5, -0.5, 1.0], [0.0, 0.25, 6.0]])),
-        encoded("int4-blocks", "blocks of 2 with fp32 scales: one all-zero block (scale 0)", "int4(block=2, scale=fp32)",
-                f32(0.7, -0.1, 0.0, 0.0, 14.0, 3.0)),
+        encoded("int4-blocks", "blocks of 2 with fp32 scales: one all-zero block (scale 0)",
+                "int4(block=2, scale=fp32)", f32(0.7, -0.1, 0.0, 0.0, 14.0, 3.0)),
     ],
     "svd": [
         encoded("svd-rank1", "k = round(0.5 * min(2, 3)) = 1: U_1 S_1 (2, 1), V_1^T (1, 3)", "svd(0.5)",
