@@ -26,15 +26,14 @@ from nebula.errors import EXIT_ERROR, EXIT_FIX_FIRST, FIX_FIRST, NebulaError
 from nebula.shipped import docs_dir
 
 COMMANDS = [
-    "bench",
     "keys",
     "audit",
     "stage",
-    "wan",
     "site",
     "health",
     "user",
     "job",
+    "gateway",
 ]
 ENTRY_POINT_GROUP = "nebula.commands"
 ENV_PREFIX = "NEBULA_"

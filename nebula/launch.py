@@ -3,7 +3,7 @@
 Used by `nebula demo`, the end-to-end tests and the benchmarks. Every process is a real service
 (gateways and stages, a stage with `ranks = N` as N processes with torchrun's variables), every
 socket real CURVE; the only difference from a deployment is that the sites share a host (loopback,
-or an emulated WAN of network namespaces, nebula.wanem).
+or network namespaces, e.g. the lab's emulated WAN: `Network`).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import contextlib
 import shutil
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from nebula.errors import ConfigError
 from nebula.runtime.autoranks import resolve
@@ -19,12 +19,22 @@ from nebula.runtime.job import load_job
 from nebula.security.credentials import publish_site
 from nebula.security.keyfile import write_json
 from nebula.security.keystore import SiteKeyStore
+from nebula.site.config import write_site_config
 from nebula.site.supervisor import Service, Supervisor, free_port, nebula_argv, tail
-from nebula.transport.config import write_site_config
-from nebula.wanem import WanLink
 
 # one supervisor and one command line for sites, demos, tests, benchmarks
 __all__ = ["Service", "Supervisor", "free_port", "nebula_argv", "tail"]
+
+
+class Network(Protocol):
+    """Where the sites of one machine run when they are not all on loopback: one network namespace per site
+    (the lab's emulated WAN, nebula_lab.wanem.WanLink, is one)."""
+
+    def exec_prefix(self, site: str) -> list[str]:
+        """The argv prefix that runs a command inside `site`'s namespace."""
+
+    def address(self, site: str, peer: str | None = None) -> str:
+        """`site`'s address on its link to `peer`: where `peer` connects to reach `site`."""
 
 
 def make_keys(root: Path, sites: list[str], stages: dict[str, str], credentials: Path, days: float = 7) -> None:
@@ -45,9 +55,9 @@ def make_keys(root: Path, sites: list[str], stages: dict[str, str], credentials:
         publish_site(root / site, credentials / site)
 
 
-def write_site_configs(root: Path, sites: list[str], wan: WanLink | None = None,
+def write_site_configs(root: Path, sites: list[str], wan: Network | None = None,
                        channel: dict[str, float] | None = None) -> dict[str, Path]:
-    """One site config each (nebula.transport.config's format), checked by loading it back; ports are
+    """One site config each (nebula.site.config's format), checked by loading it back; ports are
     picked free now (a tiny race with other programs is accepted).
 
     With `wan`, each gateway listens on every address of its namespace and
@@ -110,7 +120,7 @@ def interrupted_by_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-def start_sites(run: Path, job_file: Path, wan: WanLink | None = None, restart: bool = True,
+def start_sites(run: Path, job_file: Path, wan: Network | None = None, restart: bool = True,
                 channel: dict[str, float] | None = None, steps: int | None = None,
                 skip: tuple[str, ...] = (), keys: bool = True) -> Supervisor:
     """Keys, site configs, a gateway per site and every stage of `job_file` but those in `skip`.

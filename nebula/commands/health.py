@@ -72,7 +72,7 @@ def checks(args) -> list[tuple[Path, Health]]:
 
 def _status_dir(config: Path) -> Path:
     # why here: pynacl, kept off `nebula --help`
-    from nebula.transport.config import load_site_config
+    from nebula.site.config import load_site_config
 
     return load_site_config(config).run / "status"
 

@@ -56,9 +56,9 @@ def register(sub) -> None:
 
 def _up(args) -> int:
     # why here: torch, pynacl, kept off `nebula --help`
+    from nebula.site.config import load_site_config
     from nebula.site.pidfile import pid_file, read_pid, state_file
     from nebula.site.site import check_credentials, run_site, site_services
-    from nebula.transport.config import load_site_config
 
     if args.foreground:
         return run_site(args.config, args.service)
@@ -93,9 +93,9 @@ def _down(args) -> int:
     """SIGTERM each supervisor of the site (one, or one per service started with --service); what is
     left after --timeout is killed, the services' process groups included: no orphan stays."""
     # why here: pynacl, kept off `nebula --help`
+    from nebula.site.config import load_site_config
     from nebula.site.pidfile import read_pid
     from nebula.site.status import read_json_or_empty
-    from nebula.transport.config import load_site_config
 
     site = load_site_config(args.config)
     supervisors = {path: read_pid(path) for path in sorted(site.run.glob("supervisor*.pid"))}
@@ -125,8 +125,8 @@ def _down(args) -> int:
 
 def _status(args) -> int:
     # why here: pynacl, kept off `nebula --help`
+    from nebula.site.config import load_site_config
     from nebula.site.status import format_status, site_status
-    from nebula.transport.config import load_site_config
 
     status = site_status(load_site_config(args.config))
     print(json.dumps(status, indent=1) if args.json else format_status(status))
@@ -135,7 +135,7 @@ def _status(args) -> int:
 
 def _logs(args) -> int:
     # why here: pynacl, kept off `nebula --help`
-    from nebula.transport.config import load_site_config
+    from nebula.site.config import load_site_config
 
     site = load_site_config(args.config)
     logs = sorted((site.run / "logs").glob("*.log"))

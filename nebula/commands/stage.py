@@ -69,8 +69,8 @@ def run_stage(args) -> int:
     # why here: torch, pynacl, prometheus_client, kept off `nebula --help`
     from nebula.observe.observer import Observing
     from nebula.observe.stage import StageWatch
-    from nebula.runtime.service import run_stage as run
     from nebula.security.grants import Principal
+    from nebula.site.stage_service import run_stage as run
 
     principal = Principal.of_job(args.job_id, args.user)  # --job-id, --user: as the job's supervisor said
     observing = Observing.from_env()  # the status file and metrics the supervisor asks for, if any

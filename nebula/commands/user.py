@@ -21,7 +21,7 @@ def site_store(config: Path):
     """(SiteConfig, its CA store directory), with a clear error when the config names no CA store."""
     # why here: pynacl, kept off `nebula --help`
     from nebula.security.accounts import check_store
-    from nebula.transport.config import load_site_config
+    from nebula.site.config import load_site_config
 
     site = load_site_config(config)
     return site, check_store(site.ca, str(config))

@@ -38,7 +38,7 @@ from nebula.wire import Kind, Message, decode_message, encode_message
 log = logging.getLogger(__name__)
 
 COUNT, BODY = 1, 2  # p2p tags: a message's frame count (any source), then its lengths and frames
-RELAY_GRACE_S = 5.0  # how long a failed collective waits for a failed rank's ERROR (see _lost)
+RELAY_GRACE_S = 2.0  # how long a failed collective waits for a failed rank's ERROR (see _lost)
 
 
 def send_message(msg: Message, dst: int, group: Any) -> None:

@@ -48,6 +48,7 @@ from nebula.transport.base import Channel
 from nebula.wire import Kind, Message
 
 WAIT_NOTICE_S = 10.0  # a stage that has received nothing for this long says whom it waits for, and again as often
+RANK_CHECK_S = 0.5  # a stage with ranks looks this often whether one of them failed
 
 
 @dataclass
@@ -275,22 +276,28 @@ class StageRunner:
             self.handle(self.recv())
 
     def recv(self) -> Message:
-        started = clock = time.monotonic()  # self.timeout runs from `clock`, held while a site is unreachable
+        started = clock = noticed = time.monotonic()  # self.timeout runs from `clock`, held while a site is down
+        # with ranks, wake often enough to hear that one failed (its relay records it): a stage waiting for a
+        # peer would otherwise learn it only at the next notice, 10 s later
+        slice_s = RANK_CHECK_S if self.ranks is not None else WAIT_NOTICE_S
         while True:
             if self.ranks is not None:
                 self.ranks.raise_if_failed()
             left = self.timeout - (time.monotonic() - clock)
             try:
-                msg = self.channel.recv(timeout=max(0.0, min(WAIT_NOTICE_S, left)))
+                msg = self.channel.recv(timeout=max(0.0, min(slice_s, left)))
                 break
             except RecvTimeout as exc:
                 outages = self.channel.outages()
+                now = time.monotonic()
                 if outages:  # a WAN outage: the channel's wan_timeout bounds it, not this wait
-                    clock = time.monotonic()
-                elif left <= WAIT_NOTICE_S:
+                    clock = now
+                elif left <= slice_s:
                     raise RecvTimeout(f"{self.name}: no message within {self.timeout:g} s; it was waiting for "
                                       f"{self._awaited_text()}") from exc
-                self._waiting(time.monotonic() - started, outages)
+                if now - noticed >= WAIT_NOTICE_S - 1e-3:
+                    noticed = now
+                    self._waiting(now - started, outages)
         if msg.kind == Kind.ERROR:  # gateways' refusals are handled by the channel: this is a stage's
             raise RemoteError(msg.error_code, f"{msg.src} failed: {msg.error_message}; fix the cause there, "
                                               "then restart the job's stages")

@@ -35,7 +35,6 @@ import torch
 from nebula.errors import StageError
 from nebula.runtime.metrics import MetricsLog
 from nebula.security.grants import DataAccess
-from nebula.transport.config import SiteConfig
 from nebula.wire import ITEMSIZE
 
 if TYPE_CHECKING:  # the job loader imports this module (options_of), the runner drives stages: both above it
@@ -113,7 +112,6 @@ class StageContext:
     metrics: MetricsLog
     rank: int = 0
     world_size: int = 1
-    site: SiteConfig | None = None  # the site it runs at (None: tests, one-site runs)
     access: DataAccess = field(default_factory=DataAccess)  # the site and the job it reads data for
 
     @functools.cached_property

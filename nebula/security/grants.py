@@ -52,7 +52,7 @@ class Principal:
 
 
 class DataSite(Protocol):
-    """What the grants read of a site config (a nebula.transport.config.SiteConfig, from the layer above)."""
+    """What the grants read of a site config (a nebula.site.config.SiteConfig, from the layer above)."""
 
     @property
     def ca(self) -> Path | None: ...  # the CA store: accounts, data sets and grants, the audit log
@@ -265,7 +265,7 @@ def open_dataset(site_config: DataSite, name: str, principal: Principal) -> Path
 @dataclass(frozen=True)
 class DataAccess:
     """How the stages of one process open [job].data: the site they run at and the job they run for,
-    resolved once by the stage's entry point (nebula.runtime.service.run_stage) and handed to each
+    resolved once by the stage's entry point (nebula.site.stage_service.run_stage) and handed to each
     stage's context, so stage code never looks for who it is."""
 
     site: DataSite | None = None  # None: tests and one-site runs, which read plain directories

@@ -17,7 +17,8 @@ from nebula.security.credentials import publish_site
 from nebula.security.keyfile import read_json, write_json
 from nebula.security.keys import fingerprint
 from nebula.security.keystore import SiteKeyStore
-from nebula.transport.config import check_endpoint, load_site_config, parse_site_config, write_site_config
+from nebula.site.config import load_site_config, parse_site_config, write_site_config
+from nebula.transport.config import check_endpoint
 
 
 def init_site(name: str, out: Path, public: str, external: str | None, internal: str, job: Path | None,

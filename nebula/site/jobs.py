@@ -29,8 +29,8 @@ from nebula.observe.status import pid_alive
 from nebula.security.accounts import Accounts, audit, check_store
 from nebula.security.job_record import job_dir, job_owner, record_file
 from nebula.security.keystore import SiteKeyStore
+from nebula.site.config import SiteConfig, load_site_config
 from nebula.site.supervisor import tail
-from nebula.transport.config import SiteConfig, load_site_config
 
 ACTIVE = ("starting", "running")
 START_TIMEOUT_S = 60.0

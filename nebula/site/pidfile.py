@@ -12,7 +12,7 @@ from pathlib import Path
 
 from nebula.errors import ConfigError
 from nebula.observe.status import pid_alive, process_start
-from nebula.transport.config import SiteConfig
+from nebula.site.config import SiteConfig
 
 
 def state_file(site: SiteConfig) -> Path:

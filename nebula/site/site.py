@@ -20,9 +20,9 @@ from nebula.errors import ConfigError
 from nebula.runtime.job import StageConfig, load_job
 from nebula.security.credentials import publish_site, refuse_ca_key
 from nebula.security.grants import Principal
+from nebula.site.config import SiteConfig, load_site_config
 from nebula.site.pidfile import claim_pid_file, pid_file, state_file
 from nebula.site.supervisor import Service, Supervisor, nebula_argv
-from nebula.transport.config import SiteConfig, load_site_config
 
 POLL_S, REFRESH_S = 0.2, 2.0  # supervisor round; credential refresh from the CA store
 

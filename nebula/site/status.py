@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from nebula.observe.status import pid_alive
+from nebula.site.config import SiteConfig
 from nebula.site.pidfile import pid_file, read_pid
-from nebula.transport.config import SiteConfig
 
 STALE_S = 10.0  # a status file not rewritten for this long (services rewrite theirs every 2 s) is stale
 COLUMNS = ("service", "state", "pid", "uptime", "restarts", "bytes_in", "bytes_out", "step", "loss", "step_s")

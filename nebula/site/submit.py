@@ -26,9 +26,9 @@ from nebula.security.grants import PREFIX, DataRegistry, Principal
 from nebula.security.job_record import job_dir, record_file
 from nebula.security.keyfile import locked, write_atomic
 from nebula.security.keystore import SiteKeyStore
+from nebula.site.config import write_site_config
 from nebula.site.jobs import ACTIVE, START_TIMEOUT_S, Site, finish, kill_all, refuse
 from nebula.site.supervisor import tail
-from nebula.transport.config import write_site_config
 
 
 def submit(site: Site, job_file: Path, user: str, secret: str, cert_days: float = 1.0) -> dict:

@@ -3,12 +3,8 @@
 Reliability lives in the endpoints, not in the gateways (they forward and forget), so a gateway
 restart loses nothing: per (sender, receiver) stream sequence numbers and cumulative ACKs, a
 bounded window, go-back-N resend, duplicate drop (also across a sender restart, via `epoch`), and
-heartbeats that name a dead gateway or peer. See docs/transport.md for the protocol.
-
-    site = load_site_config("deploy/sites/a.toml")
-    with open_channel(site, "a/src/0") as channel:
-        channel.send(Message(kind=Kind.TENSORS, dst="b/sink/0", tensors=[...]))
-        reply = channel.recv(timeout=30)
+heartbeats that name a dead gateway or peer. See docs/transport.md for the protocol; a stage opens
+its channel from its site config with nebula.site.channel.open_channel.
 """
 from __future__ import annotations
 
@@ -20,11 +16,11 @@ import zmq
 
 from nebula.errors import ConfigError, RecvTimeout, TransportError
 from nebula.security.certs import parse_address
-from nebula.security.trust import Identity, TrustStore, load_identity, peer_curve_key
+from nebula.security.trust import Identity
 from nebula.transport import sockets
 from nebula.transport.base import Channel
 from nebula.transport.channel_io import ChannelIO
-from nebula.transport.config import ChannelConfig, SiteConfig
+from nebula.transport.config import ChannelConfig
 from nebula.transport.goodput import Goodput
 from nebula.transport.routing_id import stage_routing_id
 from nebula.transport.window import Window
@@ -135,17 +131,3 @@ class ReliableChannel(Channel):
         if not self._io.is_alive():
             self._io.release()
         self._ctx.destroy(linger=0)
-
-
-def open_channel(site: SiteConfig, address: str, identity: Identity | None = None,
-                 config: ChannelConfig | None = None, peers: Iterable[str] | None = None) -> ReliableChannel:
-    """The channel of the stage `address`, through its site's gateway, with its own credentials;
-    `peers`: the addresses its job links it with (None: anyone may write to it)."""
-    if parse_address(address)[0] != site.name:
-        raise ConfigError(f"{address} is not a service of site {site.name}: a stage only talks to its own gateway")
-    credentials = site.credentials_for(address)
-    identity = identity or load_identity(credentials, address)
-    gateway_key = peer_curve_key(TrustStore.load(credentials), site.gateway.address)
-    return ReliableChannel(identity, site.gateway.internal_connect, site.gateway.address, gateway_key,
-                           config or site.channel, peers=peers,
-                           peer_gateways=[peer.address for peer in site.peers.values()])

@@ -6,7 +6,7 @@ id, measured with libzmq 4.3.5) nor the application which connection holds an id
 as id, any stage of the site could announce another's and be sent its messages. With a random nonce
 of the socket after the address, only that socket (and the gateway, inside CURVE) knows the full id;
 the gateway binds an address to the id its authenticated messages come from
-(services/gateway/live.py) and never sends to an id it has not bound.
+(nebula/gateway/live.py) and never sends to an id it has not bound.
 """
 from __future__ import annotations
 

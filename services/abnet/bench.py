@@ -1,4 +1,4 @@
-"""What `nebula bench wan --scenario abnet` needs to know about ABNet-Cloud (nebula.bench.scenarios)."""
+"""What `nebula bench wan --scenario abnet` needs to know about ABNet-Cloud (nebula_lab.bench.scenarios)."""
 from __future__ import annotations
 
 import json

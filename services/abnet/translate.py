@@ -90,8 +90,8 @@ def _serve(args, job, job_file: Path, driver: str, batches: Iterator[list[str]])
     # why here: torch, pynacl, kept off `nebula --help`
     from nebula.launch import start_sites
     from nebula.runtime.service import build_stage, make_runner
-    from nebula.transport.config import load_site_config
-    from nebula.transport.reliable import open_channel
+    from nebula.site.channel import open_channel
+    from nebula.site.config import load_site_config
     from services.abnet.stages import INPUT_SPLIT, single
 
     group = start_sites(args.run_dir, job_file, skip=(driver,), keys=False)

@@ -37,16 +37,29 @@ import shutil
 import statistics
 import sys
 import threading
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
+import tomli_w
 import tomllib
 
-from nebula.bench.wan import BOUND_FACTOR, _workdir, run_job, write_toml
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.records import read_records
 from nebula.shipped import deploy_dir  # the job files, in a checkout or a wheel
-from nebula.wanem import WanLink
+
+
+class Lab(Protocol):
+    """What the lab (`nebula bench wan`) hands the scenario's own benchmark: a workload imports nothing of
+    the lab (an import contract holds it), it is lent the tools."""
+
+    bound_factor: float  # the lab's default uncompressed wire / compute in the communication-bound regime
+
+    def workdir(self, path: Path | None) -> AbstractContextManager[Path]: ...
+    def run_job(self, run: Path, job: dict, label: str, wan: Any = None) -> None: ...
+    def emulated_wan(self, *, name_prefix: str, rate_mbit: float, sites: tuple[str, ...]) -> Any: ...
+
 
 # G as the job's; D deeper, so that its forward and backward cost what G's do (~0.17 s per micro-batch of
 # 16 x 64 here; at equal sizes D's is 0.6 x G's, which also samples from a 29k-way softmax at every masked
@@ -101,16 +114,16 @@ class ElectraScenario:
                            help=f"run every configuration this many times, alternating; each pools its runs "
                                 f"(default {ROUNDS[0]}, quick {ROUNDS[1]})")
 
-    def bench(self, args: argparse.Namespace) -> int:
-        check_options(args)
+    def bench(self, args: argparse.Namespace, lab: Lab) -> int:
+        check_options(args, lab.bound_factor)
         if os.geteuid() != 0:
             print("nebula bench wan: skipped: the emulated WAN link needs root (network namespaces and tc)",
                   file=sys.stderr)
             return 2
-        with _workdir(args.workdir) as work:
+        with lab.workdir(args.workdir) as work:
             bench_data(self.job, work / "data")
-            rows = ((table3(self, args, work) if args.table in (None, 3) else [])
-                    + (table4(self, args, work) if args.table in (None, 4) else []))
+            rows = ((table3(self, args, work, lab) if args.table in (None, 3) else [])
+                    + (table4(self, args, work, lab) if args.table in (None, 4) else []))
             (work / "rows.json").write_text(json.dumps(rows, indent=1))  # a kept --workdir has both forms
         if args.json:
             print(json.dumps(rows, indent=1))
@@ -119,9 +132,9 @@ class ElectraScenario:
         return 0
 
 
-def check_options(args: argparse.Namespace) -> None:
+def check_options(args: argparse.Namespace, bound_factor: float) -> None:
     """The compression options of Table 5 do not apply here: say so rather than ignore them."""
-    given = [k for k, default in {**COMPRESSION_ONLY, "bound_factor": BOUND_FACTOR}.items()
+    given = [k for k, default in {**COMPRESSION_ONLY, "bound_factor": bound_factor}.items()
              if getattr(args, k, default) != default]
     if given:
         flags = ", ".join("--" + k.replace("_", "-") for k in given)
@@ -205,7 +218,7 @@ def resolve_auto(raw: dict, work: Path) -> tuple[dict, dict]:
     # why here: torch, kept off `nebula --help`
     from nebula.runtime.autoranks import resolve
     work.mkdir(parents=True, exist_ok=True)
-    write_toml(raw, work / "job.toml")
+    (work / "job.toml").write_text(tomli_w.dumps(raw))
     resolved, evidence = resolve(work / "job.toml", work / "job.resolved.toml", quiet=True)
     return tomllib.loads(resolved.read_text()), next(iter(evidence.values()))
 
@@ -241,19 +254,19 @@ def qdisc_bytes(link) -> int:
     return sum(site["qdisc"]["bytes"] for site in link.status().values())
 
 
-def measure(run: Path, raw: dict, config: Config, label: str) -> dict:
+def measure(run: Path, raw: dict, config: Config, label: str, lab: Lab) -> dict:
     """Runs the job (over a fresh shaped link unless one-site) and sums its generator's timed steps."""
     metrics = run / stage_named(raw, "electra-generator") / "metrics.jsonl"
     steps = raw["train"]["steps"]
     shutil.rmtree(run, ignore_errors=True)  # run_job does too, but the counter must not read a kept run's records
     if config.rate is None:
-        run_job(run, raw, label=label)
+        lab.run_job(run, raw, label=label)
         snapshots: list[tuple[int, int]] = []
     else:
         sites = tuple(dict.fromkeys(stage["address"].split("/")[0] for stage in raw["stages"].values()))
-        with WanLink(name_prefix=f"nbe{os.getpid()}", rate_mbit=config.rate, sites=sites) as link:
+        with lab.emulated_wan(name_prefix=f"nbe{os.getpid()}", rate_mbit=config.rate, sites=sites) as link:
             with LinkCounter(link, metrics, WARMUP, steps - 1) as counter:
-                run_job(run, raw, wan=link, label=label)
+                lab.run_job(run, raw, wan=link, label=label)
         snapshots = counter.snapshots
     return step_sums(read_records(metrics), snapshots, label)
 
@@ -298,14 +311,14 @@ def rates(sums: dict) -> dict:
 
 
 def run_rounds(configs: list[Config], jobs: dict[str, dict], rounds: int, work: Path,
-               table: int) -> dict[str, list[dict]]:
+               table: int, lab: Lab) -> dict[str, list[dict]]:
     """Every configuration once per round, in order, round after round: -> key -> the runs' sums."""
     results: dict[str, list[dict]] = {c.key: [] for c in configs}
     for r in range(1, rounds + 1):
         for config in configs:
             label = f"table {table} {config.key} (round {r}/{rounds})"
             progress(f"{label}: {jobs[config.key]['train']['steps']} steps")
-            sums = measure(work / f"t{table}-{config.key}-r{r}", jobs[config.key], config, label)
+            sums = measure(work / f"t{table}-{config.key}-r{r}", jobs[config.key], config, label, lab)
             shown = rates(sums)
             progress(f"{label}: {shown['throughput']:.0f} tokens/s, generator busy {shown['generator_busy']:.2f}")
             results[config.key].append(sums)
@@ -313,11 +326,11 @@ def run_rounds(configs: list[Config], jobs: dict[str, dict], rounds: int, work: 
 
 
 # --- the tables --------------------------------------------------------------------------------------
-def table3(scenario: ElectraScenario, args: argparse.Namespace, work: Path) -> list[dict]:
+def table3(scenario: ElectraScenario, args: argparse.Namespace, work: Path, lab: Lab) -> list[dict]:
     configs = [Config("one-site", True, None)] + [Config(f"{rate:g}mbit", False, rate) for rate in RATES]
     timed = chosen(args, "steps", STEPS_3)
     jobs = {c.key: bench_job(scenario, c, work / "data", timed, args.seed, 1) for c in configs}
-    return table3_rows(configs, run_rounds(configs, jobs, chosen(args, "rounds", ROUNDS), work, 3))
+    return table3_rows(configs, run_rounds(configs, jobs, chosen(args, "rounds", ROUNDS), work, 3, lab))
 
 
 def table3_rows(configs: list[Config], results: dict[str, list[dict]]) -> list[dict]:
@@ -340,7 +353,7 @@ def round_ratios(runs: list[dict], base: list[dict]) -> list[float]:
     return [round(rates(run)["throughput"] / rates(ref)["throughput"], 3) for run, ref in zip(runs, base)]
 
 
-def table4(scenario: ElectraScenario, args: argparse.Namespace, work: Path) -> list[dict]:
+def table4(scenario: ElectraScenario, args: argparse.Namespace, work: Path, lab: Lab) -> list[dict]:
     slowdown = args.slowdown or DEFAULT_SLOWDOWN
     most, rate = args.max_ranks or DEFAULT_MAX_RANKS, RATES[0]
     configs = [Config(f"n{n}", False, rate, slowdown, n) for n in SUBS]
@@ -350,7 +363,7 @@ def table4(scenario: ElectraScenario, args: argparse.Namespace, work: Path) -> l
     progress(f"table 4: calibrating ranks = \"auto\" (max_ranks {most}): warm-up micro-batches of G and one sub")
     jobs["auto"], evidence = resolve_auto(jobs["auto"], work / "t4-calibration")
     progress(f"table 4: ranks = \"auto\" chose n = {evidence['ranks']} ({json.dumps(evidence)})")
-    results = run_rounds(configs, jobs, chosen(args, "rounds", ROUNDS), work, 4)
+    results = run_rounds(configs, jobs, chosen(args, "rounds", ROUNDS), work, 4, lab)
     return table4_rows(configs, results, evidence)
 
 

@@ -258,14 +258,14 @@ def verdict_line(verdicts: dict[str, dict]) -> str:
 def curves(run: Path, job: JobConfig) -> dict[str, list[tuple[int, float]]]:
     """Each stage's (step, loss) over both phases (one-site up to N1, then two-site)."""
     # why here: matplotlib, kept off `nebula --help`
-    from nebula.plots import metric_curve
+    from nebula.observe.plots import metric_curve
     return {name: metric_curve(run / "one-site" / name / "metrics.jsonl")
             + metric_curve(run / "two-site" / name / "metrics.jsonl") for name in job.stages}
 
 
 def plot(run: Path, job: JobConfig, until: int, codecs: str) -> Path:
     # why here: matplotlib, kept off `nebula --help`
-    from nebula.plots import metric_curve, plot_panels
+    from nebula.observe.plots import metric_curve, plot_panels
     panels = {}
     for name in job.stages:
         one = metric_curve(run / "one-site" / name / "metrics.jsonl")

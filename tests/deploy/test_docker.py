@@ -298,7 +298,7 @@ def test_each_check_catches_its_violation(projects, mutate, expected):
 # -- the site configs the containers read ---------------------------------------------------------------------
 @pytest.mark.parametrize("site", sorted(SITES))
 def test_container_site_config_loads_with_the_site_loader(projects, site):
-    from nebula.transport.config import load_site_config
+    from nebula.site.config import load_site_config
 
     config = load_site_config(COMPOSE / f"site-{site}.toml")
     gateway = projects[site]["services"]["gateway"]

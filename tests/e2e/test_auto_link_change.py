@@ -9,12 +9,12 @@ import time
 
 import pytest
 
-from nebula.bench.wan import write_toml
-from nebula.bench.wan_change import SLOWER_WITHIN
 from nebula.codecs.auto import LADDER
 from nebula.launch import start_sites
 from nebula.runtime.metrics import read_records
-from nebula.wanem import WanLink
+from nebula_lab.bench.wan import write_toml
+from nebula_lab.bench.wan_change import SLOWER_WITHIN
+from nebula_lab.wanem import WanLink
 from tests.support.wan import ROOT
 
 FAST, SLOW = 80.0, 2.0  # Mbit/s: 256 kB a step each way is 26 ms of wire, then 1.0 s, against 0.2 s of compute

@@ -5,7 +5,7 @@ import json
 import subprocess
 import sys
 
-from nebula.bench.wan_quality import slug
+from nebula_lab.bench.wan_quality import slug
 from tests.support.sites import JOB_TIMEOUT, terminate_once_training, write_job
 
 LOSSY = "int8(lowrank(0.5))"

@@ -1,5 +1,5 @@
 """Chaos and WAN cuts on a whole two-site job (issue 12), through `nebula bench chaos`'s own functions
-(nebula/bench/chaos.py): real gateways and stages, SIGKILL, the supervisor's restarts, and the emulated
+(nebula_lab/bench/chaos.py): real gateways and stages, SIGKILL, the supervisor's restarts, and the emulated
 WAN's link cut (root). Each run is checked here against the example order itself (the bench compares
 with its undisturbed run) and the final loss against the undisturbed run's. The default suite's run is
 the example workload's (tests/e2e/jobs/pair.toml, paced so that kills land mid-job); the slow ones run
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nebula.bench import chaos
 from nebula.runtime.job import load_job
+from nebula_lab.bench import chaos
 from tests.support.electra import electra_job
 from tests.support.electra import expected_ledger as electra_expected_ledger
 from tests.support.sites import example_ledger, expected_ledger, job_file, write_job

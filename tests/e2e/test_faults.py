@@ -75,8 +75,8 @@ def stage_run(tmp_path, stage: str, env: dict) -> subprocess.CompletedProcess:
               tmp_path / "credentials")
     sites = write_site_configs(tmp_path, job.sites)
     site = job.stage(stage).site
-    gateway = subprocess.Popen([sys.executable, "-m", "services.gateway.main", str(sites[site])], cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv = [sys.executable, "-m", "nebula.cli", "gateway", "run", "--site-config", str(sites[site])]
+    gateway = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         return subprocess.run([sys.executable, "-m", "nebula.cli", "stage", "run", "--job", str(job_file),
                                "--stage", stage, "--site", str(sites[site]), "--workdir", str(tmp_path / stage),

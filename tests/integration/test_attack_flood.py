@@ -1,6 +1,6 @@
 """Issue 12, findings 5 and 7: what one stage holding a valid certificate can make its gateway write
 to disk and hold in memory. Real gateway processes with the site defaults, real CURVE; the floods are
-nebula.bench.flood's (`nebula bench flood` runs them for 20 s each and prints the same numbers).
+nebula_lab.bench.flood's (`nebula bench flood` runs them for 20 s each and prints the same numbers).
 
 Stated bounds, with the defaults (docs/security.md, "Under a flood"):
 - a stage's messages: at most `rate_burst` + `rate_limit` x t forwarded (2,000 + 1,000/s), so at most that
@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nebula.bench.flood import flood
+from nebula_lab.bench.flood import flood
 
 SECONDS = 3.0
 RATE, BURST = 1000, 2000  # the defaults of [gateway] rate_limit and rate_burst
@@ -105,9 +105,9 @@ def test_a_reliable_channel_over_its_rate_limit_slows_down_and_loses_nothing(tmp
     """"rate-limited" is not a failure for a channel: it resends later, as after "unreachable"."""
     import torch
 
-    from nebula.bench.flood import Sites
-    from nebula.transport.reliable import open_channel
+    from nebula.site.channel import open_channel
     from nebula.wire import Kind, Message, TensorPayload
+    from nebula_lab.bench.flood import Sites
     from tests.support.gateways import FAST
 
     def message(step: int) -> Message:
@@ -131,7 +131,7 @@ HANG_UP = r"""
 import sys, time, zmq
 from nebula.security.trust import TrustStore, load_identity, peer_curve_key
 from nebula.transport import sockets
-from nebula.transport.config import load_site_config
+from nebula.site.config import load_site_config
 from nebula.transport.zap import ZapHandler, internal_policy
 
 site = load_site_config(sys.argv[1])

@@ -17,8 +17,8 @@ import time
 import pytest
 import zmq
 
+from nebula.site.channel import open_channel
 from nebula.transport import sockets
-from nebula.transport.reliable import open_channel
 from nebula.transport.routing_id import stage_routing_id
 from nebula.wire import Kind, Message, decode_message, encode_message
 from tests.support.gateways import FAST, GatewayProcess, audit_events, gateway_key, make_world, raw_identity, wait_for

@@ -16,8 +16,8 @@ import zmq
 
 from nebula.errors import AuthError, ConfigError, RecvTimeout, RemoteError
 from nebula.runtime.graph import Graph, LinkConfig
+from nebula.site.channel import open_channel
 from nebula.transport import sockets
-from nebula.transport.reliable import open_channel
 from nebula.transport.routing_id import stage_routing_id
 from nebula.wire import Kind, Message, decode_message, encode_message
 from tests.support.certs import legacy_certificate

@@ -8,8 +8,8 @@ import torch
 import zmq
 
 from nebula.errors import RemoteError
+from nebula.site.channel import open_channel
 from nebula.transport import sockets
-from nebula.transport.reliable import open_channel
 from nebula.transport.routing_id import stage_routing_id
 from nebula.wire import Kind, Message, decode_message, encode_message
 from tests.support.gateways import (

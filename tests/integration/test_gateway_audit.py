@@ -9,11 +9,11 @@ import threading
 import pytest
 import torch
 
+from nebula.gateway.server import Gateway
 from nebula.security.audit import verify
 from nebula.security.audit_series import series_files
-from nebula.transport.reliable import open_channel
+from nebula.site.channel import open_channel
 from nebula.wire import Kind, Message, TensorPayload
-from services.gateway.server import Gateway
 from tests.support.gateways import FAST, make_world
 
 MESSAGES = 30

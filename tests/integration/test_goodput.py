@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from nebula.transport.reliable import open_channel
+from nebula.site.channel import open_channel
 from tests.support.gateways import FAST, tensor_message, wait_for
 
 

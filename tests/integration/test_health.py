@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from nebula.observe.status import read_status
-from nebula.transport.reliable import open_channel
+from nebula.site.channel import open_channel
 from nebula.wire import Kind, Message, TensorPayload
 from tests.support.gateways import FAST, REPO, GatewayProcess, free_port, make_world, wait_for
 
@@ -101,8 +101,8 @@ def test_a_stopped_gateway_says_so_and_a_busy_metrics_port_is_named(site, tmp_pa
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", site.metrics_port))
         holder.listen()
-        refused = subprocess.run([sys.executable, "-m", "services.gateway.main", str(site.config_path)], cwd=REPO,
-                                 capture_output=True, text=True, timeout=60)
+        argv = [sys.executable, "-m", "nebula.cli", "gateway", "run", "--site-config", str(site.config_path)]
+        refused = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0
     assert f"metrics port {site.metrics_port} on 127.0.0.1 is already in use" in refused.stderr
     assert read_status(site.status)["state"] == "failed"

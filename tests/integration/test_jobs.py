@@ -19,9 +19,9 @@ from nebula.security.audit import verify
 from nebula.security.credentials import publish_site
 from nebula.security.grants import DataRegistry
 from nebula.security.keystore import SiteKeyStore
+from nebula.site.config import load_site_config
 from nebula.site.jobs import Site, record_file, stop
 from nebula.site.supervisor import Service, Supervisor, tail
-from nebula.transport.config import load_site_config
 from tests.support.accounts import cli_runner, make_site, secret_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +82,8 @@ def wait_state(site, job_id: str, states: tuple[str, ...], timeout: float = 60) 
     directory = site.run / "jobs" / job_id
     deadline = time.monotonic() + timeout
     while (record := record_file(directory).read())["state"] not in states:
-        assert time.monotonic() < deadline, f"job {job_id} is {record['state']}:\n{tail(directory / 'logs' / 'src.log')}"
+        log = tail(directory / "logs" / "src.log")
+        assert time.monotonic() < deadline, f"job {job_id} is {record['state']}:\n{log}"
         time.sleep(0.2)
     return record
 

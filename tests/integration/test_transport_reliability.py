@@ -11,7 +11,7 @@ import time
 import pytest
 
 from nebula.errors import TransportError
-from nebula.transport.reliable import open_channel
+from nebula.site.channel import open_channel
 from nebula.transport.streams import RecvStream, Verdict
 from nebula.wire import decode_message, encode_message, with_base
 from tests.support.gateways import FAST, REPO, tensor_message
@@ -132,8 +132,8 @@ def test_dead_gateway_is_reported_by_name(world, gateways):
 
 RECEIVER = """
 import sys, time
-from nebula.transport.config import load_site_config
-from nebula.transport.reliable import open_channel
+from nebula.site.config import load_site_config
+from nebula.site.channel import open_channel
 from tests.support.gateways import FAST
 channel = open_channel(load_site_config(sys.argv[1]), "b/dec/0", config=FAST)
 channel.recv(timeout=30)

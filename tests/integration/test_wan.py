@@ -17,7 +17,15 @@ import time
 import pytest
 
 from nebula.errors import ConfigError
-from nebula.wanem import WanError, WanLink, check_host, measure_goodput, measure_rtt, tbf_burst_bytes, tbf_limit_bytes
+from nebula_lab.wanem import (
+    WanError,
+    WanLink,
+    check_host,
+    measure_goodput,
+    measure_rtt,
+    tbf_burst_bytes,
+    tbf_limit_bytes,
+)
 
 _serial = itertools.count()
 

@@ -11,8 +11,8 @@ import time
 import pytest
 
 from nebula.errors import FIX_FIRST, LinkDown, RecvTimeout
-from nebula.transport.reliable import open_channel
-from nebula.wanem import WanError, WanLink, measure_goodput
+from nebula.site.channel import open_channel
+from nebula_lab.wanem import WanError, WanLink, measure_goodput
 from tests.support.gateways import FAST, tensor_message
 from tests.support.wan import ROOT
 

@@ -5,8 +5,8 @@ import os
 from pathlib import Path
 
 from nebula.security.keystore import SiteKeyStore
+from nebula.site.config import write_site_config
 from nebula.site.supervisor import free_port
-from nebula.transport.config import write_site_config
 
 
 def make_site(root: Path, name: str = "a", data: bool = True) -> Path:

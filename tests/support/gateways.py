@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 
 from nebula.security.keystore import SiteKeyStore
+from nebula.site.config import SiteConfig, load_site_config
 from nebula.site.supervisor import free_port
-from nebula.transport.config import ChannelConfig, SiteConfig, load_site_config
+from nebula.transport.config import ChannelConfig
 from nebula.transport.testbed import make_sites, publish
 from nebula.wire import Kind, Message, TensorPayload
 
@@ -65,7 +66,7 @@ def make_world(root: Path, names=("a", "b"), stages=("a/enc/0", "b/dec/0"), max_
 
 
 class GatewayProcess:
-    """A real gateway process (python -m services.gateway.main), with its log kept for failures."""
+    """A real gateway process (nebula gateway run), with its log kept for failures."""
 
     def __init__(self, site: Site, log_dir: Path) -> None:
         self.site, self.log_path = site, log_dir / f"gateway-{site.name}.log"
@@ -73,8 +74,8 @@ class GatewayProcess:
 
     def start(self, timeout: float = 10.0) -> GatewayProcess:
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "services.gateway.main", str(self.site.config_path)],
-                                     cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        argv = [sys.executable, "-m", "nebula.cli", "gateway", "run", "--site-config", str(self.site.config_path)]
+        self.proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout
         marker = f"gateway {self.site.name}/gateway/0 up"

@@ -3,7 +3,7 @@
 
     python -m tests.support.recording_gateway RECORD SITE.toml
 
-It runs services.gateway.main unchanged but for one thing: `send` of the sockets that reach other
+It runs `nebula gateway run` unchanged but for one thing: `send` of the sockets that reach other
 sites (the DEALER to each peer gateway, and the external ROUTER, which answers peers) is wrapped
 to append each frame it sent to RECORD. This is the last point where the bytes are plaintext: libzmq
 encrypts them with CURVE below `send`. Frames sent on the internal socket (to this site's own
@@ -21,8 +21,9 @@ from typing import Any, BinaryIO
 
 import zmq
 
-from services.gateway import main as gateway_main
-from services.gateway.server import Gateway
+from nebula import cli
+from nebula.gateway import main as gateway_main
+from nebula.gateway.server import Gateway
 
 FRAME = struct.Struct("<BBQ")  # socket, more, length
 PEER, EXTERNAL = 0, 1
@@ -84,8 +85,8 @@ def main(argv: list[str]) -> int:
         print("usage: python -m tests.support.recording_gateway RECORD SITE.toml", file=sys.stderr)
         return 2
     RecordingGateway.record_path = Path(argv[0])
-    gateway_main.Gateway = RecordingGateway  # the real main builds this subclass instead
-    return gateway_main.main([argv[1]])
+    gateway_main.Gateway = RecordingGateway  # the real command builds this subclass instead
+    return cli.main(["gateway", "run", "--site-config", argv[1]])
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The mark of the tests that build network namespaces (nebula.wanem): they skip, saying why, without root
+"""The mark of the tests that build network namespaces (nebula_lab.wanem): they skip, saying why, without root
 and iproute2."""
 from __future__ import annotations
 

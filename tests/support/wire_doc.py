@@ -13,9 +13,9 @@ import numpy as np
 import torch
 
 from nebula._proto import nebula_pb2 as pb
-from nebula.bench.codecs import wire_message
 from nebula.codecs import pack, unpack
 from nebula.wire import decode_message, dtype_names, encode_message
+from nebula_lab.bench.codecs import wire_message
 from tests.support.threads import one_thread
 from tests.vectors.make_wire import stored_vector, tensor_bytes
 

@@ -150,7 +150,7 @@ def test_append_costs_well_under_100_microseconds(tmp_path):
     best = float("inf")
     for _ in range(3):  # best of three batches: the machine is shared
         start = time.perf_counter()
-        for i in range(1000):
+        for _ in range(1000):
             log.append("message", job="j1", src="a/gateway/0", dst="b/gateway/0", kind="TENSORS",
                        bytes=4_194_304, codec="int8(block=64)")
         best = min(best, (time.perf_counter() - start) / 1000)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from nebula._proto import nebula_pb2 as pb
+from nebula.gateway.records import CLIP, CODEC_CLIP, clip, transfer_fields
 from nebula.security.audit import AuditLog
 from nebula.wire import DEFAULT_LIMITS, Kind
-from services.gateway.records import CLIP, CODEC_CLIP, clip, transfer_fields
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 WIDE = "\U0001F600"  # one character, 12 bytes in a record (\ud83d\ude00): the widest there is

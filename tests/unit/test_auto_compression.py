@@ -321,7 +321,8 @@ def test_one_step_stale_lets_the_wire_take_twice_the_share_of_compute(tmp_path):
         sender = LinkCodecs.from_table({"forward": "auto", "backward": "none", "auto": table}, "src->sink")
         events = []
         # 4 x 147 KB per step at 20 Mbit/s: 0.24 s of wire against 0.4 s of compute (0.6 of it)
-        sender.attach(Path_(20.0), lambda **event: events.append(event), STALE_HEADROOM if stale else SYNC_HEADROOM)
+        sender.attach(Path_(20.0), lambda events=events, **event: events.append(event),
+                      STALE_HEADROOM if stale else SYNC_HEADROOM)
         used = run_steps(sender, LinkCodecs.from_table({}, "src->sink"), 1, 3)
         picks[stale, bool(table)] = used[-1]
     assert picks[True, False] == "none"  # 0.24 s <= 0.8 x 0.4 s: it hides, one step stale
@@ -366,7 +367,7 @@ def test_the_rung_in_force_is_judged_on_its_own_messages_not_on_smaller_ones(tmp
         sender = LinkCodecs.from_table({"forward": "auto", "backward": "none", "auto": {"every": 2}}, "src->sink")
         events, path = [], Measured()
         sender.attach(path if judged_on_its_own else lambda d, size: Goodput(8e6 / 8, 0.08, SAMPLES),
-                      lambda **event: events.append(event), SYNC_HEADROOM)
+                      lambda events=events, **event: events.append(event), SYNC_HEADROOM)
         receiver = LinkCodecs.from_table({}, "src->sink")
         used = run_steps(sender, receiver, 1, 3)  # 4 x 147 KB per step: 0.59 s at 8 Mbit/s, 0.08 s at 60
         if judged_on_its_own:

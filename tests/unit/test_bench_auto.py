@@ -2,7 +2,7 @@
 timed on that one, in s/step and per compute; and which rungs the later rounds time at a slow rate."""
 import pytest
 
-from nebula.bench.wan_auto import contenders, verdict
+from nebula_lab.bench.wan_auto import contenders, verdict
 
 CHOSE_NONE = {"forward": ["none"], "backward": ["none"]}
 
@@ -57,7 +57,7 @@ def test_the_change_bench_counts_steps_from_each_rate_change_and_times_each_segm
     changed, per direction; the tail's rungs are those `auto` chose (ids and masks are not)."""
     import json
 
-    from nebula.bench.wan_change import TAIL, summarise
+    from nebula_lab.bench.wan_change import TAIL, summarise
 
     job = {"stages": {"enc": {"address": "a/enc/0"}, "dec": {"address": "b/dec/0"}}, "bench": {"link": "enc->dec"}}
     ends, after, rates = [10, 20], [0, 10], [60.0, 1.0]
@@ -69,12 +69,13 @@ def test_the_change_bench_counts_steps_from_each_rate_change_and_times_each_segm
         event = {"kind": "event", "event": "compression", "link": "enc->dec", "dir": direction, "step": moved + 1,
                  "old": "none", "new": rung[direction](moved + 1), "trial": False, "goodput_mbit": 0.9}
         (tmp_path / stage / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*steps, event]))
-        lines = [{"t": s, "step": s, "link": "enc->dec", "dir": direction, "name": "hidden", "codec": rung[direction](s),
+        lines = [{"t": s, "step": s, "link": "enc->dec", "dir": direction, "name": "hidden",
+                  "codec": rung[direction](s),
                   "raw": 1_000_000, "wire": 1_000_000 if rung[direction](s) == "none" else 100_000, "encode_s": 0,
                   "auto": True}
                  for s in range(1, 21)]
-        lines += [{"t": s, "step": s, "link": "enc->dec", "dir": direction, "name": "ids", "codec": "none", "raw": 8_000,
-                   "wire": 8_000, "encode_s": 0} for s in range(1, 21)]
+        lines += [{"t": s, "step": s, "link": "enc->dec", "dir": direction, "name": "ids", "codec": "none",
+                   "raw": 8_000, "wire": 8_000, "encode_s": 0} for s in range(1, 21)]
         (tmp_path / stage / "link.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     fast, slow = summarise(tmp_path, job, rates, after, ends, 80.0)
     assert fast["lossless"] and fast["forward_first_move"] is None and fast["to_limit"] == pytest.approx(1.0 / 0.8)

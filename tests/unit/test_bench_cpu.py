@@ -1,11 +1,11 @@
-"""nebula.bench.cpu on real processes: a busy one and an idle one, sampled from /proc while they run."""
+"""nebula_lab.bench.cpu on real processes: a busy one and an idle one, sampled from /proc while they run."""
 import subprocess
 import sys
 import time
 
 import pytest
 
-from nebula.bench.cpu import CpuSampler, cpu_seconds, per_step, read_samples
+from nebula_lab.bench.cpu import CpuSampler, cpu_seconds, per_step, read_samples
 
 BUSY = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\ntime.sleep(5)"
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from nebula.bench.wan import sites_job, write_toml
-from nebula.bench.wan_quality import finished, score_uncompressed
 from nebula.errors import StageError
+from nebula_lab.bench.wan import sites_job, write_toml
+from nebula_lab.bench.wan_quality import finished, score_uncompressed
 
 JOB = {"job": {"name": "q", "data": "data"}, "train": {"steps": 2, "seed": 1, "eval_sentences": 8},
        "bench": {"forward": "none", "backward": "none"}}

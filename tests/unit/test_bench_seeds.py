@@ -1,9 +1,9 @@
-"""nebula.bench.seeds: a setting's BLEU difference from its reference over seeds, with real sacrebleu
+"""nebula_lab.bench.seeds: a setting's BLEU difference from its reference over seeds, with real sacrebleu
 statistics of real sentences."""
 import numpy as np
 import pytest
 
-from nebula.bench.seeds import compare, t_interval
+from nebula_lab.bench.seeds import compare, t_interval
 from services.abnet.bench import SCENARIO
 
 REFS = [f"the file number {i} cannot be opened by the program" for i in range(40)]

@@ -1,7 +1,7 @@
 """The WAN row's kept rate: what the channel sustains once its connection is up, from arrival times."""
 import pytest
 
-from nebula.bench.transport import kept_rate
+from nebula_lab.bench.transport import kept_rate
 
 MB = 1 << 20
 

@@ -10,7 +10,8 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nebula.codecs import canonical, pack, parse, unpack
 from nebula.codecs.deflate import MAX_DECODED_BYTES, Deflate

@@ -5,7 +5,8 @@ import dataclasses
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nebula.codecs import Codec, pack, parse, register_codec, unpack
 from nebula.errors import CodecError, ConfigError

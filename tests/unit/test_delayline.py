@@ -1,7 +1,7 @@
 """DelayLine: the same packets out, in order, exactly `delay_s` later; bounded."""
 from __future__ import annotations
 
-from nebula.delayline import DelayLine
+from nebula_lab.delayline import DelayLine
 
 
 def test_packets_come_out_in_order_after_the_delay():

@@ -14,10 +14,11 @@ import torch
 import zmq
 
 from nebula.codecs import pack
+from nebula.gateway.admission import STORE_RECHECK
 from nebula.security.audit import DEFAULT_FULL_RECORDS, DEFAULT_SUMMARY_INTERVAL
-from nebula.transport.config import ChannelConfig, _GatewayTable
+from nebula.site.config import _GatewayTable
+from nebula.transport.config import ChannelConfig
 from nebula.transport.sockets import HARD_FRAME_LIMIT, tune
-from services.gateway.admission import STORE_RECHECK
 from tests.support.codecs import token_ids
 from tests.support.threads import one_thread
 from tests.support.wire_doc import envelope_sizes

@@ -103,7 +103,7 @@ def test_fixed_n_scales_the_step_and_auto_leaves_it_to_the_launcher(tmp_path):
 def test_compression_options_are_refused_not_ignored():
     args = argparse.Namespace(**bench.COMPRESSION_ONLY, bound_factor=5.0, steps=None, rounds=None, max_ranks=None,
                               slowdown=None)
-    bench.check_options(args)
+    bench.check_options(args, 5.0)
     args.setting = [["fp16", "int8"]]
     with pytest.raises(ConfigError, match="--setting does not apply"):
-        bench.check_options(args)
+        bench.check_options(args, 5.0)

@@ -15,7 +15,7 @@ from nebula.security.accounts import Accounts, RecordFile
 from nebula.security.audit import verify
 from nebula.security.grants import DataAccess, DataRegistry, Principal, open_dataset
 from nebula.security.job_record import RECORD_FORMAT, job_dir
-from nebula.transport.config import load_site_config
+from nebula.site.config import load_site_config
 from tests.support.accounts import cli_runner, make_site, secret_file
 
 SECRET = "correct horse battery"
@@ -147,9 +147,11 @@ def test_a_stage_context_opens_its_dataset_once_through_the_grants(site, tmp_pat
     job = parse_job({"job": {"name": "t", "data": "dataset:corpus"},
                      "stages": {"src": {"address": "a/src/0", "impl": "example-source"},
                                 "sink": {"address": "a/sink/0", "impl": "example-sink"}},
-                     "links": [{"from": "src", "to": "sink", "tensors": ["hidden"], "backward": True}]}, source=tmp_path / "job.toml")
+                     "links": [{"from": "src", "to": "sink", "tensors": ["hidden"], "backward": True}]},
+                    source=tmp_path / "job.toml")
     assert job.data == "dataset:corpus"  # not taken for a path relative to the job file
-    stage = build_stage(job, "src", tmp_path / "src", quiet=True, site=site, principal=Principal("alice", "j-alice"))
+    stage = build_stage(job, "src", tmp_path / "src", quiet=True,
+                        access=DataAccess(site, Principal("alice", "j-alice")))
     assert stage.context.access == DataAccess(site, Principal("alice", "j-alice"))
     assert stage.context.data == stage.context.data == site.data[0] / "corpus"
     assert len(events(site.ca, "data.read")) == 1

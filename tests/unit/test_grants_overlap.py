@@ -12,7 +12,7 @@ from nebula.errors import AuthError
 from nebula.security.accounts import Accounts
 from nebula.security.audit import verify
 from nebula.security.grants import DataRegistry
-from nebula.transport.config import load_site_config
+from nebula.site.config import load_site_config
 from tests.support.accounts import make_site
 
 SECRET = "correct horse battery"

@@ -8,7 +8,7 @@ import pytest
 from nebula.errors import ConfigError
 from nebula.runtime.job import load_job, parse_job
 from nebula.runtime.registry import registered_stages, resolve_stage
-from nebula.transport.config import parse_site_config
+from nebula.site.config import parse_site_config
 from services.abnet.stages import DecoderOptions, EncoderOptions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -67,7 +67,8 @@ def _set(path, value):
     (_set(["train", "seed"], "abc"), r"\[train\].seed: expected an integer, got 'abc'"),
     (_set(["train", "seed"], 20000000000000), r"\[train\].seed: 20000000000000 must be >= 0 and <= 4294967295"),
     (_set(["train", "seed"], -1), r"\[train\].seed: -1 must be >= 0 and <= 4294967295"),
-    (_set(["train", "staleness"], 1), r'\[train\].staleness: the schedule is chosen by name now: \[schedule\] name = "one-step-stale"'),
+    (_set(["train", "staleness"], 1),
+     r'\[train\].staleness: the schedule is chosen by name now: \[schedule\] name = "one-step-stale"'),
     (_set(["train", "lr"], 1e-3), r"\[train\].lr: lr is an option of each stage now"),
     (_set(["stages", "encoder", "lr"], "fast"), r"\[stages.encoder\].lr: expected a number, got 'fast'"),
     (_set(["stages", "encoder", "warmup_steps"], -5), r"\[stages.encoder\].warmup_steps: -5 must be >= 0"),
@@ -122,7 +123,8 @@ def test_a_backward_codec_on_a_forward_only_link_is_refused(compression, named):
     raw = {"job": {"name": "t"}, "schedule": {"name": "forward-only"},
            "stages": {"src": {"address": "a/src/0", "impl": "example-source", "local_loss": True},
                       "sink": {"address": "b/sink/0", "impl": "example-sink"}},
-           "links": [{"from": "src", "to": "sink", "tensors": ["hidden"], "backward": False, "compression": compression}]}
+           "links": [{"from": "src", "to": "sink", "tensors": ["hidden"], "backward": False,
+                      "compression": compression}]}
     with pytest.raises(ConfigError, match=f"src->sink.compression: {named}.*backward = false"):
         parse_job(raw)
     raw["links"][0]["compression"] = "auto"  # both directions, of which this link has one: fine

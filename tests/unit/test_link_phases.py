@@ -82,7 +82,7 @@ def test_pack_uses_the_step_phase_and_meters_per_step(tmp_path):
 def test_an_evaluation_s_tensors_name_their_split_and_stay_out_of_the_training_ratio(tmp_path):
     """After the last step an evaluation sends its batches under that step's number; with `delta`
     they are all first visits, so counting them in the training ratio overstated it (0.054 for 0.041)."""
-    from nebula.bench.wan import per_step_link
+    from nebula_lab.bench.wan import per_step_link
     link = LinkCodecs.from_table({"forward": "fp16"}, "a->b", tmp_path / "link.jsonl")
     link.pack("forward", "hidden", torch.randn(8, 16), 2)
     link.pack("forward", "hidden", torch.randn(64, 16), 2, split="valid")

@@ -14,6 +14,7 @@ import pytest
 
 from nebula.cli import main as cli_main
 from nebula.errors import ConfigError, DataError
+from nebula.gateway.meter import Meter
 from nebula.observe import observer as observer_module
 from nebula.observe.observer import Observer, Observing
 from nebula.observe.prometheus import Exporter, metrics_endpoint
@@ -24,10 +25,7 @@ from nebula.runtime.service import build_stage, make_runner
 from nebula.site.supervisor import free_port
 from nebula.transport.inproc import InProcHub
 from nebula.wire import Kind, Message
-from services.gateway.meter import Meter
 from tests.support.runtime import example_job
-
-
 
 
 def scrape(port: int) -> str:
@@ -208,8 +206,8 @@ def test_link_tail_reports_delta_caches_in_memory_and_on_disk_and_prometheus_exp
                                line(2, "h", 50, 70, 4, split="valid")]) + "\n")
     now = tail.read()["s->t:forward"]  # the latest of each tensor, an evaluation's included, summed over tensors
     assert now["delta_cache"] == {"entries": 16, "ram_bytes": 60, "disk_bytes": 75, "hits": 5, "misses": 8}
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in stage_families({"links": {"s->t:forward": now}})
-               for s in f.samples}
+    families = stage_families({"links": {"s->t:forward": now}})
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families for s in f.samples}
     assert samples[("nebula_stage_delta_cache_bytes", (("direction", "forward"), ("link", "s->t"),
                                                        ("where", "disk")))] == 75
     assert samples[("nebula_stage_delta_cache_lookups_total", (("direction", "forward"), ("link", "s->t"),

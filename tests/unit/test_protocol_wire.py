@@ -26,7 +26,7 @@ from nebula.codecs.deflate import MAX_DECODED_BYTES
 from nebula.codecs.spec import MAX_DEPTH, MAX_SPEC_CHARS
 from nebula.codecs.topk import MAX_INDEX
 from nebula.errors import CodecError, ConfigError
-from nebula.transport.config import GatewayConfig
+from nebula.site.config import GatewayConfig
 from nebula.transport.sockets import HARD_FRAME_LIMIT
 from nebula.wire import DEFAULT_LIMITS, ITEMSIZE
 from tests.support.wire_doc import examples

@@ -34,7 +34,7 @@ def reference(job, root):
     order = ExampleOrder(len(hashes), train.batch_size, train.seed)
     for t in range(1, train.steps + 1):
         used = {}
-        for name, stage in stages.items():
+        for name in stages:
             stale = job.schedule.name == "one-step-stale" and graph.waits_for_gradients(name) and t > 1 \
                 and not train.saves_after(t - 1)
             used[name] = {k: v.clone().requires_grad_() for k, v in after[name][t - 2 if stale else t - 1].items()}
@@ -75,7 +75,7 @@ def assert_same(running, stages, rtol=1e-5, atol=1e-6):
     for name, stage in stages.items():
         for key, want in stage.trainable().items():
             torch.testing.assert_close(running.weights(name)[key], want.detach(), rtol=rtol, atol=atol,
-                                       msg=lambda m: f"{name}.{key}: {m}")
+                                       msg=lambda m, name=name, key=key: f"{name}.{key}: {m}")
 
 
 def ledgers(running) -> dict:
@@ -105,7 +105,8 @@ def test_stale_reference_is_another_path(tmp_path):
     """So the stale cases above check something: one-step-stale differs from synchronous."""
     root = tmp_path
     sync = reference(example_job(stages=3), root / "a")[0]["src"].trainable()["layer.weight"]
-    stale = reference(example_job(stages=3, schedule="one-step-stale"), root / "b")[0]["src"].trainable()["layer.weight"]
+    stale_stages = reference(example_job(stages=3, schedule="one-step-stale"), root / "b")[0]
+    stale = stale_stages["src"].trainable()["layer.weight"]
     assert not torch.allclose(sync, stale, atol=1e-4)
 
 

@@ -53,7 +53,8 @@ def test_malformed_data_topics_are_errors(topic, message):
 
 
 def hello(incarnation, checkpoints=(0,), generation=0, answer_to=0):
-    return ctl.Hello(incarnation=incarnation, checkpoints=tuple(checkpoints), generation=generation, answer_to=answer_to)
+    return ctl.Hello(incarnation=incarnation, checkpoints=tuple(checkpoints), generation=generation,
+                     answer_to=answer_to)
 
 
 def test_coordinator_agrees_on_the_last_common_checkpoint_and_a_new_generation():

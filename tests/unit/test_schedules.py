@@ -7,8 +7,17 @@ import torch
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.graph import LinkConfig
 from nebula.runtime.job import parse_job
-from nebula.runtime.schedules import (ExactWeights, ForwardOnly, OneStepStale, Pace, Schedule, Synchronous,
-                                      WeightStash, build_schedule, register_schedule)
+from nebula.runtime.schedules import (
+    ExactWeights,
+    ForwardOnly,
+    OneStepStale,
+    Pace,
+    Schedule,
+    Synchronous,
+    WeightStash,
+    build_schedule,
+    register_schedule,
+)
 from nebula.runtime.train import TrainConfig
 
 

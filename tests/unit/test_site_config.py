@@ -1,15 +1,15 @@
 """The shipped site configs load; every mistake in one names the file and the key and says how to fix it."""
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
 import tomli_w
+import tomllib
 
 from nebula.errors import ConfigError
+from nebula.site.config import load_site_config
 from nebula.site.site import site_services
-from nebula.transport.config import load_site_config
 
 REPO = Path(__file__).resolve().parents[2]
 SITES = REPO / "deploy" / "sites"
@@ -53,7 +53,8 @@ def _mistake(tmp_path, edit) -> str:
     (lambda t: t["gateway"].update(external="0.0.0.0:5600"), "[gateway].external: '0.0.0.0:5600' is not a ZeroMQ"),
     (lambda t: t["gateway"].update(io_threads=0), "[gateway].io_threads: 0 must be >= 1"),
     (lambda t: t["peers"].update(a={"endpoint": "tcp://x:1"}), "[peers.a] names this site itself"),
-    (lambda t: t["peers"]["b"].update(endpont="tcp://x:1"), "[peers.b]: unknown key 'endpont' (did you mean 'endpoint'?)"),
+    (lambda t: t["peers"]["b"].update(endpont="tcp://x:1"),
+     "[peers.b]: unknown key 'endpont' (did you mean 'endpoint'?)"),
     (lambda t: t["metrics"].update(port=70000), "[metrics].port: 70000 must be >= 0 and <= 65535"),
     (lambda t: t.update(stage={"job": "x"}), "unknown table [stage]"),
     (lambda t: t["stages"].update(run=["decoder"]), "stage decoder runs at site b (b/decoder/0), not at a"),

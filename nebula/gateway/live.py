@@ -35,7 +35,8 @@ class Credential:
 
     @classmethod
     def of(cls, frame: zmq.Frame) -> Credential:
-        return cls(frame.get("User-Id"), int(frame.get("Serial")), frame.get("Issuer"), int(frame.get("Not-After")))
+        return cls(str(frame.get("User-Id")), int(frame.get("Serial")), str(frame.get("Issuer")),
+                   int(frame.get("Not-After")))
 
 
 def credential_problem(store: TrustStore, cred: Credential, now: float | None = None) -> str | None:

@@ -1,4 +1,4 @@
-"""`nebula bench NAME`: benchmarks, one module each in nebula/bench/<name>.py exposing `register`."""
+"""`nebula bench NAME`: benchmarks, one module each in nebula_lab/bench/<name>.py exposing `register`."""
 from __future__ import annotations
 
 import functools
@@ -17,7 +17,7 @@ def register(sub) -> None:
     parser = sub.add_parser("bench", help="run a benchmark (prints a table, or JSON with --json)")
     bench_sub = parser.add_subparsers(dest="bench", required=True, metavar="BENCHMARK")
     for name in BENCHMARKS:
-        importlib.import_module(f"nebula.bench.{name}").register(bench_sub)
+        importlib.import_module(f"nebula_lab.bench.{name}").register(bench_sub)
     for bench in bench_sub.choices.values():  # every benchmark that starts sites or a WAN stops them on SIGTERM
         bench.set_defaults(func=_stopped_by_sigterm(bench.get_default("func")))
 

@@ -13,12 +13,12 @@ import zmq
 
 from nebula._proto import nebula_pb2 as pb
 from nebula.errors import ConfigError, NebulaError, WireError
+from nebula.gateway.live import Credential, credential_problem
+from nebula.gateway.rates import SenderRates
 from nebula.security.certs import parse_address, role_name
 from nebula.security.trust import TrustStore
 from nebula.transport.routing_id import redacted, routing_address
 from nebula.wire import Kind, Limits, parse_envelope
-from services.gateway.live import Credential, credential_problem
-from services.gateway.rates import SenderRates
 
 INTERNAL, EXTERNAL, PEER = "internal", "external", "peer"
 STORE_RECHECK = 1.0  # seconds between trust store stat()s on the message path
@@ -56,7 +56,11 @@ class Admission:
         prefix, rest = (frames[:1], frames[1:]) if origin in (INTERNAL, EXTERNAL) else ([], frames)
         if not rest:
             raise Refusal("malformed", "an empty message: expected [envelope, payload...]")
-        sender = peer_gateway if origin == PEER else _user_id(rest[0])
+        if origin == PEER:
+            assert peer_gateway is not None  # the gateway names the peer whose link it read (Gateway._poller)
+            sender = peer_gateway
+        else:
+            sender = _user_id(rest[0])
         self._check_rate(origin, rest, sender)
         env = self._envelope(rest)
         self._check_sender(origin, prefix, env, sender)
@@ -140,7 +144,7 @@ class Admission:
 
 
 def _user_id(frame: zmq.Frame) -> str:
-    return frame.get("User-Id")
+    return str(frame.get("User-Id"))
 
 
 def _site_of(address: str) -> str:

@@ -1,5 +1,5 @@
-"""`nebula gateway run --site-config SITE.toml`: run this site's gateway until SIGTERM (a command the
-gateway service adds to `nebula` through the `nebula.commands` entry points)."""
+"""`nebula gateway run --site-config SITE.toml`: run this site's gateway until SIGTERM. The one way a
+gateway starts: `nebula site up`, the demos, the benchmarks and the tests all run this command."""
 from __future__ import annotations
 
 import logging
@@ -15,7 +15,7 @@ def register(sub) -> None:
 
 def _run(args) -> int:
     # why here: zmq, pynacl, prometheus_client, kept off `nebula --help`
-    from services.gateway.main import run
+    from nebula.gateway.main import run
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     return run(args.site_config)

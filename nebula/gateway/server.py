@@ -21,20 +21,20 @@ from typing import Any
 import zmq
 
 from nebula.errors import ConfigError, NebulaError
+from nebula.gateway.admission import EXTERNAL, INTERNAL, PEER, Admission, Inbound, Refusal
+from nebula.gateway.live import Credential, LiveConnections, credential_problem
+from nebula.gateway.meter import Meter
+from nebula.gateway.peers import PeerLinks
+from nebula.gateway.queues import HopQueues
+from nebula.gateway.rates import SenderRates
+from nebula.gateway.records import clip, tally_key, transfer_fields
 from nebula.observe.observer import Observer
 from nebula.security.audit import DEFAULT_MAX_BYTES, DEFAULT_SUMMARY_INTERVAL, AuditLog
-from nebula.security.trust import TrustStore, load_identity
+from nebula.security.trust import TrustSnapshot, TrustStore, load_identity
+from nebula.site.config import SiteConfig
 from nebula.transport import sockets
-from nebula.transport.config import SiteConfig
 from nebula.transport.zap import ZapHandler, external_policy, internal_policy
 from nebula.wire import Kind, Limits, Message, encode_message
-from services.gateway.admission import EXTERNAL, INTERNAL, PEER, Admission, Inbound, Refusal
-from services.gateway.live import Credential, LiveConnections, credential_problem
-from services.gateway.meter import Meter
-from services.gateway.peers import PeerLinks
-from services.gateway.queues import HopQueues
-from services.gateway.rates import SenderRates
-from services.gateway.records import clip, tally_key, transfer_fields
 
 log = logging.getLogger("nebula.gateway")
 BATCH = 64  # messages taken from one socket before the others get their turn
@@ -68,8 +68,10 @@ class Gateway:
         self.zap: ZapHandler | None = None
         self.links = PeerLinks(self.ctx, self.identity, site, self.store, self.audit)
         self.live = LiveConnections()  # which certificate each live connection speaks with
-        self._next_recheck, self._rechecked, self._reload_error = 0.0, None, ""
-        self.internal = self.external = None
+        self._next_recheck, self._reload_error = 0.0, ""
+        self._rechecked: TrustSnapshot | None = None
+        self.internal: zmq.Socket | None = None  # bound by start()
+        self.external: zmq.Socket | None = None
         self._last_stats = time.monotonic()
         self.observer = observer
         self.failure: BaseException | None = None
@@ -164,8 +166,10 @@ class Gateway:
             self._audit_retry_at = time.monotonic() + AUDIT_RETRY
 
     def _poller(self) -> tuple[zmq.Poller, dict, dict]:
+        assert self.internal is not None and self.external is not None  # start() bound them
         poller = zmq.Poller()
-        origins = {self.internal: (INTERNAL, None), self.external: (EXTERNAL, None)}
+        origins: dict[zmq.Socket, tuple[str, str | None]] = {self.internal: (INTERNAL, None),
+                                                             self.external: (EXTERNAL, None)}
         names = {self.internal: INTERNAL, self.external: EXTERNAL}
         for name, sock in self.links.sockets.items():
             origins[sock], names[sock] = (PEER, self.site.peers[name].address), f"peer:{name}"
@@ -257,6 +261,7 @@ class Gateway:
             raise Refusal("audit-unavailable", f"gateway {self.address} cannot write its audit log and forwards "
                                                "nothing until it can; it will be resent", msg.env)
         elif dst_site == self.site.name:
+            assert self.internal is not None  # start() bound it
             self._send(self.internal, [self._stage_route(msg), *msg.frames], msg, "internal")
         elif dst_site in self.site.peers and msg.origin == INTERNAL:
             self._send(self._peer_link(dst_site, msg), msg.frames, msg, f"to:{dst_site}")

@@ -1,19 +1,15 @@
-"""`python -m services.gateway.main SITE.toml` (or `nebula gateway run --site-config SITE.toml`).
-
-Loads the site config, builds the gateway (with the status file and metrics the supervisor's
+"""What `nebula gateway run --site-config SITE.toml` runs (nebula/commands/gateway.py), the one way
+a gateway starts: loads the site config, builds the gateway (with the status file and metrics the supervisor's
 environment asks for, nebula.observe), runs until SIGTERM/SIGINT, closes what it opened.
 """
 from __future__ import annotations
 
-import logging
 import signal
-import sys
 
-from nebula.errors import NebulaError
+from nebula.gateway.meter import Meter
+from nebula.gateway.server import Gateway
 from nebula.observe.observer import Observing
-from nebula.transport.config import load_site_config
-from services.gateway.meter import Meter
-from services.gateway.server import Gateway
+from nebula.site.config import load_site_config
 
 
 def run(config_path: str) -> int:
@@ -31,20 +27,3 @@ def run(config_path: str) -> int:
     finally:
         gateway.close()
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m services.gateway.main SITE.toml", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        return run(argv[0])
-    except NebulaError as exc:
-        print(f"gateway: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

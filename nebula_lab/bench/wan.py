@@ -1,12 +1,12 @@
 """`nebula bench wan --scenario NAME`: the paper's Table 5 (compression vs speed) on the emulated WAN.
 
 Every site of the scenario's job runs as real services inside its own network namespace
-(nebula.wanem): its gateway and its stages, the gateways joined by tbf-shaped links. One training
+(nebula_lab.wanem): its gateway and its stages, the gateways joined by tbf-shaped links. One training
 run per link rate measures every setting: the benchmarked link's [links.compression] holds one
 *phase* per setting (nebula.codecs.policy_table), so the model load is paid once per rate, not once per
 setting. The first step of each phase is not timed (codec warm-up, and the pipeline still draining
 the previous phase), nor is the run's last step (final checkpoint). The scenario (a workload's entry
-in `nebula.scenarios`, nebula.bench.scenarios) adapts the job: fixed-shape data, no evaluation.
+in `nebula.scenarios`, nebula_lab.bench.scenarios) adapts the job: fixed-shape data, no evaluation.
 
 Rates: the paper's 60 Mbit/s, then a communication-bound rate computed from the 60 Mbit/s run's
 uncompressed phase so that uncompressed wire time per step ~= 5x compute time per step (the paper's
@@ -20,7 +20,7 @@ Per row (all from the stages' own metrics: metrics.jsonl and link.jsonl of each 
 - speedup: uncompressed s_per_step (the none/none row, else the first) / this row's, same run;
 - overlap_ratio: s_per_step / max(compute, wire), compute = the largest site's compute per step,
   wire = max over links and directions of wire bytes per step / link rate (links are full duplex).
-Quality (the scenario's metric, loss curves; --quality) is in nebula/bench/wan_quality.py.
+Quality (the scenario's metric, loss curves; --quality) is in nebula_lab/bench/wan_quality.py.
 """
 from __future__ import annotations
 
@@ -39,11 +39,11 @@ from typing import Callable
 import tomli_w
 import tomllib
 
-from nebula.bench.cpu import CpuSampler, per_step, read_samples
-from nebula.bench.scenarios import ENTRY_POINT_GROUP, load_scenario, scenario_names
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.records import read_records
-from nebula.wanem import WanLink
+from nebula_lab.bench.cpu import CpuSampler, per_step, read_samples
+from nebula_lab.bench.scenarios import ENTRY_POINT_GROUP, LabTools, load_scenario, scenario_names
+from nebula_lab.wanem import WanLink
 
 PAPER_MBIT = 60.0
 BOUND_FACTOR = 5.0  # uncompressed wire time / compute time in the communication-bound regime
@@ -142,17 +142,17 @@ def run(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     check_scenario_options(args)
     if hasattr(scenario, "bench"):  # a workload with its own tables (e.g. electra: Tables 3 and 4)
-        return scenario.bench(args)
+        return scenario.bench(args, LabTools(BOUND_FACTOR, _workdir, run_job, WanLink))
     if args.quality:  # why here (and below): these modules import this one, and torch and matplotlib
-        from nebula.bench.wan_quality import run_quality
+        from nebula_lab.bench.wan_quality import run_quality
         return run_quality(args)
     if args.change:
         if not args.auto:
             raise ConfigError("--change: only with --auto (it changes the link under compression = \"auto\")")
-        from nebula.bench.wan_change import run_change
+        from nebula_lab.bench.wan_change import run_change
         return run_change(args)
     if args.auto:
-        from nebula.bench.wan_auto import run_auto
+        from nebula_lab.bench.wan_auto import run_auto
         return run_auto(args)
     if os.geteuid() != 0:
         print("nebula bench wan: skipped: the emulated WAN link needs root (network namespaces and tc); "
@@ -483,7 +483,7 @@ COLUMNS = [("forward", "forward", 20, "s"), ("backward", "backward", 20, "s"), (
 TAIL = [("wire", "wire_s", 7, ".2f"), ("enc src", "encode_src_s", 8, ".3f"), ("enc dst", "encode_dst_s", 8, ".3f"),
         ("fill", "fill_s", 6, ".2f"), ("bwire", "bwd_wire_s", 6, ".2f"), ("rest", "rest_s", 6, ".2f"),
         ("cpu gw", "cpu_gateways_s", 7, ".3f"), ("cpu dl", "cpu_delay_lines_s", 7, ".3f")]
-HOST_KINDS = ("stages", "gateways", "delay_lines")  # host CPU seconds per step, nebula.bench.cpu
+HOST_KINDS = ("stages", "gateways", "delay_lines")  # host CPU seconds per step, nebula_lab.bench.cpu
 
 
 def print_table(rows: list[dict]) -> None:

@@ -24,12 +24,12 @@ import os
 import statistics
 import sys
 
-from nebula.bench import wan
-from nebula.bench.wan_auto import LOWER, RTT_MS
 from nebula.codecs.auto import EVERY
 from nebula.errors import ConfigError
 from nebula.runtime.records import read_records
-from nebula.wanem import WanLink
+from nebula_lab.bench import wan
+from nebula_lab.bench.wan_auto import LOWER, RTT_MS
+from nebula_lab.wanem import WanLink
 
 SEGMENT = 30  # steps per rate: back up five rungs takes a trial a rung, after up to 16 steps of a failed one's wait
 TAIL = 6  # the segment's last steps, timed: the rung `auto` settled on

@@ -42,9 +42,9 @@ reach at 10, 60 and 170 Mbit/s.
 - Offloads stay on: tbf cuts GSO super-packets larger than `burst` into frames before queueing
   them, and turning gso/tso/gro off (ethtool) gained nothing measurable while costing CPU.
 Propagation delay (`rtt_ms`): netem is missing from this kernel, so each end of a link sends what
-it sends to the peer through a user-space delay line (nebula/delayline.py) that holds every packet
+it sends to the peer through a user-space delay line (nebula_lab/delayline.py) that holds every packet
 rtt_ms / 2 before it enters the tbf: in a site's namespace a /32 route to the peer's address leads
-into the TUN device `dly-<peer>`, and the `python -m nebula.delayline` process reading it sends each
+into the TUN device `dly-<peer>`, and the `python -m nebula_lab.delayline` process reading it sends each
 packet out of `wan-<peer>` rtt_ms / 2 later. docs/wan.md has the measurements.
 """
 from __future__ import annotations
@@ -67,7 +67,7 @@ DEFAULT_SITES = ("a", "b")
 DEFAULT_SUBNET = "10.213.0.0/24"  # 64 links: up to 11 sites; its first /30 is the two-site link
 DEVICE_PREFIX = "wan-"  # in a site's namespace, the end of its link to `peer` is `wan-<peer>`
 DELAY_PREFIX = "dly-"  # ... and with a delay, the TUN device its delay line reads is `dly-<peer>`
-DELAY_MODULE = "nebula.delayline"
+DELAY_MODULE = "nebula_lab.delayline"
 MAX_RTT_MS = 10_000.0
 LINK_PREFIXLEN = 30  # each link: a /30, its two hosts the two ends
 FRAME_BYTES = 1514  # what tbf counts for a full-size frame: 1500 MTU + 14 Ethernet header
@@ -266,7 +266,7 @@ class WanLink:
         self.rate_mbit = float(rate_mbit)
 
     def _delay(self, site: str, peer: str) -> None:
-        """Route what the site sends to `peer` through a delay line of rtt_ms / 2 (nebula/delayline.py).
+        """Route what the site sends to `peer` through a delay line of rtt_ms / 2 (nebula_lab/delayline.py).
         The TUN device is persistent: should its process die, the route still leads into it and the
         link goes silent, rather than quietly losing its delay."""
         ns, tun, far = self.namespace(site), DELAY_PREFIX + peer, self.address(peer, site)
@@ -534,7 +534,7 @@ def measure_goodput(link: WanLink, nbytes: int, src: str = "a", dst: str = "b",
     """Sends `nbytes` over one plain TCP connection from site `src` to site `dst` (over their link);
     returns Mbit/s.
 
-    Both ends are separate processes inside their namespaces (`python -m nebula.wanem recv|send`).
+    Both ends are separate processes inside their namespaces (`python -m nebula_lab.wanem recv|send`).
     The receiver times from accepting the connection to end of stream, so the figure includes slow
     start and is the payload rate a transfer of this size actually gets.
     """
@@ -543,11 +543,11 @@ def measure_goodput(link: WanLink, nbytes: int, src: str = "a", dst: str = "b",
     if timeout_s is None:  # ten times the wire time, plus process start-up
         timeout_s = 10 * nbytes * 8 / (link.rate_mbit * 1e6) + 10
     host = link.address(dst, peer=src)  # dst's end of the src-dst link
-    recv = link.popen(dst, [sys.executable, "-m", "nebula.wanem", "recv", host, str(timeout_s)],
+    recv = link.popen(dst, [sys.executable, "-m", "nebula_lab.wanem", "recv", host, str(timeout_s)],
                       stdout=subprocess.PIPE, text=True)
     try:
         port = _read_ready_port(recv)
-        link.run(src, [sys.executable, "-m", "nebula.wanem", "send", host, str(port),
+        link.run(src, [sys.executable, "-m", "nebula_lab.wanem", "send", host, str(port),
                        str(nbytes)], check=True, timeout=timeout_s, capture_output=True)
         out, _ = recv.communicate(timeout=timeout_s)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
@@ -567,7 +567,7 @@ def measure_rtt(link: WanLink, src: str = "a", dst: str = "b", count: int = 5) -
     """Round trips from `src` to `dst` over their link, in ms: each the time a TCP connect to port 9
     (discard, closed) of dst's end takes to be refused, i.e. SYN out, RST back. Measure on an idle link:
     under a transfer the tbf queue adds its delay."""
-    out = link.run(src, [sys.executable, "-m", "nebula.wanem", "rtt", link.address(dst, peer=src), str(count)],
+    out = link.run(src, [sys.executable, "-m", "nebula_lab.wanem", "rtt", link.address(dst, peer=src), str(count)],
                    capture_output=True, text=True, timeout=30 + count * (link.rtt_ms / 1000 + 3))
     if out.returncode != 0:
         raise WanError(f"round-trip measurement {src} -> {dst} failed: {out.stderr.strip()}")
@@ -628,4 +628,4 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["rtt"]:
         _round_trips(sys.argv[2], int(sys.argv[3]))
     else:
-        sys.exit("usage: python -m nebula.wanem recv HOST TIMEOUT_S | send HOST PORT NBYTES | rtt HOST COUNT")
+        sys.exit("usage: python -m nebula_lab.wanem recv HOST TIMEOUT_S | send HOST PORT NBYTES | rtt HOST COUNT")

@@ -31,9 +31,9 @@ import statistics
 import sys
 from typing import Callable
 
-from nebula.bench import wan
 from nebula.codecs.auto import EVERY, LADDER
 from nebula.runtime.records import read_records
+from nebula_lab.bench import wan
 
 AUTO_LEAD = EVERY  # one more decision window before auto's timed steps
 # ... and the run's warm-up, which only auto's round-1 phase would pay: a site's compute is 20-80% above

@@ -10,7 +10,7 @@ from the same weights.
 
 With --seeds (e.g. 1,2,3) every seed trains every setting, the first setting being the reference
 (uncompressed, synchronous), and each setting's difference from the reference is reported per split
-(--eval-splits valid,test) as its per-seed values, mean and intervals (nebula.bench.seeds).
+(--eval-splits valid,test) as its per-seed values, mean and intervals (nebula_lab.bench.seeds).
 --setting-staleness 0,1,1 gives each setting its staleness (0 synchronous, 1 one-step-stale), so the
 cost of staleness and of compression can be told apart. A run already finished in --workdir is kept, not
 re-run: hours of runs survive an interruption.
@@ -33,9 +33,11 @@ from pathlib import Path
 
 import tomllib
 
-from nebula.bench.scenarios import load_scenario
-from nebula.bench.seeds import compare
-from nebula.bench.wan import (
+from nebula.errors import ConfigError, StageError
+from nebula.observe.plots import plot_curves
+from nebula_lab.bench.scenarios import load_scenario
+from nebula_lab.bench.seeds import compare
+from nebula_lab.bench.wan import (
     _workdir,
     base_job,
     chosen_settings,
@@ -49,8 +51,6 @@ from nebula.bench.wan import (
     sites_job,
     write_toml,
 )
-from nebula.errors import ConfigError, StageError
-from nebula.plots import plot_curves
 
 QUICK_STEPS = 20
 UNCOMPRESSED = "uncompressed"  # a run's sub-directory: its weights scored with every link uncompressed

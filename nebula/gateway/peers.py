@@ -19,8 +19,8 @@ from zmq.utils import z85
 from nebula.errors import AuthError
 from nebula.security.certs import Certificate
 from nebula.security.trust import Identity, TrustStore, valid_certificate
+from nebula.site.config import SiteConfig
 from nebula.transport import sockets
-from nebula.transport.config import SiteConfig
 from nebula.transport.routing_id import stage_routing_id
 
 log = logging.getLogger("nebula.gateway")

@@ -1,12 +1,12 @@
 """`nebula wan up|down|status|rate|measure`: the WAN emulation, a full mesh of site namespaces (see
-nebula/wanem.py, docs/wan.md)."""
+nebula_lab/wanem.py, docs/wan.md)."""
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
 
-from nebula.wanem import (  # wanem imports only the standard library
+from nebula_lab.wanem import (  # wanem imports only the standard library
     DEFAULT_SITES,
     DEFAULT_SUBNET,
     WanLink,

@@ -10,7 +10,7 @@ backoff) is waited for, so some kills land on a service that has just been start
 supervisor (nebula.site.supervisor, restarts with backoff) repairs anything.
 
 WAN cut (`--cut S`, needs root). The same job with each site in its namespace of the emulated WAN
-(nebula.wanem); once the coordinator is at step `--cut-at`, the link loses every packet for S
+(nebula_lab.wanem); once the coordinator is at step `--cut-at`, the link loses every packet for S
 seconds (WanLink.cut), then comes back. A cut shorter than the stages' `[channel] wan_timeout` is
 ridden out by the running processes; a longer one stops the job with exit 3 (LinkDown), after which
 the run starts the stages again (as an operator would, once the link is back), from their checkpoints.
@@ -42,12 +42,12 @@ from typing import TYPE_CHECKING, Callable
 
 import tomllib
 
-from nebula.bench.wan import write_toml
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.records import read_records
 from nebula.shipped import job_file
 from nebula.site.supervisor import Supervisor
-from nebula.wanem import WanLink
+from nebula_lab.bench.wan import write_toml
+from nebula_lab.wanem import WanLink
 
 if TYPE_CHECKING:  # why: the job loader imports torch, which `nebula --help` (it lists this module) must not pay
     from nebula.runtime.job import JobConfig

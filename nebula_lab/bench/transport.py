@@ -6,9 +6,9 @@ Paths (one row per path and message size):
 - curve-gateways: stage process -> gateway a -> gateway b -> stage process, all real processes, CURVE
   on each of the three hops, the reliable channel end to end (seq/ACK/window, checksums);
 - wan (root only): the same as curve-gateways with each site in its own network namespace, joined by
-  a tbf-shaped 60 Mbit/s veth (nebula.wanem); goodput as a fraction of the link rate, next to a plain
+  a tbf-shaped 60 Mbit/s veth (nebula_lab.wanem); goodput as a fraction of the link rate, next to a plain
   TCP stream over the same link (`tcp_mbit`, the most a single TCP connection gets through tbf);
-  with `--rtt-ms 20,80,200`, one such row per round-trip delay added on the link (nebula/delayline.py),
+  with `--rtt-ms 20,80,200`, one such row per round-trip delay added on the link (nebula_lab/delayline.py),
   with the round trip measured on the idle link (`rtt_measured_ms`, median of 5). `fraction_of_link`
   counts every message from the sender's start, so TCP's start-up (several RTTs) is included;
   `steady_fraction_of_link` is the rate the channel keeps once the connection is up: one message's
@@ -37,7 +37,7 @@ from pathlib import Path
 import zmq
 
 from nebula.site.supervisor import free_port
-from nebula.wanem import WanError, WanLink, measure_goodput, measure_rtt
+from nebula_lab.wanem import WanError, WanLink, measure_goodput, measure_rtt
 
 MB = 1 << 20
 SIZES = (1 * MB, 25 * MB)
@@ -154,12 +154,12 @@ def _stream(prefix: dict[str, list[str]], paths: dict[str, Path], size: int, cou
     procs = []
     try:
         for site in SITES:
-            procs.append(_spawn(prefix[site] + [sys.executable, "-m", "services.gateway.main", str(paths[site])],
-                                root / f"gateway-{site}.log", wait_for="up:"))
-        receiver = _spawn(prefix["b"] + [sys.executable, "-m", "nebula.bench.transport", "recv", str(paths["b"]),
+            gateway = [sys.executable, "-m", "nebula.cli", "gateway", "run", "--site-config", str(paths[site])]
+            procs.append(_spawn(prefix[site] + gateway, root / f"gateway-{site}.log", wait_for="up:"))
+        receiver = _spawn(prefix["b"] + [sys.executable, "-m", "nebula_lab.bench.transport", "recv", str(paths["b"]),
                                          "b/bench/0", str(count)], root / "recv.log", wait_for="ready")
         procs.append(receiver)
-        sender = subprocess.run(prefix["a"] + [sys.executable, "-m", "nebula.bench.transport", "send",
+        sender = subprocess.run(prefix["a"] + [sys.executable, "-m", "nebula_lab.bench.transport", "send",
                                                str(paths["a"]), "a/bench/0", "b/bench/0", str(size), str(count)],
                                 capture_output=True, text=True, timeout=600)
         if sender.returncode != 0:
@@ -245,8 +245,8 @@ def _stage_send(config: str, address: str, dst: str, size: int, count: int) -> N
     # why here: torch, pynacl, protobuf, kept off `nebula --help`
     import torch
 
-    from nebula.transport.config import load_site_config
-    from nebula.transport.reliable import open_channel
+    from nebula.site.channel import open_channel
+    from nebula.site.config import load_site_config
     from nebula.wire import Kind, Message, TensorPayload
 
     data = torch.zeros(size // 4, dtype=torch.float32)  # (size/4,) float32: `size` bytes on the wire
@@ -264,8 +264,8 @@ def _stage_send(config: str, address: str, dst: str, size: int, count: int) -> N
 
 def _stage_recv(config: str, address: str, count: int) -> None:
     # why here: pynacl, kept off `nebula --help`
-    from nebula.transport.config import load_site_config
-    from nebula.transport.reliable import open_channel
+    from nebula.site.channel import open_channel
+    from nebula.site.config import load_site_config
 
     with open_channel(load_site_config(config), address) as channel:
         print("ready", flush=True)
@@ -283,5 +283,5 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["recv"]:
         _stage_recv(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
-        sys.exit("usage: python -m nebula.bench.transport send CONFIG ADDRESS DST SIZE COUNT "
+        sys.exit("usage: python -m nebula_lab.bench.transport send CONFIG ADDRESS DST SIZE COUNT "
                  "| recv CONFIG ADDRESS COUNT")

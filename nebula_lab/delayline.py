@@ -1,6 +1,6 @@
 """A user-space delay line: propagation delay on an emulated WAN link, where the kernel has no netem.
 
-    python -m nebula.delayline TUN DEVICE PEER DELAY_S    # inside a site's namespace (nebula.wanem)
+    python -m nebula_lab.delayline TUN DEVICE PEER DELAY_S    # inside a site's namespace (nebula_lab.wanem)
 
 In a site's namespace, the route to the peer's end of the link (a /32, more specific than the
 link's /30) leads into a TUN device; this process reads each IPv4 packet from it, holds it for
@@ -116,5 +116,5 @@ def _read_all(fd: int, line: DelayLine, now: float) -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) != 5:
-        sys.exit("usage: python -m nebula.delayline TUN DEVICE PEER DELAY_S")
+        sys.exit("usage: python -m nebula_lab.delayline TUN DEVICE PEER DELAY_S")
     run(sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]))

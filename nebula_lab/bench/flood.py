@@ -34,10 +34,10 @@ from typing import Any, Callable, Iterator
 
 import zmq
 
-from nebula.bench.transport import _spawn
 from nebula.observe.status import read_status
 from nebula.security.audit_series import series_files
 from nebula.site.supervisor import free_port
+from nebula_lab.bench.transport import _spawn
 
 SCENARIOS = ("messages", "garbage", "handshakes", "stalled")
 STAGES = ("a/flood/0", "a/stall/0", "b/sink/0")
@@ -149,7 +149,7 @@ class Sites:
 
     def config(self, site: str):
         # why here: pynacl, kept off `nebula --help`
-        from nebula.transport.config import load_site_config
+        from nebula.site.config import load_site_config
         return load_site_config(self.paths[site])
 
     def audit(self, site: str) -> Path:
@@ -177,8 +177,8 @@ class Sites:
 
 
 def _start_gateway(config: Path, log: Path, status: Path) -> subprocess.Popen:
-    return _spawn([sys.executable, "-m", "services.gateway.main", str(config)], log, wait_for=" up: internal",
-                  env={**os.environ, "NEBULA_STATUS_FILE": str(status)})
+    argv = [sys.executable, "-m", "nebula.cli", "gateway", "run", "--site-config", str(config)]
+    return _spawn(argv, log, wait_for=" up: internal", env={**os.environ, "NEBULA_STATUS_FILE": str(status)})
 
 
 def audit_size(path: Path) -> dict[str, int]:

@@ -1,0 +1,269 @@
+"""Site configuration: one TOML file per site, checked on load into frozen dataclasses.
+
+The shipped examples are deploy/sites/a.toml and b.toml (and template.toml for a third site);
+docs/operate.md walks an operator through them. Relative paths are relative to the file.
+
+```toml
+[site]
+name = "a"
+ca = "../../keys/a"                      # the CA store: operator commands only, never read by a service
+credentials = "../../keys/a-services"    # one directory per service (nebula keys bundle-service)
+run = "../../runs/site-a"                # logs/, status/, the stages' workdirs
+audit = "../../runs/site-a/audit/gateway.jsonl"   # optional, default <run>/audit/gateway.jsonl
+data = ["../../data"]                    # data roots this site's stages read
+
+[gateway]
+internal = "tcp://127.0.0.1:5601"  # bind for this site's stages (never published)
+external = "tcp://0.0.0.0:5600"    # bind for other sites' gateways (the site's only public port)
+public = "tcp://203.0.113.5:5600"  # what other sites dial (printed by `nebula site init`)
+# internal_connect = "tcp://gw-a:5601"   # what stages connect to, if not the bind address
+# audit_max_bytes = 67108864        # the audit log rotates past this size (the hash chain continues)
+# audit_summary_interval = 10.0     # seconds per ACK / heartbeat tally record
+
+[peers.b]
+endpoint = "tcp://203.0.113.7:5600"
+# curve_key = "..."                # optional pin (z85 or hex); default: from b's imported bundle
+
+[stages]                           # what `nebula site up` runs besides the gateway
+job = "../jobs/abnet-es-en.toml"
+run = ["encoder"]                  # default: every stage of the job at this site
+
+[metrics]
+port = 0                           # Prometheus: gateway on port, k-th stage on port + k; 0 = off
+
+[channel]                          # optional, reliability timings for stages (seconds)
+window_messages = 8
+```
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+import tomllib
+
+from nebula.config import build, limits
+from nebula.errors import ConfigError
+from nebula.security.certs import address_filename, check_site_name
+from nebula.transport.config import ChannelConfig, check_endpoint, connectable
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeerConfig:
+    site: str
+    endpoint: str
+    address: str  # the peer gateway's certified address, e.g. b/gateway/0
+    curve_key: str | None = None  # pinned key; None: from the imported bundle
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewayConfig:
+    internal: str
+    external: str
+    internal_connect: str
+    address: str
+    public: str | None = None  # what other sites dial; None: the external bind as seen on this host
+    io_threads: int = field(default=2, metadata=limits(at_least=1))
+    max_message_bytes: int = field(default=1 << 30, metadata=limits(above=0))  # larger: ERROR "oversized"
+    max_frames: int = field(default=1025, metadata=limits(at_least=2))
+    hwm: int = field(default=10000, metadata=limits(above=0))
+    # Messages its I/O threads read ahead of its loop, per connection: ZeroMQ counts messages, not bytes,
+    # so this and the message size bound what a sender faster than the loop makes the gateway hold.
+    inbound_hwm: int = field(default=64, metadata=limits(above=0))
+    stats_interval: float = field(default=30.0, metadata=limits(at_least=0))  # stats log lines; 0 = never
+    audit_max_bytes: int = field(default=64 << 20, metadata=limits(at_least=4096))  # then the log rotates
+    audit_summary_interval: float = field(default=10.0, metadata=limits(above=0))  # ACK/heartbeat tallies
+    # Flood limits (docs/security.md, "Under a flood"): messages a second from one stage / peer gateway,
+    # and bytes held for next hops that do not read (ZeroMQ's HWM counts messages, not bytes).
+    rate_limit: float = field(default=1000.0, metadata=limits(above=0))  # more: ERROR "rate-limited"
+    rate_burst: int = field(default=2000, metadata=limits(at_least=1))
+    peer_rate_limit: float = field(default=20000.0, metadata=limits(above=0))
+    peer_rate_burst: int = field(default=40000, metadata=limits(at_least=1))
+    queue_bytes: int = field(default=256 << 20, metadata=limits(above=0))  # per next hop; more: "unreachable"
+    queue_bytes_total: int = field(default=1 << 30, metadata=limits(above=0))
+
+
+@dataclass(frozen=True, kw_only=True)
+class StagesConfig:
+    """The stages `nebula site up` runs beside the gateway: those of `job` at this site (or `run`)."""
+
+    job: Path | None = None
+    run: tuple[str, ...] | None = None  # None: every stage of the job at this site
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsConfig:
+    port: int = field(default=0, metadata=limits(at_least=0, at_most=65535, hint="0 = off"))
+    bind: str = "127.0.0.1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SiteConfig:
+    name: str
+    credentials: Path
+    run: Path
+    audit: Path
+    gateway: GatewayConfig
+    ca: Path | None = None
+    data: tuple[Path, ...] = ()
+    peers: dict[str, PeerConfig] = field(default_factory=dict)
+    channel: ChannelConfig = field(default_factory=ChannelConfig)
+    stages: StagesConfig = field(default_factory=StagesConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    source: str = "<memory>"
+
+    @property
+    def gateway_address(self) -> str:
+        return self.gateway.address
+
+    def credentials_for(self, address: str) -> Path:
+        """The credential directory of one service: its key, certificates and trust, never ca.key."""
+        return self.credentials / address_filename(address)
+
+
+# -- the file's tables as written (paths still relative) ---------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class _SiteTable:
+    name: str
+    credentials: str
+    run: str
+    ca: str | None = None
+    audit: str | None = None
+    data: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class _GatewayTable:
+    internal: str
+    external: str
+    public: str | None = None
+    internal_connect: str | None = None
+    address: str | None = None
+    io_threads: int = 2
+    max_message_bytes: int = 1 << 30
+    max_frames: int = 1025
+    hwm: int = 10000
+    inbound_hwm: int = 64
+    stats_interval: float = 30.0
+    audit_max_bytes: int = 64 << 20
+    audit_summary_interval: float = 10.0
+    rate_limit: float = 1000.0
+    rate_burst: int = 2000
+    peer_rate_limit: float = 20000.0
+    peer_rate_burst: int = 40000
+    queue_bytes: int = 256 << 20
+    queue_bytes_total: int = 1 << 30
+
+
+@dataclass(frozen=True, kw_only=True)
+class _PeerTable:
+    endpoint: str
+    address: str | None = None
+    curve_key: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _StagesTable:
+    job: str | None = None
+    run: tuple[str, ...] | None = None
+
+
+_RENAMED = {"keys": "`keys` (a whole key store) is gone: a service must never see the CA's secret. Set `ca` to "
+                    "the CA store (operator commands only) and `credentials` to a directory of per-service "
+                    "credentials made by `nebula keys bundle-service` (docs/operate.md)"}
+
+
+def load_site_config(path: str | os.PathLike) -> SiteConfig:
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"site config {path} does not exist (`nebula site init` writes one)") from exc
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"site config {path} is not valid TOML ({exc})") from exc
+    return parse_site_config(data, base=path.resolve().parent, source=str(path))
+
+
+def parse_site_config(data: dict[str, Any], base: Path = Path("."), source: str = "<memory>") -> SiteConfig:
+    known = {"site", "gateway", "peers", "channel", "stages", "metrics"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{source}: unknown table [{unknown[0]}]; known: {', '.join(sorted(known))}")
+    for key in ("site", "gateway"):
+        if not isinstance(data.get(key), dict):
+            raise ConfigError(f"{source}: missing [{key}] table (see docs/operate.md for the format)")
+    site = build(_SiteTable, data["site"], f"{source} [site]", renamed=_RENAMED)
+    name = _site_name(site.name, f"{source} [site].name")
+    run = _path(base, site.run)
+    peers = _table(data, "peers", source)
+    if name in peers:
+        raise ConfigError(f"{source}: [peers.{name}] names this site itself; list only other sites")
+    return SiteConfig(
+        name=name, ca=_path(base, site.ca) if site.ca else None, credentials=_path(base, site.credentials),
+        run=run, audit=_path(base, site.audit) if site.audit else run / "audit" / "gateway.jsonl",
+        data=tuple(_path(base, d) for d in site.data),
+        gateway=_gateway(name, data["gateway"], f"{source} [gateway]"),
+        peers={peer: _peer(peer, table, source) for peer, table in peers.items()},
+        channel=build(ChannelConfig, _table(data, "channel", source), f"{source} [channel]"),
+        stages=_stages(base, _table(data, "stages", source), f"{source} [stages]"),
+        metrics=build(MetricsConfig, _table(data, "metrics", source), f"{source} [metrics]"),
+        source=source)
+
+
+def _gateway(site: str, table: dict, where: str) -> GatewayConfig:
+    raw = build(_GatewayTable, table, where)
+    values = dataclasses.asdict(raw)
+    for key in ("internal", "external", "public", "internal_connect"):
+        if values[key] is not None:
+            check_endpoint(values[key], f"{where}.{key}")
+    values["address"] = raw.address or f"{site}/gateway/0"
+    values["internal_connect"] = raw.internal_connect or connectable(raw.internal)
+    return build(GatewayConfig, values, where)
+
+
+def _peer(site: str, table: Any, source: str) -> PeerConfig:
+    where = f"{source} [peers.{_site_name(site, f'{source} [peers]')}]"
+    if not isinstance(table, dict):
+        raise ConfigError(f"{source} [peers]: `{site}` must be a table like [peers.{site}] endpoint = \"tcp://...\"")
+    raw = build(_PeerTable, table, where)
+    return PeerConfig(site=site, endpoint=check_endpoint(raw.endpoint, f"{where}.endpoint"),
+                      address=raw.address or f"{site}/gateway/0", curve_key=raw.curve_key)
+
+
+def _stages(base: Path, table: dict, where: str) -> StagesConfig:
+    raw = build(_StagesTable, table, where)
+    if raw.run is not None and raw.job is None:
+        raise ConfigError(f"{where}: `run` names stages but no `job` says whose; add job = \"path/to/job.toml\"")
+    return StagesConfig(job=_path(base, raw.job) if raw.job else None, run=raw.run)
+
+
+def _table(data: dict, key: str, source: str) -> dict:
+    value = data.get(key, {})
+    if not isinstance(value, dict):
+        raise ConfigError(f"{source}: `{key}` must be a table [{key}], not {value!r}")
+    return value
+
+
+def _site_name(name: str, where: str) -> str:
+    try:
+        return check_site_name(name)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+
+
+def _path(base: Path, value: str | Path) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (base / path).resolve()
+
+
+def write_site_config(path: Path, table: dict[str, Any]) -> SiteConfig:
+    """Write `table` as a site config at `path`, after checking it parses (paths relative to `path`)."""
+    path = Path(path)
+    config = parse_site_config(table, base=path.resolve().parent, source=str(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomli_w.dumps(table))
+    return config
