@@ -57,15 +57,6 @@ DEMO = Demo(summary="train ABNet-Cloud es->en across two local sites, print BLEU
             add_arguments=_arguments)
 
 
-def ensure_data(job_data: Path, pair: str) -> None:
-    if (job_data / "train.src").exists():
-        return
-    # why here: the corpus tooling (~20 ms), kept off `nebula --help`
-    from services.corpus.prepare import PrepareConfig, prepare
-    print(f"nebula demo: preparing the {pair} corpus from Debian translation packages (once) ...", flush=True)
-    prepare(PrepareConfig(pairs=(pair,), out=job_data.parent))
-
-
 def watch(group, run: Path, total: int, driver: str, sink: str) -> float:
     """A progress bar over the training steps, then a line while the sites evaluate; -> the
     monotonic time the last step was seen."""
@@ -113,16 +104,17 @@ def check(job_file: Path, run: Path, steps: int | None, hot: Path | None) -> tup
 
 
 def run_demo(job_file: Path, run: Path, steps: int | None, hot: Path | None = None) -> dict:
-    # why here: torch, matplotlib, kept off `nebula --help`
+    # why here: torch, matplotlib and the corpus tooling, kept off `nebula --help`
     from nebula.launch import hot_start, interrupted_by_sigterm, start_sites
     from nebula.observe.plots import metric_curve, plot_curves
+    from services.corpus.prepare import ensure_prepared
 
     begun = time.monotonic()  # the whole demo, corpus preparation included
     raw, job = check(job_file, run, steps, hot)
     fresh_run_dir(run)
     driver, sink = job.graph.coordinator, job.graph.sinks[0]
     job_file = write_job(raw, run / "job.toml", job_file)
-    ensure_data(Path(job.data), Path(job.data).name)
+    ensure_prepared(Path(job.data), log=lambda line: print(f"nebula demo: {line}", flush=True))
     if hot:
         hot_start(run, hot, list(job.stages))
     started = time.monotonic()

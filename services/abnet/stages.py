@@ -20,10 +20,10 @@ from nebula.runtime.registry import register_stage
 from nebula.runtime.stage import FLOAT, Batch, Output, Port, Stage
 from services.abnet.baseline import BaselineConfig, BaselineDecoder, BaselineEncoder
 from services.abnet.decoding import detokenize
-from services.abnet.minilm import load_minilm
 from services.abnet.model import AbnetConfig, build_source_encoder, build_target_decoder
 from services.abnet.sides import TokenizedSide, adam_with_warmup
-from services.abnet.xlmr_e5 import load_e5_small
+from services.models.minilm import load_minilm
+from services.models.xlmr_e5 import load_e5_small
 
 INPUT_SPLIT = "input"
 BOOTSTRAP = 1000  # resamples for BLEU's interval  # sentences given to `nebula translate`: translated, not scored

@@ -25,7 +25,6 @@ from nebula.errors import ConfigError, DataError, StageError
 from nebula.runtime.records import read_records
 from nebula.shipped import DEPLOY
 from nebula.shipped import job_file as shipped_job
-from services.abnet.demo import ensure_data
 from services.demo import Demo, fresh_run_dir, job_copy, write_job
 
 if TYPE_CHECKING:  # why: the job loader imports torch, which `nebula --help` (it lists the demos) must not pay
@@ -408,8 +407,9 @@ def prepare(run: Path, job_arg: Path | None, one_site_arg: Path | None, steps: i
             one_site_steps: int | None) -> tuple[Any, Path, Path, int]:
     """Checks first (before anything is written): both job files, N1, the run dir; then the copies of the
     job files in the run dir, and the data."""
-    # why here: torch, kept off `nebula --help`
+    # why here: torch and the corpus tooling, kept off `nebula --help`
     from nebula.runtime.job import load_job, parse_job
+    from services.corpus.prepare import ensure_prepared
     settings = settings_for(job_arg, one_site_arg)
     sources = job_arg or DEFAULT_JOB, shipped_job(one_site_arg) if one_site_arg else DEFAULT_ONE_SITE_JOB
     raw, one_raw = (adapted(source, steps, settings) for source in sources)
@@ -426,7 +426,7 @@ def prepare(run: Path, job_arg: Path | None, one_site_arg: Path | None, steps: i
     one_file = write_job(one_raw, run / "job-one-site.toml", sources[1])
     job = load_job(job_file)  # as the stages will read it
     for corpus in corpora_of(job):
-        ensure_data(Path(job.data) / corpus, corpus)
+        ensure_prepared(Path(job.data) / corpus, log=lambda line: print(f"nebula demo: {line}", flush=True))
     return job, job_file, one_file, until
 
 

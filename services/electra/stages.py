@@ -27,10 +27,10 @@ from nebula.errors import ConfigError, DataError
 from nebula.runtime.job import JobConfig
 from nebula.runtime.registry import register_stage
 from nebula.runtime.stage import Batch, Output, Port, Stage
-from services.abnet.plm import BertModel, pad_rows
 from services.electra import data
 from services.electra.calibrate import measure
 from services.electra.model import Discriminator, Generator, Size, e5_discriminator
+from services.models.plm import BertModel, pad_rows
 
 NO_POSITION = -1  # pads a row of `positions` (and its `originals`) to K
 # Index-only: varint-friendly small ints (positions < max_len fit one byte), which `deflate` packs tightly;
