@@ -16,7 +16,6 @@ from sacrebleu.metrics import BLEU
 
 from nebula.config import limits
 from nebula.errors import ConfigError, DataError, StageError
-from nebula.runtime.registry import register_stage
 from nebula.runtime.stage import FLOAT, Batch, Output, Port, Stage
 from services.abnet.baseline import BaselineConfig, BaselineDecoder, BaselineEncoder
 from services.abnet.decoding import detokenize
@@ -102,7 +101,6 @@ def spread(total: int, n: int) -> list[int]:
     return [i * total // n for i in range(n)]
 
 
-@register_stage("abnet-encoder")
 class AbnetEncoder(Stage):
     """Site a: frozen multilingual-e5-small + adapters; sends H_E, receives dL/dH_E."""
 
@@ -167,7 +165,6 @@ def single(scores: dict) -> dict:
     return next(iter(scores.values()))
 
 
-@register_stage("abnet-decoder")
 class AbnetDecoder(Stage):
     """Site b: frozen all-MiniLM-L6-v2 + cross-attention adapters, length predictor, output head."""
 

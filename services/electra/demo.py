@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from nebula.commands.demo import Demo, fresh_run_dir, job_copy, write_job
 from nebula.errors import ConfigError, DataError, StageError
 from nebula.runtime.records import read_records
 from nebula.shipped import DEPLOY
 from nebula.shipped import job_file as shipped_job
-from services.demo import Demo, fresh_run_dir, job_copy, write_job
 
 if TYPE_CHECKING:  # why: the job loader imports torch, which `nebula --help` (it lists the demos) must not pay
     from nebula.runtime.job import JobConfig
@@ -77,14 +77,14 @@ def demo(args) -> int:
     return 0
 
 
-# `nebula demo electra` (services/demo.py; the entry-point group nebula.demos)
+# `nebula demo electra` (nebula/commands/demo.py; named by the workload's spec, services/electra/workload.py)
 DEMO = Demo(summary="ELECTRA-Cloud on one site, then hot-started across two local sites; loss across the "
-                    "switch and the discriminator before/after", run=demo, add_arguments=_arguments)
+                    "switch and the discriminator before/after", run=demo, job=DEFAULT_JOB, add_arguments=_arguments)
 
 
-# -- the job files (the run directory: services.demo.fresh_run_dir) ------------------------------------------
+# -- the job files (the run directory: nebula.commands.demo.fresh_run_dir) ------------------------------------------
 def adapted(source: Path, steps: int | None, settings: dict | None) -> dict:
-    """`source` as the run directory's copy will hold it: [job].data made absolute (services.demo.job_copy),
+    """`source` as the run directory's copy will hold it: [job].data made absolute (nebula.commands.demo.job_copy),
     `settings` merged in (the shipped job files only), [train].steps replaced by `steps` if given."""
     raw = job_copy(source)
     if settings:

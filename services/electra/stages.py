@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from nebula.config import limits
 from nebula.errors import ConfigError, DataError
 from nebula.runtime.job import JobConfig
-from nebula.runtime.registry import register_stage
 from nebula.runtime.stage import Batch, Output, Port, Stage
 from services.electra import data
 from services.electra.calibrate import measure
@@ -93,7 +92,6 @@ class _Electra(Stage):
         self.scheduler = linear_warmup_decay(self.optimizer, self.options.warmup_steps, self.context.job.train.steps)
 
 
-@register_stage("electra-generator")
 class ElectraGenerator(_Electra):
     Options = GeneratorOptions
     outputs = TOKENS
@@ -181,7 +179,6 @@ class _Throttle(torch.autograd.Function):
         return grad, None, None
 
 
-@register_stage("electra-discriminator")
 class ElectraDiscriminator(_Electra):
     Options = DiscriminatorOptions
     inputs = TOKENS
