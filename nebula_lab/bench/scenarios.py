@@ -1,7 +1,7 @@
 """Benchmark scenarios: what a workload tells `nebula bench wan` about its job.
 
 A workload's spec (nebula.workload) names its scenario, `scenario = "package.module:OBJECT"`, and the
-workload's name is the scenario's (`--scenario abnet`); the benchmark itself knows nothing of the
+workload's name is the scenario's (`--scenario NAME`); the benchmark itself knows nothing of the
 workload: its job, its metric and how to score a run all come from the scenario. A scenario is one of:
 - a `Scenario`: the lab runs Table 5 (speed and quality per compression setting) on its job;
 - an `OwnBenchmark`: tables of its own (e.g. throughput), which `nebula bench wan` runs, lending it the
