@@ -28,7 +28,8 @@ from nebula.runtime.job import JobConfig
 from nebula.runtime.stage import Batch, Output, Port, Stage
 from services.electra import data
 from services.electra.calibrate import measure
-from services.electra.model import Discriminator, Generator, Size, e5_discriminator
+from services.electra.losses import discriminator_loss, generator_loss
+from services.electra.model import Discriminator, Generator, Size, e5_discriminator, load_trained
 from services.models.plm import BertModel, pad_rows
 
 NO_POSITION = -1  # pads a row of `positions` (and its `originals`) to K
@@ -56,6 +57,10 @@ class GeneratorOptions(_Options):
     mask_prob: float = field(default=0.15, metadata=limits(above=0, below=1))
     temperature: float = field(default=1.0, metadata=limits(above=0))
     size: Size = Size(hidden=128, layers=2, heads=2, ffn=512)
+    # "random", or a generator checkpoint (`.../generator/checkpoints/step-N.pt`, relative to the job file)
+    # whose weights G starts from: the paper distils from an existing well-trained model (§3.1), here G
+    # after a one-site MLM phase (deploy/jobs/electra-generator.toml); its optimiser starts afresh
+    init: str = "random"
     max_train_examples: int | None = field(default=None, metadata=limits(at_least=1))
 
 
@@ -103,6 +108,8 @@ class ElectraGenerator(_Electra):
         self.corpus = data.GeneratorCorpus(context.data, options.corpus, options.tasks, options.max_len, self.vmap,
                                            self.tok, options.max_train_examples)
         self.module = Generator(options.size.bert(len(self.vmap), options.max_len))
+        if options.init != "random":
+            load_trained(self.module, options.init, context.job.source, f"[stages.{context.name}] init")
         self._optimise()
 
     def examples(self, split: str) -> list[str]:
@@ -114,7 +121,7 @@ class ElectraGenerator(_Electra):
         at = self._choose_masked(ids, batch)
         logits = self.module(ids.masked_fill(at, self.specials.mask), real, at)  # (M, V)
         originals = ids[at]
-        loss = F.cross_entropy(logits, originals)  # L_G, Eq. 6 (mean over the masked positions)
+        loss = generator_loss(logits, originals)  # L_G, Eq. 6
         with torch.no_grad():  # Eq. 7: sample x_i ~ p_G(x_i | x_mask) at each masked position
             gen = torch.Generator(device=self.device).manual_seed(self._seed(batch) + (1 << 62))  # not a mask seed
             scores = logits.float() / self.options.temperature
@@ -182,6 +189,8 @@ class _Throttle(torch.autograd.Function):
 class ElectraDiscriminator(_Electra):
     Options = DiscriminatorOptions
     inputs = TOKENS
+    # L_D and L_CLM of each micro-batch, summed over the step (divide by micro_batches for the step's mean)
+    stats = ("rtd_loss", "clm_loss", "micro_batches")
 
     def __init__(self, context, options: DiscriminatorOptions):
         super().__init__(context, options)
@@ -247,10 +256,10 @@ class ElectraDiscriminator(_Electra):
                                                    f"{batch.link}")
         real = tokens != self.specials.pad
         rtd, clm = self.module(tokens, real, at)
-        replaced = (at & (tokens != originals)).float()
-        l_d = F.binary_cross_entropy_with_logits(rtd[real], replaced[real])  # Eq. 8, mean over the tokens
-        l_clm = F.cross_entropy(clm, originals[at]) if at.any() else rtd.sum() * 0  # Eq. 10
-        return Output(loss=self.options.rtd_weight * l_d + self.options.clm_weight * l_clm)
+        loss = discriminator_loss(rtd, clm, tokens, originals, at, real, self.options.rtd_weight,
+                                  self.options.clm_weight)
+        return Output(loss=loss.total, stats={"rtd_loss": float(loss.rtd), "clm_loss": float(loss.clm),
+                                              "micro_batches": 1.0})
 
     def pooled(self, texts: list[str], batch_size: int = 64) -> torch.Tensor:
         """Mean-pooled last-layer states of `texts` (N, H): what the evaluations compare."""
