@@ -74,7 +74,16 @@ def _time_discriminator(disc: Stage, outputs: list[tuple[Batch, dict]], link: st
     return times
 
 
-def auto_subs(t_generator: float, t_sub: float, most: int, margin: float = 1.1) -> int:
+# n within [LOW x r, HIGH x r] of the measured ratio r = t_sub / t_G: below, G waits for D more than 10% of
+# its time; above, each sub is busy less than 85% of it (throughput per sub below 0.85)
+LOW, HIGH = 0.9, 1 / 0.85
+
+
+def auto_subs(t_generator: float, t_sub: float, most: int) -> int:
     """n of paper §3.3: sub-discriminators enough that they consume G's micro-batches as fast as G makes
-    them (n >= t_sub / t_generator, with a margin for the all-reduce), at most `most`."""
-    return max(1, min(most, math.ceil(margin * t_sub / max(t_generator, 1e-9))))
+    them. ceil(r) keeps G busy whenever it lies in the band [0.9 r, r / 0.85]; else the band's largest n
+    (G a little idle, every sub busy); for a small r whose band holds no integer, the nearest to r."""
+    r = t_sub / max(t_generator, 1e-9)
+    low, high = math.ceil(LOW * r), math.floor(HIGH * r)
+    n = min(math.ceil(r), high) if low <= high else round(r)
+    return max(1, min(most, n))
