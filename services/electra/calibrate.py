@@ -9,6 +9,7 @@ one micro-batch from each every t_G_i; n subs keep up when n / t_D >= sum_i 1 / 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import tempfile
 import time
@@ -26,14 +27,18 @@ WARMUP, TIMED = 1, 3  # micro-batches: the first pays for allocations and is not
 def measure(job: JobConfig, name: str, most: int) -> tuple[int, dict[str, Any]]:
     per_micro = max(1, job.train.batch_size // job.train.micro_batches)
     sources = [link.src for link in job.graph.in_links[name]]
-    with tempfile.TemporaryDirectory(prefix="nebula-calibrate-") as tmp:
-        disc = build_stage(job, name, Path(tmp) / name, quiet=True)
-        t_gen, t_sub = {}, []
-        for source in sources:
-            gen = build_stage(job, source, Path(tmp) / source, quiet=True)
-            times, outputs = _time_generator(gen, per_micro, job.train.micro_batches)
-            t_gen[source] = statistics.median(times)
-            t_sub += _time_discriminator(disc, outputs, f"{source}->{name}")
+    cores = os.sched_getaffinity(0)  # a stage with `cpus` pins the process that builds it: this one, here
+    try:
+        with tempfile.TemporaryDirectory(prefix="nebula-calibrate-") as tmp:
+            disc = build_stage(job, name, Path(tmp) / name, quiet=True)
+            t_gen, t_sub = {}, []
+            for source in sources:
+                gen = build_stage(job, source, Path(tmp) / source, quiet=True)
+                times, outputs = _time_generator(gen, per_micro, job.train.micro_batches)
+                t_gen[source] = statistics.median(times)
+                t_sub += _time_discriminator(disc, outputs, f"{source}->{name}")
+    finally:
+        os.sched_setaffinity(0, cores)
     rate = sum(1 / t for t in t_gen.values())  # generators' micro-batches per second, together
     t_d = statistics.median(t_sub)
     n = auto_subs(1 / rate, t_d, most)
