@@ -183,7 +183,7 @@ def examples() -> dict[str, str]:
     out = {name: render_envelope(name) for name in ("message-two-tensors", "message-appended-base")}
     for name in ("none-int64-ids", "none-bfloat16", "fp16-rounding", "bf16-rounding", "int8-half-even",
                  "int8-one-block", "int8-reciprocal", "int8-tiny-block", "int4-nibbles", "svd-k2-layout",
-                 "svd-k-half-even", "lowrank-rank1",
+                 "svd-k3-order", "svd-k-half-even", "lowrank-rank1",
                  "topk-half-even", "deflate-int64-ids", "deflate-float32", "ef-topk-step-1", "ef-topk-step-2",
                  "chain-int8-lowrank", "chain-fp16-topk"):
         out[name] = render_vector(name)

@@ -28,7 +28,7 @@ from nebula.codecs.topk import MAX_INDEX
 from nebula.errors import CodecError, ConfigError
 from nebula.site.config import GatewayConfig
 from nebula.transport.sockets import HARD_FRAME_LIMIT
-from nebula.wire import DEFAULT_LIMITS, ITEMSIZE
+from nebula.wire import DEFAULT_LIMITS, ITEMSIZE, TensorPayload
 from tests.support.wire_doc import examples
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
@@ -339,3 +339,39 @@ def test_chain_meta_is_the_documented_structure():
     assert [p.dtype for p in payload.parts] == [torch.int8, torch.float32, torch.int32]
     assert math.prod(unpack(payload).shape) == 30
     assert len(payload.meta) <= DEFAULT_LIMITS.max_meta_bytes
+
+
+# ---- svd and lowrank: the sum order of §3.3, written again from the text ---------------------------------
+
+def ordered_sum_reference(p0: np.ndarray, p1: np.ndarray) -> np.ndarray:
+    """§3.3's loop, element by element in float32: acc = p0[i, 0] p1[0, j], then acc + p0[i, t] p1[t, j]."""
+    m, k = p0.shape
+    out = np.zeros((m, p1.shape[1]), np.float32)
+    for i in range(m):
+        for j in range(p1.shape[1]):
+            if k == 0:
+                continue
+            acc = np.float32(p0[i, 0] * p1[0, j])
+            for t in range(1, k):
+                acc = np.float32(acc + np.float32(p0[i, t] * p1[t, j]))
+            out[i, j] = acc
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_svd_and_lowrank_decode_is_the_documented_sum_bit_for_bit(dtype):
+    rng = np.random.default_rng(40)
+    differs = 0
+    for m, k, n in ((7, 1, 5), (6, 3, 4), (9, 17, 11), (4, 40, 3), (5, 0, 2), (1, 64, 1)):
+        # magnitudes over 6 decades (float16's range) and zeros of either sign: where sum orders differ
+        p0 = (rng.standard_normal((m, k)) * 10.0 ** rng.integers(-3, 3, (m, k))).astype(np.float32)
+        p1 = (rng.standard_normal((k, n)) * 10.0 ** rng.integers(-3, 3, (k, n))).astype(np.float32)
+        p0[rng.random((m, k)) < 0.1] = -0.0
+        u, v = torch.from_numpy(p0).to(dtype), torch.from_numpy(p1).to(dtype)
+        want = ordered_sum_reference(u.float().numpy(), v.float().numpy())
+        for spec in ("svd(1.0)", "lowrank(0.5)"):
+            payload = TensorPayload("x", "activation", "float32", (m, n), spec, json.dumps({"shape": [m, n]}).encode(),
+                                    [u, v])
+            assert np.array_equal(unpack(payload).numpy().view(np.uint32), want.view(np.uint32)), (m, k, n, spec)
+        differs += int((want.view(np.uint32) != (u.double() @ v.double()).float().numpy().view(np.uint32)).sum())
+    assert differs > 0, "no input where the ordered float32 sum and a correctly rounded one differ: the test is moot"

@@ -157,11 +157,20 @@ VECTORS: dict[str, list[Vector]] = {
         hand("svd-k2-layout", "k = 2 from the parts' shapes: out[i, j] = sum_k US[i, k] * VT[k, j], row-major",
              "svd(1.0)", (3, 2), [torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]),
                                   torch.tensor([[0.5, 0.0], [0.25, -1.0]])], b'{"shape":[3,2]}'),
+        hand("svd-k3-order", "the sum in k order from the first product, each step rounded to float32, no fused "
+             "multiply-add: 2^24 + 1 - 2^24 is 0 (1 summed from the end), fl((1 + 2^-12)^2) - 1 is 2^-11 (2^-11 + "
+             "2^-24 fused), -0.0 three times is -0.0 (+0.0 summed from +0)", "svd(1.0)", (2, 3),
+             [torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0 + 2**-12, 1.0]]),
+              torch.tensor([[2.0**24, -1.0, -0.0], [1.0, 1.0 + 2**-12, -0.0], [-2.0**24, 0.0, -0.0]])],
+             b'{"shape":[2,3]}'),
     ],
     "lowrank": [
         encoded("lowrank-rank1", "k = round(0.34 * 3) = 1", "lowrank(0.34)", rank1(4, 3), FACTORS, 1e-5),
         encoded("lowrank-3d", "a (2, 2, 3) tensor is the (4, 3) matrix; k = round(0.5 * 3) = 2", "lowrank(0.5)",
                 torch.tensor([[1.0, 0.0, -1.0], [2.0, 0.0, -2.0], [0.0, 1.0, 1.0], [0.0, 3.0, 3.0]]).view(2, 2, 3),
+                FACTORS, 1e-5),
+        encoded("lowrank-k3", "k = round(0.6 * 5) = 3: three products per element, summed in k order",
+                "lowrank(0.6)", torch.tensor([[(i + 1) * (j + 2) % 7 - 3.0 for j in range(6)] for i in range(5)]),
                 FACTORS, 1e-5),
         hand("lowrank-k2-layout", "the svd layout: U_k S_k (2, 2), V_k^T (2, 4)", "lowrank(0.5)", (2, 4),
              [torch.tensor([[1.0, 0.0], [2.0, 0.5]]), torch.tensor([[1.0, 2.0, 3.0, 4.0], [8.0, 0.0, -8.0, 2.0]])],
