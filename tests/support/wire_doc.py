@@ -185,7 +185,7 @@ def examples() -> dict[str, str]:
                  "int8-one-block", "int8-reciprocal", "int8-tiny-block", "int4-nibbles", "svd-k2-layout",
                  "svd-k3-order", "svd-k-half-even", "lowrank-rank1",
                  "topk-half-even", "deflate-int64-ids", "deflate-float32", "ef-topk-step-1", "ef-topk-step-2",
-                 "chain-int8-lowrank", "chain-fp16-topk"):
+                 "chain-int8-lowrank", "chain-fp16-topk", "chain-deflate-fp16", "chain-nested"):
         out[name] = render_vector(name)
     out["envelope-sizes"] = render_sizes()
     return out
