@@ -470,21 +470,26 @@ def stored_vector(name: str) -> dict[str, Any]:
     raise KeyError(f"no wire vector named {name!r}; regenerate: python -m tests.vectors.make_wire --regenerate")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--regenerate", action="store_true", help="rewrite tests/vectors/wire/ from the code")
+def write_or_check(files: dict[str, dict[str, Any]], root: Path, doc: str | None) -> int:
+    """A generator's command line: `--regenerate` writes `files` under `root`; without it, say which
+    differ from what is there (exit 1 if any)."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--regenerate", action="store_true", help=f"rewrite {root.name}/ from the code")
     args = parser.parse_args()
-    files = generate()
     if not args.regenerate:
         stale = [name for name, content in files.items()
-                 if not (ROOT / name).exists() or (ROOT / name).read_text() != dumps(content)]
+                 if not (root / name).exists() or (root / name).read_text() != dumps(content)]
         print("differ from the code: " + ", ".join(stale) if stale else "all vectors match the code")
         return 1 if stale else 0
-    ROOT.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
     for name, content in files.items():
-        (ROOT / name).write_text(dumps(content))
-    print(f"wrote {len(files)} files to {ROOT}")
+        (root / name).write_text(dumps(content))
+    print(f"wrote {len(files)} files to {root}")
     return 0
+
+
+def main() -> int:
+    return write_or_check(generate(), ROOT, __doc__)
 
 
 if __name__ == "__main__":
