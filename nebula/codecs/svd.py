@@ -119,8 +119,8 @@ def ordered_product(us: torch.Tensor, vh: torch.Tensor) -> torch.Tensor:
     order of its own, which differs between libraries, CPUs and thread counts: sender and receiver
     would disagree in the last bits, and delta's caches at the two ends with them. Elementwise torch
     kernels round every result to float32, so one mul and one add per product give exactly this
-    order (`addcmul` may fuse them); about 4.5x a matmul's time, e.g. 65 against 14 ms for the
-    (8192, 154) @ (154, 768) of lowrank(0.2) on a 25 MB activation."""
+    order (`addcmul` may fuse them); 5 to 7 times a matmul's time, e.g. 65-70 against 10-14 ms for
+    the (8192, 154) @ (154, 768) of lowrank(0.2) on a 25 MB activation (2-core VM)."""
     m, k = us.shape
     n = vh.shape[1]
     out = us.new_empty(m, n)

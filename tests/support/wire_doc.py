@@ -22,6 +22,7 @@ from tests.vectors.make_wire import stored_vector, tensor_bytes
 
 HEX_PER_LINE = 16
 ACTIVATION = (128, 64, 768)  # `nebula bench codecs`'s activation: 25,165,824 bytes of float32
+NAME = ROLE = "activation"  # its header's name and role, as the bench sends its activation row
 SIZE_CODECS = ["none", "fp16", "bf16", "int8", "int8(scale=bf16)", "lowrank(0.2)", "fp16(lowrank(0.2))",
                "int8(lowrank(0.2))", "topk(0.01)", "fp16(topk(0.01))"]
 VARINT, LENGTH = 0, 2
@@ -163,7 +164,7 @@ def envelope_sizes() -> list[dict[str, Any]]:
     rows = []
     for spec in SIZE_CODECS:
         with one_thread():
-            payload = pack("activation", "activation", x, spec)
+            payload = pack(NAME, ROLE, x, spec)
         envelope = longest_envelope(encode_message(wire_message(payload)))
         rows.append({"codec": payload.codec, "parts": len(payload.parts), "meta": len(payload.meta),
                      "envelope": envelope, "of_tensor": 100 * envelope / (x.numel() * 4),

@@ -31,6 +31,7 @@ from nebula.transport.sockets import HARD_FRAME_LIMIT
 from nebula.wire import (
     DEFAULT_LIMITS,
     ITEMSIZE,
+    PROTOCOL_VERSION,
     RULES,
     Kind,
     Limits,
@@ -39,7 +40,7 @@ from nebula.wire import (
     decode_message,
     encode_message,
 )
-from tests.support.wire_doc import examples
+from tests.support.wire_doc import NAME, ROLE, examples
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 BLOCK = re.compile(r"<!-- example: (?P<name>[\w-]+) -->\n```[\w-]*\n(?P<body>.*?)```", re.S)
@@ -78,6 +79,20 @@ def test_every_example_block_of_sections_1_to_3_is_made_by_the_code(made):
     assert sorted(blocks) == sorted(made), "an example block of §1-3 has no generator, or one is missing"
     for name, body in made.items():
         assert blocks[name] == body, f"docs/protocol.md example {name} differs from the code's output"
+
+
+def test_the_document_version_is_the_wire_version():
+    """The version the document states (its top, §7) is what the envelope's `version` carries: its major."""
+    text = DOC.read_text()
+    major, minor = re.search(r"^\*\*Version (\d+)\.(\d+)\.\*\*", text, re.M).groups()
+    assert int(major) == PROTOCOL_VERSION
+    versions = text[text.index("\n## 7. Versions"):]
+    assert f"This text is version **{major}.{minor}**" in versions and f"\n**{major}.{minor}**" in versions
+
+
+def test_the_reference_message_names_its_tensor_as_the_size_table_sends_it():
+    text = " ".join(subsection("### 1.6 Envelope size").split())
+    assert f"its header's `name` and `role` both `{ROLE}`" in text and NAME == ROLE
 
 
 def _type_text(field) -> str:
