@@ -273,8 +273,9 @@ class Delta(Codec):
         if state is None:
             return self.decode(parts, meta)
         if dtype is not None and dtype not in WIRE_FLOATS:  # `unpack` would refuse the float32 rows after the commit
-            raise CodecError(f"codec {self.spec!r} decodes float32 rows, the header says {dtype}: send the "
-                             "activation's own float dtype in the header")
+            raise CodecError(f"codec {self.spec!r} decodes float32 rows, the header says "
+                             f"{str(dtype).removeprefix('torch.')}: send the activation's own float dtype in the "
+                             "header")
         if len(parts) < 2:
             raise CodecError(f"codec {self.spec!r}: expected ids and base parts first, got {len(parts)} parts")
         ids, tags = parts[0], parts[1]
