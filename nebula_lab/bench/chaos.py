@@ -139,8 +139,8 @@ class JobRun:
     def __init__(self, run: Path, job_file: Path, wan: WanLink | None = None, channel: dict | None = None,
                  keys: bool = True, max_restarts: int = 5, restart: bool = True):
         # why here: torch, kept off `nebula --help`
-        from nebula.launch import start_sites
         from nebula.runtime.job import load_job
+        from nebula.site.local import start_sites
 
         self.run, self.job = run, load_job(job_file)
         self.stages = list(self.job.stages)
@@ -158,15 +158,8 @@ class JobRun:
 
     def supervise(self, until: Callable[[], bool], timeout: float, what: str,
                   each: Callable[[], None] | None = None) -> None:
-        """poll() the supervisor (restarts; StageError when a service fails for good) until `until()`."""
-        deadline = time.monotonic() + timeout
-        while not until():
-            self.group.poll()
-            if each is not None:
-                each()
-            if time.monotonic() > deadline:
-                raise StageError(f"timed out after {timeout:.0f} s waiting for {what}; logs in {self.run / 'logs'}")
-            time.sleep(POLL_S)
+        """Supervise (restarts; StageError when a service fails for good, or after `timeout`) until `until()`."""
+        self.group.run(until, timeout=timeout, what=what, each=each, interval=POLL_S)
 
     def restarts(self) -> dict[str, int]:
         return {name: s.restarts for name, s in self.group.services.items()}

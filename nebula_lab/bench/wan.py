@@ -430,7 +430,7 @@ def run_job(run: Path, job: dict, label: str, wan: WanLink | None = None, channe
     """Starts every site's gateway and stages, waits until every stage has finished, stops all.
     `watch(steps)` is called as the steps every stage has finished grow (e.g. to change the link)."""
     # why here: torch, kept off `nebula --help`
-    from nebula.launch import start_sites
+    from nebula.site.local import start_sites
 
     shutil.rmtree(run, ignore_errors=True)  # a kept --workdir from an earlier run: start clean
     run.mkdir(parents=True)

@@ -10,8 +10,8 @@ import time
 import pytest
 
 from nebula.codecs.auto import LADDER
-from nebula.launch import start_sites
 from nebula.runtime.metrics import read_records
+from nebula.site.local import start_sites
 from nebula_lab.bench.wan import write_toml
 from nebula_lab.bench.wan_change import SLOWER_WITHIN
 from nebula_lab.wanem import WanLink
