@@ -40,13 +40,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-import tomllib
-
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.records import read_records
 from nebula.shipped import job_file
 from nebula.site.supervisor import Supervisor
-from nebula_lab.bench.wan import write_toml
 from nebula_lab.wanem import WanLink
 
 if TYPE_CHECKING:  # why: the job loader imports torch, which `nebula --help` (it lists this module) must not pay
@@ -120,16 +117,11 @@ def progress(line: str) -> None:
 def prepare_job(source: Path, work: Path, steps: int, checkpoint_every: int, seed: int) -> Path:
     """A copy of `source` with its data path made absolute and [train] steps, checkpoints and seed set."""
     # why here: torch, kept off `nebula --help`
-    from nebula.runtime.job import load_job
+    from nebula.runtime.job_file import override, read_job_table, write_job_file
 
-    job = load_job(source)
-    raw = tomllib.loads(Path(source).read_text())
-    if job.data:
-        raw["job"]["data"] = job.data
-    raw["train"].update(steps=steps, checkpoint_every=checkpoint_every, seed=seed)
-    work.mkdir(parents=True, exist_ok=True)
     path = work / "job.toml"
-    write_toml(raw, path)
+    write_job_file(path, override(read_job_table(source), train={"steps": steps, "checkpoint_every": checkpoint_every,
+                                                                 "seed": seed}))
     return path
 
 

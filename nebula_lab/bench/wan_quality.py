@@ -49,7 +49,6 @@ from nebula_lab.bench.wan import (
     run_job,
     set_compression,
     sites_job,
-    write_toml,
 )
 
 QUICK_STEPS = 20
@@ -129,6 +128,9 @@ def score_uncompressed(run: Path, job: dict, scenario) -> dict:
     outputs are (`run`): the final checkpoints resume on one site (`nebula stage one-site`, in-process
     channels), where the finished job only evaluates. A run with no codec on any link is its own; a
     finished re-score of the same job is kept."""
+    # why here: torch, kept off `nebula --help`
+    from nebula.runtime.job_file import write_job_file
+
     plain = copy.deepcopy(sites_job(job))
     for entry in plain.get("links", []):
         entry.pop("compression", None)  # a link without the table sends everything uncompressed
@@ -145,7 +147,7 @@ def score_uncompressed(run: Path, job: dict, scenario) -> dict:
                     raise StageError(f"{run} has no checkpoint {stage}/checkpoints/{name} to score uncompressed: "
                                      "delete the run to train it again")
                 shutil.copy(run / stage / "checkpoints" / name, where / stage / "checkpoints" / name)
-        write_toml(plain, where / "job.toml")
+        write_job_file(where / "job.toml", plain)
         progress(f"quality: scoring {run.parent.name}/{run.name} uncompressed (its step-{steps} weights, on one site)")
         code = run_command(ServiceSpec(name="one-site", run=where, argv=nebula_argv(
             "stage", "one-site", "--job", str(where / "job.toml"), "--workdir", str(where))))

@@ -12,13 +12,17 @@ import pytest
 
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.job import load_job
-from tests.support.sites import job_file, write_job
+from tests.support.sites import E2E, job_file, replaced, write_job
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_unknown_codec_stops_the_stage_at_start_naming_the_spec(tmp_path):
-    job = job_file(tmp_path, "pair", {'forward = "fp16"': 'forward = "fp16(zstd9)"'})
+    edit = {'forward = "fp16"': 'forward = "fp16(zstd9)"'}
+    with pytest.raises(ConfigError, match=r"compression.forward: codec spec 'fp16\(zstd9\)'"):
+        job_file(tmp_path, "pair", edit)  # the one writer of job files checks what it writes: nothing is written
+    job = tmp_path / "bad.toml"  # so the bad file a user might write by hand, for the loader and the stage
+    job.write_text(replaced((E2E / "jobs" / "pair.toml").read_text(), edit, "pair.toml"))
     with pytest.raises(ConfigError, match=r"compression.forward: codec spec 'fp16\(zstd9\)'"):
         load_job(job)  # checked when the job file loads: no stage, model or socket is touched
     done = subprocess.run([sys.executable, "-m", "nebula.cli", "stage", "run", "--job", str(job), "--stage",

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from nebula.runtime.job_file import write_job_file
 from nebula.security.accounts import Accounts
 from nebula.security.audit import verify
 from nebula.security.grants import DataRegistry
@@ -30,14 +31,13 @@ SECRETS = {"alice": "alice's long secret", "bob": "bob's long secret"}
 
 
 def job_file(path: Path, steps: int, data: str | None = "dataset:corpus", prefix: str = "") -> Path:
-    lines = ['[job]', 'name = "iso"', *([f'data = "{data}"'] if data else []),
-             '[train]', f'steps = {steps}', 'batch_size = 8', 'micro_batches = 2', 'checkpoint_every = 1000',
-             'log_every = 1',
-             '[stages.src]', f'address = "a/{prefix}src/0"',
-             f'impl = "{"tests.support.jobs:DataSource" if data else "example-source"}"',
-             '[stages.sink]', f'address = "a/{prefix}sink/0"', 'impl = "example-sink"',
-             '[[links]]', 'from = "src"', 'to = "sink"', 'tensors = ["hidden"]', 'backward = true']
-    path.write_text("\n".join(lines) + "\n")
+    write_job_file(path, {
+        "job": {"name": "iso", **({"data": data} if data else {})},
+        "train": {"steps": steps, "batch_size": 8, "micro_batches": 2, "checkpoint_every": 1000, "log_every": 1},
+        "stages": {"src": {"address": f"a/{prefix}src/0",
+                           "impl": "tests.support.jobs:DataSource" if data else "example-source"},
+                   "sink": {"address": f"a/{prefix}sink/0", "impl": "example-sink"}},
+        "links": [{"from": "src", "to": "sink", "tensors": ["hidden"], "backward": True}]})
     return path
 
 

@@ -10,7 +10,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import tomllib
+
 from nebula.runtime.job import JobConfig, load_job
+from nebula.runtime.job_file import write_job_file
 from nebula.runtime.metrics import read_records
 from nebula.runtime.order import ExampleOrder, digest, id_hash
 from nebula.site.local import start_sites
@@ -33,13 +36,18 @@ def job_file(root: Path, name: str, replace: dict[str, str] | None = None) -> Pa
 
 
 def _write(root: Path, text: str, replace: dict[str, str] | None, name: str) -> Path:
+    """`text` with `replace` applied, written by the one writer of job files (so checked as it will load)."""
+    path = root / "job.toml"
+    write_job_file(path, tomllib.loads(replaced(text, replace, name)))
+    return path
+
+
+def replaced(text: str, replace: dict[str, str] | None, name: str) -> str:
+    """`text` with `replace` (old -> new, each must occur in the file `name`) applied."""
     for old, new in (replace or {}).items():
         assert old in text, f"{old!r} is not in {name}"
         text = text.replace(old, new)
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.toml"
-    path.write_text(text)
-    return path
+    return text
 
 
 def example_ledger(job: JobConfig, repeat: int = 1) -> list[list]:
