@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from nebula.commands.demo import default_job
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.records import read_records
 from nebula.shipped import job_file
@@ -49,7 +50,6 @@ from nebula_lab.wanem import WanLink
 if TYPE_CHECKING:  # why: the job loader imports torch, which `nebula --help` (it lists this module) must not pay
     from nebula.runtime.job import JobConfig
 
-DEFAULT_JOB = "abnet-es-en"  # shipped; in a checkout tests/e2e/jobs/tiny.toml is quicker
 POLL_S = 0.05
 
 
@@ -63,8 +63,8 @@ class Kill:
 def register(sub) -> None:
     parser = sub.add_parser("chaos", help="a two-site job under seeded SIGKILLs of any service (or a WAN cut, "
                                           "root): ledgers exactly once, final loss vs an undisturbed run")
-    parser.add_argument("--job", default=DEFAULT_JOB,
-                        help=f"job file or shipped job name (default {DEFAULT_JOB}; in a checkout "
+    parser.add_argument("--job", default=None,
+                        help="job file or shipped job name (default: the one `nebula demo` runs; in a checkout "
                              "tests/e2e/jobs/tiny.toml runs in about a minute)")
     parser.add_argument("--seed", type=int, action="append",
                         help="schedule and [train].seed (repeatable: one run each; default 1)")
@@ -86,7 +86,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    source = job_file(args.job)
+    source = job_file(args.job or default_job())
     if args.kills < 0 or args.steps < 2 or args.checkpoint_every < 1:
         raise ConfigError("--kills must be >= 0, --steps >= 2 and --checkpoint-every >= 1")
     rows = []

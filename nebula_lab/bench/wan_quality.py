@@ -222,7 +222,8 @@ def print_quality(rows: list[dict], plot_path: Path, key: str) -> None:
 
 def summarise_seeds(work: Path, rows: list[dict], seeds: list[int], settings: list, scenario) -> list[dict]:
     """Per setting after the first, per split and per evaluation (through the codecs; with
-    --eval-uncompressed also uncompressed): the difference from the first setting, over seeds."""
+    --eval-uncompressed also uncompressed): the difference from the first setting in the scenario's
+    metric, over seeds."""
     def scored(row: dict, evaluation: str) -> dict:  # the row's scores and "run", where its outputs are
         return row if evaluation == "codecs" else row[evaluation]
 
@@ -231,7 +232,8 @@ def summarise_seeds(work: Path, rows: list[dict], seeds: list[int], settings: li
         return [scenario.sentence_stats(Path(r["run"]), read_job(Path(r["run"])), split) for r in runs]
 
     out = []
-    splits = [key.removeprefix("bleu_") for key in rows[0] if key.startswith("bleu_")]
+    metric = f"{scenario.quality_key}_"  # one score per split: `bleu_test` for the metric `bleu`
+    splits = [key.removeprefix(metric) for key in rows[0] if key.startswith(metric)]
     evaluations = ["codecs"] + [UNCOMPRESSED] * (UNCOMPRESSED in rows[0])
     for i, (forward, backward, staleness) in enumerate(settings[1:], start=1):
         for split, evaluation in itertools.product(splits, evaluations):
@@ -239,7 +241,7 @@ def summarise_seeds(work: Path, rows: list[dict], seeds: list[int], settings: li
             c = compare(reference, stats(i, split, evaluation), scenario.score_stats)
             out.append({"summary": True, "forward": forward, "backward": backward, "staleness": staleness,
                         "split": split, "eval": evaluation, "seeds": seeds, "sentences": len(reference[0]),
-                        "reference": [scored(r, evaluation)[f"bleu_{split}"] for r in rows[0::len(settings)]],
+                        "reference": [scored(r, evaluation)[metric + split] for r in rows[0::len(settings)]],
                         "per_seed": [round(d, 2) for d in c.per_seed], "mean_diff": round(c.mean, 2),
                         "interval": [round(v, 2) for v in c.interval],
                         "t_interval": c.t_interval and [round(v, 2) for v in c.t_interval]})

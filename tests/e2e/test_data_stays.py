@@ -99,7 +99,7 @@ def token_needles(data: Path) -> dict[bytes, str]:
     """The marker's token ids as the encoder computes them: the tokenizer's and the model's cut
     vocabulary's (built from the same data), as every integer dtype they fit."""
     from services.abnet.sides import TokenizedSide
-    from services.abnet.xlmr_e5 import load_e5_small
+    from services.models.xlmr_e5 import load_e5_small
 
     pre = load_e5_small()
     side = TokenizedSide(str(data), "src", pre, max_len=24, limit=None)  # the tiny job's encoder options
