@@ -1,17 +1,21 @@
-"""The supervisor with real processes: backoff that blocks no one, exit 3 never retried, nothing left behind."""
+"""The supervisor with real processes: backoff that blocks no one, exit 3 never retried, nothing left behind;
+waiting for a service to serve, the foreground loop, the detach-and-wait; a process's identity."""
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 
 import pytest
 
-from nebula.errors import StageError
+from nebula.errors import ConfigError, StageError
 from nebula.site.ports import ephemeral_low, free_port
-from nebula.site.process import alive
+from nebula.site.process import ProcessId, alive, children
 from nebula.site.service import ServiceSpec
-from nebula.site.supervisor import Supervisor
+from nebula.site.supervisor import Supervisor, detach, run_command, stop_signals
 
 
 def python(code: str) -> tuple[str, ...]:
@@ -99,3 +103,67 @@ def test_free_ports_are_below_the_ephemeral_range_bindable_and_never_handed_out_
     assert len(set(ports)) == 200 and all(1024 <= p < ephemeral_low() for p in ports)
     with socket.socket() as s:
         s.bind(("127.0.0.1", ports[-1]))
+
+
+def test_ready_waits_for_the_log_of_the_latest_start_and_names_a_service_that_died_first(tmp_path):
+    sup = Supervisor(strict=False)
+    code = "import time; time.sleep(0.3); print('serving', flush=True); time.sleep(60)"
+    s = sup.start(service("server", code, tmp_path, ready="serving"))
+    assert sup.ready("server", timeout=20) is s and "serving" in s.log.read_text()
+    sup.kill("server")
+    sup.start(service("server", code, tmp_path, ready="serving"))  # the log says it already: not this start
+    started = time.monotonic()
+    sup.ready("server", timeout=20)
+    assert time.monotonic() - started >= 0.25
+    sup.start(service("dies", "print('no such key'); raise SystemExit(3)", tmp_path, ready="serving"))
+    with pytest.raises(StageError, match=r"(?s)dies did not come up \(it exited\).*no such key"):
+        sup.ready("dies", timeout=20)
+    sup.stop()
+
+
+def test_the_foreground_loop_stops_when_asked_and_names_what_it_waited_for(tmp_path):
+    sup = Supervisor(strict=False)
+    s = sup.start(service("sleeper", "import time; time.sleep(60)", tmp_path))
+    rounds = []
+    sup.run(lambda: len(rounds) >= 3, each=lambda: rounds.append(1), interval=0.01)
+    with pytest.raises(StageError, match="timed out after 0 s waiting for the sleeper to finish"):
+        sup.run(s.finished, timeout=0.2, what="the sleeper to finish", interval=0.01)
+    sup.stop()
+    assert run_command(service("three", "raise SystemExit(3)", tmp_path)) == 3
+
+
+def test_stop_signals_notes_sigterm_instead_of_dying():
+    before = signal.getsignal(signal.SIGTERM)
+    with stop_signals() as caught:
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not caught and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert caught == [signal.SIGTERM]
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_detach_returns_once_ready_and_kills_what_never_came_up(tmp_path):
+    up = detach(service("up", "import time; print('serving', flush=True); time.sleep(60)", tmp_path,
+                        ready="serving"), "the up service", timeout=20)
+    try:
+        assert up.poll() is None and os.getpgid(up.pid) == up.pid  # its own session and process group
+    finally:
+        os.killpg(up.pid, signal.SIGKILL)
+        up.wait()
+    with pytest.raises(ConfigError, match=r"(?s)the stuck service did not come up \(not within 1 s\).*starting"):
+        detach(service("stuck", "import time; print('starting', flush=True); time.sleep(60)", tmp_path,
+                       ready="serving"), "the stuck service", timeout=1)
+
+
+def test_a_process_is_its_pid_and_start_time_a_reused_pid_is_not_it(tmp_path):
+    me = ProcessId.mine()
+    assert me.alive() and ProcessId.parse(str(me)) == me and ProcessId.parse("12 x") is None
+    stranger = ProcessId(me.pid, me.started + 1)  # the same pid, started at another time: another process
+    assert not stranger.alive() and not stranger.kill_group()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    held = ProcessId.of(child.pid)
+    assert held.alive() and held.pid in children(os.getpid())
+    assert held.kill_group()
+    child.wait()
+    assert not held.alive() and held.pid not in children(os.getpid())
