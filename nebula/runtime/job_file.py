@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-import tomllib
 
+from nebula.config import read_toml
 from nebula.errors import ConfigError
 from nebula.runtime.job import JobConfig, parse_job
 from nebula.security.grants import PREFIX
@@ -28,12 +28,7 @@ def read_job_table(path: str | os.PathLike) -> dict[str, Any]:
     """The tables of job file `path`, its [job].data (a directory relative to the file) made absolute,
     so that they can be written anywhere."""
     path = Path(path)
-    try:
-        table = tomllib.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError(f"job file {path} does not exist") from exc
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"job file {path} is not valid TOML: {exc}") from exc
+    table = read_toml(path, "job file")
     data = table.get("job", {}).get("data")
     if isinstance(data, str) and not data.startswith(PREFIX) and not Path(data).is_absolute():
         table["job"]["data"] = str((path.resolve().parent / data).resolve())

@@ -44,9 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-import tomllib
 
-from nebula.config import build, limits
+from nebula.config import build, limits, read_toml
 from nebula.errors import ConfigError
 from nebula.security.certs import address_filename, check_site_name
 from nebula.security.keyfile import write_atomic
@@ -180,12 +179,7 @@ _RENAMED = {"keys": "`keys` (a whole key store) is gone: a service must never se
 
 def load_site_config(path: str | os.PathLike) -> SiteConfig:
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError(f"site config {path} does not exist (`nebula site init` writes one)") from exc
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"site config {path} is not valid TOML ({exc})") from exc
+    data = read_toml(path, "site config", " (`nebula site init` writes one)")
     return parse_site_config(data, base=path.resolve().parent, source=str(path))
 
 
