@@ -16,13 +16,13 @@ the runtime's coordination overhead (scatter, the all-reduce barrier, pace, the 
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import os
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import tomli_w
 import tomllib
 
 from services.electra.bench import WARMUP, Lab, measure, pooled, progress, rates, stage_named
@@ -164,7 +164,7 @@ def cores() -> tuple[list[int], list[int]]:
 
 def device_job(raw: dict, device_time: float, ranks: int | str, most: int) -> dict:
     """Table 4's job: G on its own core, D a stand-in on the others with `device_time` per micro-batch."""
-    raw = tomllib.loads(tomli_w.dumps(raw))  # a copy
+    raw = copy.deepcopy(raw)
     g_core, d_cores = cores()
     raw["stages"][stage_named(raw, "electra-generator")]["cpus"] = g_core
     disc = raw["stages"][stage_named(raw, "electra-discriminator")]
@@ -180,7 +180,7 @@ def measure_device(raw: dict, work: Path, slowdown: float) -> dict:
     time), and the emulated device's time: k times the latter."""
     from nebula.runtime.job import parse_job
     from services.electra.calibrate import measure as warm_up  # why here: torch, kept off `nebula --help`
-    probe = tomllib.loads(tomli_w.dumps(raw))
+    probe = copy.deepcopy(raw)
     size = paper_proportioned(probe["stages"][stage_named(probe, "electra-generator")]["size"])
     probe["stages"][stage_named(probe, "electra-discriminator")]["size"] = size
     (work / "probe").mkdir(parents=True, exist_ok=True)
@@ -211,8 +211,9 @@ def resolve_auto(raw: dict, work: Path) -> tuple[dict, dict]:
     """ranks = "auto" measured once, here (nebula.runtime.autoranks, as the launcher would): the
     resolved job and the calibration evidence."""
     from nebula.runtime.autoranks import resolve  # why here: torch, kept off `nebula --help`
+    from nebula.runtime.job_file import write_job_file
     work.mkdir(parents=True, exist_ok=True)
-    (work / "job.toml").write_text(tomli_w.dumps(raw))
+    write_job_file(work / "job.toml", raw)
     resolved, evidence = resolve(work / "job.toml", work / "job.resolved.toml", quiet=True)
     return tomllib.loads(resolved.read_text()), next(iter(evidence.values()))
 
