@@ -36,6 +36,8 @@ def register(sub) -> None:
     ev.add_argument("--no-encoder-evals", action="store_true", help="leave out retrieval and the probe")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
     ev.set_defaults(func=run_eval)
+    from services.electra.seeds import register as register_seeds  # why here: it imports the demo's module
+    register_seeds(actions)
 
 
 def run_eval(args) -> int:
