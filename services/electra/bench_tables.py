@@ -5,8 +5,9 @@ Table 3, the network in it. The forward-only schedule lets G open step t + c onc
     P = max(T_G, T_D, (T_G + T_D + R + w) / c)
 so the default credit c = 2 never quite hides a delay, and c = ceil((T_G + T_D + R + w) / max(T_G, T_D))
 does (`hiding_credit`); each delay runs with both, and the longest also with c = 1, where G waits out
-every pace round trip (one per step: the ids out, the PACE of the step back). The paper's sequence length (512) with 8 sequences a
-step puts ~3,900 ids in each message, as a device's micro-batch of the paper's model would.
+every pace round trip (one per step: the ids out, the PACE of the step back). The paper's sequence
+length (512) with 8 sequences a step puts ~3,900 ids in each message, as a device's micro-batch of the
+paper's model would.
 
 Table 4, an emulated device. D's compute per micro-batch at this machine's speed is measured on a
 paper-proportioned D (ERNIE-M Large over Base: twice the layers, 4/3 the width of G), times k: that is
