@@ -33,6 +33,8 @@ def measure(job: JobConfig, name: str, most: int) -> tuple[int, dict[str, Any]]:
             disc = build_stage(job, name, Path(tmp) / name, quiet=True)
             t_gen, t_sub = {}, []
             for source in sources:
+                # each build may pin this process to its stage's `cpus`: give the next one every core back
+                os.sched_setaffinity(0, cores)
                 gen = build_stage(job, source, Path(tmp) / source, quiet=True)
                 times, outputs = _time_generator(gen, per_micro, job.train.micro_batches)
                 t_gen[source] = statistics.median(times)

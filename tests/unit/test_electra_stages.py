@@ -14,6 +14,7 @@ real models on the tiny corpora (copied into tmp_path: the vocabulary is cached 
 - An emulated device takes its `device_time` per micro-batch, and one faster than the model that runs
   is a ConfigError naming the key."""
 import math
+import os
 import time
 
 import pytest
@@ -273,6 +274,19 @@ def test_a_slow_emulated_device_gets_every_rank_it_may_have(tmp_path):
     assert evidence["disc"]["ranks"] == 3 and evidence["disc"]["t_sub_s"] >= 0.5, evidence
     resolved = load_job(out)
     assert resolved.stage("disc").ranks == 3 and resolved.train.batch_size == 24 and resolved.train.micro_batches == 6
+
+
+def test_auto_ranks_measure_g_and_d_pinned_to_different_cores(tmp_path):
+    """Table 4's job: G on a core of its own, D's ranks on the others. Building D pins the calibrating
+    process to D's cores; G must still be built on its own (it was refused: "may run on cores [1] only")."""
+    cores = sorted(os.sched_getaffinity(0))
+    g_core, d_cores = cores[:1], cores[1:] or cores[:1]
+    pinned = {'corpus = "es-en"': f'corpus = "es-en"\ncpus = {g_core}',
+              'impl = "electra-discriminator"': f'impl = "electra-discriminator"\nranks = "auto"\nmax_ranks = 2\n'
+                                                f'cpus = {d_cores}'}
+    out, evidence = resolve(electra_job(tmp_path, pinned), tmp_path / "resolved.toml", quiet=True)
+    assert 1 <= evidence["disc"]["ranks"] <= 2
+    assert sorted(os.sched_getaffinity(0)) == cores  # the calibration hands this process its cores back
 
 
 @pytest.mark.parametrize("r, n", [(1.0, 1), (1.2, 1), (2.5, 2), (3.56, 4), (7.9, 8), (14.2, 15), (40.0, 16)])
