@@ -138,6 +138,8 @@ def register(sub) -> None:
     parser.add_argument("--max-steps", type=int, default=None, metavar="N",
                         help="--time-to-loss: a setting not at TARGET after N steps is reported as not reached "
                              "(default: the job's [train].steps)")
+    parser.add_argument("--steps-only", action="store_true",
+                        help="--time-to-loss: train to the target only, no step times on the emulated WAN")
     add_scenario_arguments(parser)
     parser.set_defaults(func=run)
 

@@ -60,9 +60,10 @@ def run_time_to_loss(args: argparse.Namespace) -> int:
                                                       setting_job(raw, s, seed, budget, args.eval_every),
                                                       args.time_to_loss, args.eval_every, scenario)
                    for seed in seeds for s in settings}
-        speed = measure_speed(args, work, raw, settings, scenario) if os.geteuid() == 0 else {}
-        if not speed:
-            progress("step times skipped: the emulated WAN needs root; steps to the target are above")
+        wan = os.geteuid() == 0 and not args.steps_only
+        speed = measure_speed(args, work, raw, settings, scenario) if wan else {}
+        if not wan:
+            progress("step times skipped (--steps-only, or not root: the emulated WAN needs it)")
         rows = combine(settings, seeds, quality, speed, args.time_to_loss)
         if args.workdir:
             (work / "rows.json").write_text(json.dumps(rows, indent=1))
@@ -122,9 +123,9 @@ def train_to_target(run: Path, job: dict, target: float, every: int, scenario) -
     done = run / "row.json"
     if done.exists() and holds_toml(run / "job.toml", job):
         kept = json.loads(done.read_text())
-        if kept["target"] == target or (kept["reached"] and kept["curve"][-1][1] <= target):
+        if any(loss <= target for _, loss in kept["curve"]) or kept["curve"][-1][0] >= job["train"]["steps"]:
             progress(f"kept {run} (delete it to train again)")
-            return kept
+            return {**kept, **verdict(kept["curve"], target, job["train"]["steps"])}
     shutil.rmtree(run, ignore_errors=True)
     run.mkdir(parents=True)
     write_toml(job, run / "job.toml")
@@ -136,11 +137,16 @@ def train_to_target(run: Path, job: dict, target: float, every: int, scenario) -
         progress(f"{run.parent.name}/{run.name}: step {curve[-1][0]:.0f}, validation loss {curve[-1][1]:.4f}")
         if curve[-1][1] <= target:
             break
-    reached = next((step for step, loss in curve if loss <= target), None)
-    row = {"steps": reached if reached is not None else steps, "reached": reached is not None,
-           "final_loss": curve[-1][1], "target": target, "curve": curve, **bytes_per_token(run, job)}
+    row = {"curve": curve, **bytes_per_token(run, job)}
     done.write_text(json.dumps(row))
-    return row
+    return {**row, **verdict(curve, target, steps)}
+
+
+def verdict(curve: list, target: float, budget: int) -> dict:
+    """Steps to `target`: the first evaluation at or below it (else the budget, not reached)."""
+    reached = next((step for step, loss in curve if loss <= target), None)
+    return {"steps": reached if reached is not None else budget, "reached": reached is not None,
+            "final_loss": next((loss for step, loss in curve if step == reached), curve[-1][1]), "target": target}
 
 
 def bytes_per_token(run: Path, job: dict) -> dict:
