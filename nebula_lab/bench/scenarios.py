@@ -83,7 +83,8 @@ class TimeToLoss(Protocol):
     def ttl_settings(self, quick: bool) -> list[dict]:
         """The settings to compare, the first the dense reference: each {"name", "forward", "backward"
         (codec specs for every link), "schedule" (a name, or None: the job's), "stages" (options set on
-        every stage, e.g. an architecture's; {} for none)}."""
+        every stage, e.g. an architecture's; {} for none), and optionally "seeds": k (train only the first k
+        of --seeds: an ablation)}."""
 
     def speed_job(self, raw: dict, work: Path, steps: int) -> dict:
         """The raw job table adapted for a speed run of `steps` steps: no evaluation."""

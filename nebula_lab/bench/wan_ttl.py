@@ -59,7 +59,7 @@ def run_time_to_loss(args: argparse.Namespace) -> int:
         quality = {(s["name"], seed): train_to_target(work / "steps" / f"seed{seed}" / slug(s["name"]),
                                                       setting_job(raw, s, seed, budget, args.eval_every),
                                                       args.time_to_loss, args.eval_every, scenario)
-                   for seed in seeds for s in settings}
+                   for seed in seeds for s in settings if seed in seeds_of(s, seeds)}
         wan = os.geteuid() == 0 and not args.steps_only
         speed = measure_speed(args, work, raw, settings, scenario) if wan else {}
         if not wan:
@@ -93,6 +93,11 @@ def chosen_settings(args: argparse.Namespace, scenario) -> list[dict]:
     if not args.setting:
         return scenario.ttl_settings(args.quick)
     return [{"name": f"{f} / {b}", "forward": f, "backward": b, "schedule": None, "stages": {}} for f, b in args.setting]
+
+
+def seeds_of(setting: dict, seeds: list[int]) -> list[int]:
+    """The seeds a setting trains with: all of --seeds, or its first `seeds` (a scenario's ablations)."""
+    return seeds[:setting.get("seeds") or len(seeds)]
 
 
 def slug(name: str) -> str:
@@ -211,7 +216,8 @@ def combine(settings: list[dict], seeds: list[int], quality: dict, speed: dict, 
     for label in ("bound", "png") if speed else ("bound",):
         dense_T = None
         for s in settings:
-            runs = [quality[(s["name"], seed)] for seed in seeds]
+            used = seeds_of(s, seeds)
+            runs = [quality[(s["name"], seed)] for seed in used]
             reached = all(r["reached"] for r in runs)
             steps = statistics.fmean(r["steps"] for r in runs)
             fast = speed.get((s["name"], label))
@@ -222,7 +228,7 @@ def combine(settings: list[dict], seeds: list[int], quality: dict, speed: dict, 
                 "setting": s["name"], "forward": s["forward"], "backward": s["backward"],
                 "schedule": s.get("schedule"), "stages": s.get("stages", {}),
                 "link_mbit": fast["link_mbit"] if fast else None, "rtt_ms": fast["rtt_ms"] if fast else None,
-                "steps": round(steps, 1), "steps_per_seed": [r["steps"] for r in runs], "seeds": seeds,
+                "steps": round(steps, 1), "steps_per_seed": [r["steps"] for r in runs], "seeds": used,
                 "step_s": step_s, "T_s": T, "T_vs_dense": round(T / dense_T, 3) if T and dense_T else None,
                 "bytes_per_token_fwd": statistics.fmean(r["bytes_per_token_fwd"] for r in runs),
                 "bytes_per_token_bwd": statistics.fmean(r["bytes_per_token_bwd"] or 0 for r in runs),
