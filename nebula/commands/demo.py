@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tomli_w
 import tomllib
 
 from nebula import workload
@@ -155,5 +154,7 @@ def job_copy(source: Path, steps: int | None = None) -> dict[str, Any]:
 
 
 def write_job(raw: dict[str, Any], out: Path, source: Path) -> Path:
-    out.write_text(f"# written by `nebula demo` from {source}\n{tomli_w.dumps(raw)}")
+    # why here: torch, kept off `nebula --help`
+    from nebula.runtime.job_file import write_job_file
+    write_job_file(out, raw, note=f"written by `nebula demo` from {source}")
     return out

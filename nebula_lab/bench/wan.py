@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import tomli_w
 import tomllib
 
 from nebula import workload
@@ -314,13 +313,12 @@ def override_train(raw: dict, args: argparse.Namespace) -> None:
         raw.setdefault("schedule", {})["name"] = schedule
 
 
-def write_toml(table: dict, path: Path) -> None:
-    path.write_text(tomli_w.dumps(table))
-
-
 def holds_toml(path: Path, table: dict) -> bool:
-    """Whether `path` is `table` as write_toml wrote it (a kept run's job: the very one asked for)."""
-    return path.exists() and path.read_text() == tomli_w.dumps(table)
+    """Whether `path` is `table` as write_job_file wrote it (a kept run's job: the very one asked for)."""
+    # why here: torch, kept off `nebula --help`
+    from nebula.runtime.job_file import job_text
+
+    return path.exists() and path.read_text() == job_text(table)
 
 
 def sites_job(job: dict) -> dict:
@@ -457,12 +455,13 @@ def run_job(run: Path, job: dict, label: str, wan: WanLink | None = None, channe
     """Starts every site's gateway and stages, waits until every stage has finished, stops all.
     `watch(steps)` is called as the steps every stage has finished grow (e.g. to change the link)."""
     # why here: torch, kept off `nebula --help`
-    from nebula.launch import start_sites
+    from nebula.runtime.job_file import write_job_file
+    from nebula.site.local import start_sites
 
     shutil.rmtree(run, ignore_errors=True)  # a kept --workdir from an earlier run: start clean
     run.mkdir(parents=True)
     job_file = run / "job.toml"
-    write_toml(sites_job(job), job_file)
+    write_job_file(job_file, sites_job(job))
     stages = list(job["stages"])
     timeout_s = timeout_s or 300 + 60 * job["train"]["steps"]
     delay_lines = delay_line_pids(wan)  # started with the link, before the sites

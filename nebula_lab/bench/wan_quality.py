@@ -27,14 +27,14 @@ import itertools
 import json
 import shutil
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import tomllib
 
 from nebula.errors import ConfigError, StageError
 from nebula.observe.plots import plot_curves
+from nebula.site.service import ServiceSpec, nebula_argv
+from nebula.site.supervisor import run_command
 from nebula_lab.bench.scenarios import load_scenario
 from nebula_lab.bench.seeds import compare
 from nebula_lab.bench.wan import (
@@ -49,7 +49,6 @@ from nebula_lab.bench.wan import (
     run_job,
     set_compression,
     sites_job,
-    write_toml,
 )
 
 QUICK_STEPS = 20
@@ -129,6 +128,9 @@ def score_uncompressed(run: Path, job: dict, scenario) -> dict:
     outputs are (`run`): the final checkpoints resume on one site (`nebula stage one-site`, in-process
     channels), where the finished job only evaluates. A run with no codec on any link is its own; a
     finished re-score of the same job is kept."""
+    # why here: torch, kept off `nebula --help`
+    from nebula.runtime.job_file import write_job_file
+
     plain = copy.deepcopy(sites_job(job))
     for entry in plain.get("links", []):
         entry.pop("compression", None)  # a link without the table sends everything uncompressed
@@ -145,12 +147,12 @@ def score_uncompressed(run: Path, job: dict, scenario) -> dict:
                     raise StageError(f"{run} has no checkpoint {stage}/checkpoints/{name} to score uncompressed: "
                                      "delete the run to train it again")
                 shutil.copy(run / stage / "checkpoints" / name, where / stage / "checkpoints" / name)
-        write_toml(plain, where / "job.toml")
+        write_job_file(where / "job.toml", plain)
         progress(f"quality: scoring {run.parent.name}/{run.name} uncompressed (its step-{steps} weights, on one site)")
-        done = subprocess.run([sys.executable, "-m", "nebula.cli", "stage", "one-site", "--job",
-                               str(where / "job.toml"), "--workdir", str(where)], stdout=sys.stderr)  # stdout: --json's
-        if done.returncode != 0:
-            raise StageError(f"scoring {run} uncompressed failed (exit {done.returncode}, its output above); "
+        code = run_command(ServiceSpec(name="one-site", run=where, argv=nebula_argv(
+            "stage", "one-site", "--job", str(where / "job.toml"), "--workdir", str(where))))
+        if code != 0:
+            raise StageError(f"scoring {run} uncompressed failed (exit {code}, {where / 'logs' / 'one-site.log'}); "
                              f"the trained run is kept: fix the cause and run the same command again")
         scored.touch()
     return {"run": str(where), **scenario.quality(where, job)}

@@ -105,8 +105,8 @@ def check(job_file: Path, run: Path, steps: int | None, hot: Path | None) -> tup
 
 def run_demo(job_file: Path, run: Path, steps: int | None, hot: Path | None = None) -> dict:
     # why here: torch, matplotlib and the corpus tooling, kept off `nebula --help`
-    from nebula.launch import hot_start, interrupted_by_sigterm, start_sites
     from nebula.observe.plots import metric_curve, plot_curves
+    from nebula.site.local import hot_start, interrupted_by_sigterm, start_sites
     from services.corpus.prepare import ensure_prepared
 
     begun = time.monotonic()  # the whole demo, corpus preparation included

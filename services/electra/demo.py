@@ -3,7 +3,7 @@
 The paper pre-trains inside one cluster first and moves to the cross-cluster setting from those
 checkpoints (Figure 8: the loss goes on as before). The demo does the same on this machine:
 1. the one-site phase: `nebula stage one-site --until N1`, every stage in one process;
-2. the two-site phase: the checkpoints of step N1 copied into a cross-site run (`nebula.launch.
+2. the two-site phase: the checkpoints of step N1 copied into a cross-site run (`nebula.site.local.
    hot_start`), a gateway per site, every socket CURVE, the stages as local processes, to step N;
 3. the loss curves of both stages across the switch and a verdict on a jump there (`switch_verdict`);
 4. the discriminator before (untrained, step 0) and after, with services.electra.evaluate;
@@ -158,7 +158,7 @@ def supervise(group: Any, services: list[str], progress: Progress, workdir: Path
     """Poll (restarts, errors with the log tail) and draw progress until every one of `services` exited 0;
     a SIGTERM stops them as Ctrl-C does."""
     # why here: torch, kept off `nebula --help`
-    from nebula.launch import interrupted_by_sigterm
+    from nebula.site.local import interrupted_by_sigterm
     with interrupted_by_sigterm():
         try:
             while not all(group.services[name].finished() for name in services):
@@ -173,12 +173,13 @@ def supervise(group: Any, services: list[str], progress: Progress, workdir: Path
 def one_site_phase(run: Path, job_file: Path, until: int, progress: Progress) -> float:
     """`nebula stage one-site --until N1` as its own process (one thread per torch op: 2 stages, 2 cores)."""
     # why here: torch, kept off `nebula --help`
-    from nebula.launch import Service, Supervisor, nebula_argv
+    from nebula.site.service import ServiceSpec, nebula_argv
+    from nebula.site.supervisor import Supervisor
     started = time.monotonic()
     group = Supervisor()
     argv = nebula_argv("stage", "one-site", "--job", str(job_file), "--workdir", str(run / "one-site"),
                        "--until", str(until))
-    group.start(Service("one-site", argv, run / "logs" / "one-site.log"))
+    group.start(ServiceSpec(name="one-site", argv=argv, run=run))
     supervise(group, ["one-site"], progress, run / "one-site", "one site")
     return time.monotonic() - started
 
@@ -186,7 +187,7 @@ def one_site_phase(run: Path, job_file: Path, until: int, progress: Progress) ->
 def two_site_phase(run: Path, job: JobConfig, job_file: Path, progress: Progress) -> float:
     """The one-site checkpoints hot-start the cross-site job: gateways, CURVE, a process per stage."""
     # why here: torch, kept off `nebula --help`
-    from nebula.launch import hot_start, start_sites
+    from nebula.site.local import hot_start, start_sites
     started = time.monotonic()
     hot_start(run / "two-site", run / "one-site", list(job.stages))
     group = start_sites(run / "two-site", job_file)
