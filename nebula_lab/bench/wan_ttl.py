@@ -37,7 +37,7 @@ import tomllib
 from nebula.errors import ConfigError
 from nebula.runtime.records import read_records
 from nebula_lab.bench.scenarios import TimeToLoss, kind_of, load_scenario
-from nebula_lab.bench.wan import _workdir, bound_rate, holds_toml, measure_rate, progress, sites_job, write_toml
+from nebula_lab.bench.wan import _workdir, bound_rate, holds_toml, measure_rate, progress
 
 PNG_MBIT, PNG_RTT_MS = 200.0, 50.0  # ProtocolNanoGPT's simulated links
 TIMED = 3  # timed steps per phase of a speed run (quick: 2)
@@ -92,7 +92,8 @@ def chosen_settings(args: argparse.Namespace, scenario) -> list[dict]:
     """The scenario's settings, or --setting FORWARD BACKWARD pairs (codecs on every link, the job's model)."""
     if not args.setting:
         return scenario.ttl_settings(args.quick)
-    return [{"name": f"{f} / {b}", "forward": f, "backward": b, "schedule": None, "stages": {}} for f, b in args.setting]
+    return [{"name": f"{f} / {b}", "forward": f, "backward": b, "schedule": None, "stages": {}}
+            for f, b in args.setting]
 
 
 def seeds_of(setting: dict, seeds: list[int]) -> list[int]:
@@ -122,7 +123,7 @@ def train_to_target(run: Path, job: dict, target: float, every: int, scenario) -
     """Train `job` in parts of `every` steps until an evaluation is at or below `target`, or to its last
     step; a run already finished for the same job in `run` is kept."""
     # why here: torch, kept off `nebula --help`
-    from nebula.runtime.job import load_job
+    from nebula.runtime.job_file import write_job_file
     from nebula.runtime.onesite import run_one_site
 
     done = run / "row.json"
@@ -133,8 +134,7 @@ def train_to_target(run: Path, job: dict, target: float, every: int, scenario) -
             return {**kept, **verdict(kept["curve"], target, job["train"]["steps"])}
     shutil.rmtree(run, ignore_errors=True)
     run.mkdir(parents=True)
-    write_toml(job, run / "job.toml")
-    loaded, steps = load_job(run / "job.toml"), job["train"]["steps"]
+    loaded, steps = write_job_file(run / "job.toml", job), job["train"]["steps"]
     curve: list = []
     for until in range(every, steps + every, every):
         run_one_site(loaded, run, quiet=True, until=min(until, steps))
@@ -234,9 +234,14 @@ def combine(settings: list[dict], seeds: list[int], quality: dict, speed: dict, 
                 "bytes_per_token_bwd": statistics.fmean(r["bytes_per_token_bwd"] or 0 for r in runs),
                 "target": target, "reached": reached,
                 "final_loss": [round(r["final_loss"], 4) for r in runs],
-                "compute_s": max((v for k, v in fast.items() if k.startswith("compute_")), default=None) if fast else None,
+                "compute_s": busiest_compute(fast),
                 "wire_s": fast["wire_s"] if fast else None})
     return rows
+
+
+def busiest_compute(fast: dict | None) -> float | None:
+    """The busiest stage's compute per step of a speed row (None: not timed)."""
+    return max((v for k, v in fast.items() if k.startswith("compute_")), default=None) if fast else None
 
 
 def table(rows: list[dict]) -> str:

@@ -18,8 +18,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
-
 from nebula.errors import ConfigError
 
 VALID_PACKAGES = ("coreutils", "apt", "dpkg")
@@ -32,7 +30,8 @@ def register(data_sub) -> None:
                                                      "workload (docs/gpt.md)")
     prep.add_argument("--out", type=Path, default=Path("data/gpt-en"), help="output directory (default: %(default)s)")
     prep.add_argument("--cache", type=Path, default=Path(".cache/debs"), help=".deb cache (default: %(default)s)")
-    prep.add_argument("--vocab", type=int, default=8192, help="token ids kept, specials included (default: %(default)s)")
+    prep.add_argument("--vocab", type=int, default=8192,
+                      help="token ids kept, specials included (default: %(default)s)")
     prep.add_argument("--valid-packages", default=",".join(VALID_PACKAGES),
                       help="packages held out whole for validation (default: %(default)s)")
     prep.set_defaults(func=prepare_text_command)
@@ -58,7 +57,8 @@ def prepare_text(out: Path, cache: Path, vocab: int, valid_packages: tuple[str, 
         raise ConfigError(f"--vocab {vocab}: choose 3..{MAX_VOCAB} (ids are stored as uint16)")
     unknown = sorted(set(valid_packages) - set(TEXT_PACKAGES))
     if unknown or not valid_packages:
-        raise ConfigError(f"--valid-packages {','.join(unknown) or '(none)'}: choose some of {', '.join(TEXT_PACKAGES)}")
+        raise ConfigError(f"--valid-packages {','.join(unknown) or '(none)'}: "
+                          f"choose some of {', '.join(TEXT_PACKAGES)}")
     debs = download(list(TEXT_PACKAGES), cache, log)
     tokenizer = load_xlmr_tokenizer()
     eos = tokenizer.token_to_id(SPECIALS["eos"])
@@ -101,5 +101,8 @@ def cut_vocabulary(train_ids: list[int], tokenizer, size: int):
 
 
 def _tensor(ids: list[int]):
+    # why here: numpy and torch, kept off `nebula --help` (which registers this command)
+    import numpy as np
     import torch
+
     return torch.from_numpy(np.asarray(ids, dtype=np.int64))

@@ -57,7 +57,7 @@ class _Gpt(Stage):
         check_split(context.job, ROLES)  # before any model is built
         o = options
         if context.data is None:
-            raise ConfigError(f"[job].data is required: the GPT stages read `nebula data prepare-text`'s corpus")
+            raise ConfigError("[job].data is required: the GPT stages read `nebula data prepare-text`'s corpus")
         self.data = TokenWindows(context.data, o.seq_len, o.vocab_size)
         cfg = GptConfig(vocab_size=o.vocab_size, d_model=o.d_model, n_head=o.n_head, n_layer=o.n_layer,
                         seq_len=o.seq_len)

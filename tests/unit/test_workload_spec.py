@@ -147,5 +147,6 @@ def test_the_lab_calls_no_scenario_hook_its_protocols_do_not_declare():
                     isinstance(node.value, ast.Name) and node.value.id == "scenario"
                     or isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "load_scenario"):
                 used.setdefault(node.attr, path.name)
-    assert {"speed_job", "quality", "sentence_stats", "bench", "job", "eval_curve"} <= set(used)  # the scan sees the calls
+    # the scan sees the calls
+    assert {"speed_job", "quality", "sentence_stats", "bench", "job", "eval_curve"} <= set(used)
     assert set(used) <= declared, {hook: where for hook, where in used.items() if hook not in declared}
