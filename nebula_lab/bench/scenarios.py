@@ -84,7 +84,8 @@ class TimeToLoss(Protocol):
         """The settings to compare, the first the dense reference: each {"name", "forward", "backward"
         (codec specs for every link), "schedule" (a name, or None: the job's), "stages" (options set on
         every stage, e.g. an architecture's; {} for none), and optionally "seeds": k (train only the first k
-        of --seeds: an ablation)}."""
+        of --seeds: an ablation)}. A setting with "auto" codecs is not trained: its steps are those of the
+        setting trained with the rung it chose on the link (nebula_lab.bench.wan_ttl)."""
 
     def speed_job(self, raw: dict, work: Path, steps: int) -> dict:
         """The raw job table adapted for a speed run of `steps` steps: no evaluation."""

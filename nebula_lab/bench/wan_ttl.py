@@ -21,6 +21,13 @@ codecs on every link, a schedule, options set on every stage such as an architec
 T_s = steps (mean over seeds) x step_s; T_vs_dense = T_s / the first setting's T_s at the same rate (< 1:
 faster). Bytes per token each way: the codecs' payload bytes per training token on a link (mean over
 the links and steps of the one-site runs, the runtime's example ids included).
+
+`auto` (compression = "auto" on every link) is not trained one-site: on in-process links it has no
+goodput to measure and stays on its first, lossless rung, so its convergence there says nothing of the
+rung it takes on a slow link. It is timed alone on the chain (its run's first phase, with wan_auto's
+lead so that its decisions have settled), and its steps are those of the trained setting that uses
+the rung it chose on that link (e.g. `dense fp32` for `none`); where it chose a rung no setting
+trained with, or more than one, its steps are not measured and its row says so (`steps_from`).
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ from nebula.errors import ConfigError
 from nebula.runtime.records import read_records
 from nebula_lab.bench.scenarios import TimeToLoss, kind_of, load_scenario
 from nebula_lab.bench.wan import _workdir, bound_rate, holds_toml, measure_rate, progress
+from nebula_lab.bench.wan_auto import AUTO_LEAD, WARM_UP, chosen
 
 PNG_MBIT, PNG_RTT_MS = 200.0, 50.0  # ProtocolNanoGPT's simulated links
 TIMED = 3  # timed steps per phase of a speed run (quick: 2)
@@ -59,7 +67,7 @@ def run_time_to_loss(args: argparse.Namespace) -> int:
         quality = {(s["name"], seed): train_to_target(work / "steps" / f"seed{seed}" / slug(s["name"]),
                                                       setting_job(raw, s, seed, budget, args.eval_every),
                                                       args.time_to_loss, args.eval_every, scenario)
-                   for seed in seeds for s in settings if seed in seeds_of(s, seeds)}
+                   for seed in seeds for s in settings if seed in seeds_of(s, seeds) and not is_auto(s)}
         wan = os.geteuid() == 0 and not args.steps_only
         speed = measure_speed(args, work, raw, settings, scenario) if wan else {}
         if not wan:
@@ -99,6 +107,11 @@ def chosen_settings(args: argparse.Namespace, scenario) -> list[dict]:
 def seeds_of(setting: dict, seeds: list[int]) -> list[int]:
     """The seeds a setting trains with: all of --seeds, or its first `seeds` (a scenario's ablations)."""
     return seeds[:setting.get("seeds") or len(seeds)]
+
+
+def is_auto(setting: dict) -> bool:
+    """A setting whose codecs `auto` picks on the link: timed on the chain, its steps borrowed."""
+    return "auto" in (setting["forward"], setting["backward"])
 
 
 def slug(name: str) -> str:
@@ -170,7 +183,9 @@ def groups(settings: list[dict]) -> list[list[dict]]:
     """Settings that can share one speed run: the same stage options and schedule (one phase each)."""
     out: dict[str, list[dict]] = {}
     for s in settings:
-        out.setdefault(json.dumps([s.get("stages", {}), s.get("schedule")], sort_keys=True), []).append(s)
+        # `auto` runs alone: only a run's first phase gets the lead its decisions need
+        key = [s.get("stages", {}), s.get("schedule"), s["name"] if is_auto(s) else None]
+        out.setdefault(json.dumps(key, sort_keys=True), []).append(s)
     return list(out.values())
 
 
@@ -179,16 +194,17 @@ def speed_job(args: argparse.Namespace, raw: dict, group: list[dict], work: Path
     more, nebula_lab.bench.wan.LEAD_IN), the last phase one more (the final checkpoint)."""
     from nebula_lab.bench.wan import LEAD_IN
     timed = args.steps or (2 if args.quick else TIMED)
-    total = (1 + timed) * len(group) + LEAD_IN + 1
+    lead = AUTO_LEAD + WARM_UP if is_auto(group[0]) else 0
+    total = (1 + timed) * len(group) + LEAD_IN + lead + 1
     job = setting_job(raw, group[0], raw["train"]["seed"], total, total)
     job = scenario.speed_job(job, work, total)
     phases = [{"steps": 1 + timed, "forward": s["forward"], "backward": s["backward"]} for s in group]
-    phases[0]["steps"] += LEAD_IN
+    phases[0]["steps"] += LEAD_IN + lead
     phases[-1]["steps"] += 1
     for link in job["links"]:
         link["compression"] = {"phases": phases}
     first = job["links"][0]
-    job["bench"] = {"link": f"{first['from']}->{first['to']}", "scenario": args.scenario, "first_lead": 0}
+    job["bench"] = {"link": f"{first['from']}->{first['to']}", "scenario": args.scenario, "first_lead": lead}
     return job
 
 
@@ -201,6 +217,8 @@ def measure_speed(args: argparse.Namespace, work: Path, raw: dict, settings: lis
             job = speed_job(args, raw, group, work, scenario)
             mbit = PNG_MBIT if label == "png" else rate
             rows = measure_rate(work / "speed" / f"{label}-{i}", job, mbit, rtt)
+            if is_auto(group[0]):  # the codecs it used in its timed steps, on the first link
+                rows[0]["chosen"] = chosen(work / "speed" / f"{label}-{i}", job, [0])
             for setting, row in zip(group, rows):
                 out[(setting["name"], label)] = {**row, "rtt_ms": rtt}
         if rate is None:
@@ -216,27 +234,44 @@ def combine(settings: list[dict], seeds: list[int], quality: dict, speed: dict, 
     for label in ("bound", "png") if speed else ("bound",):
         dense_T = None
         for s in settings:
-            used = seeds_of(s, seeds)
-            runs = [quality[(s["name"], seed)] for seed in used]
-            reached = all(r["reached"] for r in runs)
-            steps = statistics.fmean(r["steps"] for r in runs)
             fast = speed.get((s["name"], label))
+            source = steps_source(s, settings, fast)
+            used = seeds_of(source, seeds) if source else []
+            runs = [quality[(source["name"], seed)] for seed in used]
+            reached = all(r["reached"] for r in runs) if runs else None
+            steps = statistics.fmean(r["steps"] for r in runs) if runs else None
             step_s = fast["s_per_step"] if fast else None
-            T = round(steps * step_s, 1) if step_s is not None and reached else None
+            T = round(steps * step_s, 1) if steps is not None and step_s is not None and reached else None
             dense_T = T if dense_T is None and s is settings[0] else dense_T
             rows.append({
                 "setting": s["name"], "forward": s["forward"], "backward": s["backward"],
                 "schedule": s.get("schedule"), "stages": s.get("stages", {}),
                 "link_mbit": fast["link_mbit"] if fast else None, "rtt_ms": fast["rtt_ms"] if fast else None,
-                "steps": round(steps, 1), "steps_per_seed": [r["steps"] for r in runs], "seeds": used,
+                "steps": round(steps, 1) if steps is not None else None,
+                "steps_per_seed": [r["steps"] for r in runs], "seeds": used,
+                "steps_from": source["name"] if source else None, "chosen": (fast or {}).get("chosen"),
                 "step_s": step_s, "T_s": T, "T_vs_dense": round(T / dense_T, 3) if T and dense_T else None,
-                "bytes_per_token_fwd": statistics.fmean(r["bytes_per_token_fwd"] for r in runs),
-                "bytes_per_token_bwd": statistics.fmean(r["bytes_per_token_bwd"] or 0 for r in runs),
+                "bytes_per_token_fwd": statistics.fmean(r["bytes_per_token_fwd"] for r in runs) if runs else None,
+                "bytes_per_token_bwd": statistics.fmean(r["bytes_per_token_bwd"] or 0 for r in runs) if runs else None,
                 "target": target, "reached": reached,
                 "final_loss": [round(r["final_loss"], 4) for r in runs],
                 "compute_s": busiest_compute(fast),
                 "wire_s": fast["wire_s"] if fast else None})
     return rows
+
+
+def steps_source(setting: dict, settings: list[dict], fast: dict | None) -> dict | None:
+    """The setting whose trained runs give `setting`'s steps: itself, or for `auto` the setting trained
+    with the one rung per direction it chose on this link (None: not timed, or no such setting)."""
+    if not is_auto(setting):
+        return setting
+    picked = (fast or {}).get("chosen") or {}
+    rung = {d: picked.get(d, [setting[d]]) for d in ("forward", "backward")}
+    if any(len(codecs) != 1 for codecs in rung.values()):
+        return None
+    same = [*rung["forward"], *rung["backward"], setting.get("stages", {}), setting.get("schedule")]
+    return next((s for s in settings if not is_auto(s)
+                 and [s["forward"], s["backward"], s.get("stages", {}), s.get("schedule")] == same), None)
 
 
 def busiest_compute(fast: dict | None) -> float | None:
@@ -249,13 +284,14 @@ def table(rows: list[dict]) -> str:
             ("step_s", "step_s", 7, ".2f"), ("T_s", "T_s", 8, ".0f"), ("T/dense", "T_vs_dense", 8, ".3f"),
             ("B/tok fwd", "bytes_per_token_fwd", 10, ".1f"), ("B/tok bwd", "bytes_per_token_bwd", 10, ".1f"),
             ("reached", "reached", 8, "s"), ("comp", "compute_s", 6, ".2f"), ("wire", "wire_s", 6, ".2f")]
-    lines = ["".join(f"{t:<{w}}" if f == "s" else f"{t:>{w}}" for t, _, w, f in cols)]
+    lines = [" ".join(f"{t:<{w}}" if f == "s" else f"{t:>{w}}" for t, _, w, f in cols)]
     for row in rows:
         cells = []
         for _, key, w, f in cols:
             value = row[key]
             cells.append(f"{'-':>{w}}" if value is None else f"{str(value):<{w}}" if f == "s" else f"{value:>{w}{f}}")
-        lines.append("".join(cells) + f"  seeds {row['seeds']}: steps {row['steps_per_seed']}")
+        borrowed = f" (chose {row['chosen']}: steps of {row['steps_from']})" if row["chosen"] is not None else ""
+        lines.append(" ".join(cells) + f"  seeds {row['seeds']}: steps {row['steps_per_seed']}{borrowed}")
     lines.append(f"(target validation loss {rows[0]['target']}; T_s = steps x step_s; T/dense: T_s / the first "
                  "setting's at the same rate; B/tok: payload bytes per token on a link, each way)")
     return "\n".join(lines)

@@ -21,6 +21,8 @@ SETTINGS = [  # the first is the dense reference (and calibrates the communicati
      "stages": CODE},
     {"name": "dense fp32", "forward": "none", "backward": "none", **DENSE},
     {"name": "dense int8(lowrank(0.1))", "forward": "int8(lowrank(0.1))", "backward": "int8(lowrank(0.1))", **DENSE},
+    # its rung depends on the link: timed alone, its steps those of the setting trained with that rung
+    {"name": "auto", "forward": "auto", "backward": "auto", **DENSE},
     {"name": "bottleneck 24, no reembed, int4/int8", "forward": "int4", "backward": "int8", "schedule": None,
      "stages": {**CODE, "reembed": False}},
     {"name": "bottleneck 24 + reembed, fp32", "forward": "none", "backward": "none", "schedule": None,

@@ -51,3 +51,26 @@ def test_rows_keep_a_setting_that_missed_the_target_without_a_time():
     assert [r["setting"] for r in png] == ["dense", "code"] and png[0]["step_s"] is None  # not timed: kept
     assert dense["steps"] == 150 and dense["T_s"] == 300.0 and dense["T_vs_dense"] == 1.0
     assert code["seeds"] == [1] and not code["reached"] and code["T_s"] is None and code["T_vs_dense"] is None
+
+
+def test_auto_takes_the_steps_of_the_setting_trained_with_the_rung_it_chose_on_that_link():
+    dense = {"name": "dense fp32", "forward": "none", "backward": "none", "stages": {}}
+    low = {"name": "dense int8(lowrank(0.1))", "forward": "int8(lowrank(0.1))", "backward": "int8(lowrank(0.1))",
+           "stages": {}}
+    auto = {"name": "auto", "forward": "auto", "backward": "auto", "stages": {}}
+    run = {"bytes_per_token_fwd": 10.0, "bytes_per_token_bwd": 20.0}
+    quality = {("dense fp32", 1): {**run, **verdict([[100, 6.4]], 6.5, 300)},
+               ("dense int8(lowrank(0.1))", 1): {**run, **verdict([[100, 6.6], [200, 6.5]], 6.5, 300)}}
+
+    def timed(s_per_step: float, chose: dict | None = None) -> dict:
+        return {"s_per_step": s_per_step, "link_mbit": 10.0, "rtt_ms": 0.0, "wire_s": 0.1,
+                **({"chosen": chose} if chose is not None else {})}
+    lossy = {"forward": ["int8(lowrank(0.1))"], "backward": ["int8(lowrank(0.1))"]}
+    speed = {("dense fp32", "bound"): timed(4.0), ("dense int8(lowrank(0.1))", "bound"): timed(1.0),
+             ("auto", "bound"): timed(1.1, lossy),
+             ("auto", "png"): timed(0.5, {"forward": ["none", "fp16"], "backward": ["none"]})}
+    rows = combine([dense, low, auto], [1], quality, speed, 6.5)
+    bound, png = rows[2], rows[5]
+    assert bound["steps_from"] == "dense int8(lowrank(0.1))" and bound["steps"] == 200 and bound["T_s"] == 220.0
+    assert bound["T_vs_dense"] == 0.55 and bound["reached"]
+    assert png["steps_from"] is None and png["steps"] is None and png["T_s"] is None  # two rungs: not measured
