@@ -180,7 +180,8 @@ class Gateway:
     def _recheck_trust(self) -> None:
         """Revocation and expiry reach live connections (ZAP ran only at their handshake): at most once
         per TRUST_RECHECK, reload the trust store if a file changed, cut the connections whose
-        certificate no longer admits them, and relink peers when trust changed or a link expired."""
+        certificate no longer admits them, relink peers when trust changed or a link expired, and
+        dial again the links whose peer refused our handshake."""
         now = time.monotonic()
         if now < self._next_recheck:
             return
@@ -197,6 +198,7 @@ class Gateway:
         if self.store.snapshot is not self._rechecked or self.links.due():
             self._rechecked = self.store.snapshot
             self.links.refresh()
+        self.links.heal()  # a link the peer refused is dialled again (peers.py): it may trust us by now
 
     def _sweep(self) -> None:
         for origin, cred, why in self.live.sweep(self.store):
