@@ -22,7 +22,7 @@ import zmq
 
 from nebula.errors import ConfigError, NebulaError
 from nebula.gateway.admission import EXTERNAL, INTERNAL, PEER, Admission, Inbound, Refusal
-from nebula.gateway.live import Credential, LiveConnections, credential_problem
+from nebula.gateway.live import Credential, LiveConnections, connection_of, credential_problem
 from nebula.gateway.meter import Meter
 from nebula.gateway.peers import PeerLinks
 from nebula.gateway.queues import HopQueues
@@ -71,6 +71,7 @@ class Gateway:
         self._next_recheck, self._reload_error = 0.0, ""
         self._rechecked: TrustSnapshot | None = None
         self.internal: zmq.Socket | None = None  # bound by start()
+        self.internal_ends: zmq.Socket | None = None  # the internal socket's DISCONNECTED events (live.py)
         self.external: zmq.Socket | None = None
         self._last_stats = time.monotonic()
         self.observer = observer
@@ -84,6 +85,7 @@ class Gateway:
             self.zap = ZapHandler(self.ctx, self.store, policies, self.audit).start()
             self.meter.handshakes = self.zap.decisions
             self.internal = self._server(INTERNAL, self.site.gateway.internal)
+            self.internal_ends = sockets.event_socket(self.internal, zmq.EVENT_DISCONNECTED)
             self.external = self._server(EXTERNAL, self.site.gateway.external)
             # A peer without a valid gateway certificate is isolated (audited), never fatal (issue 12, 3).
             self.links.refresh()
@@ -109,11 +111,15 @@ class Gateway:
         # waits in TCP, instead of filling this process (10,000 x 256 KiB messages was 2.5 GB).
         sock.rcvhwm = self.site.gateway.inbound_hwm
         sock.router_mandatory = True  # an unknown destination is an error we report, not a silent drop
-        # A connection that presents a routing id already held takes it over. Ids carry their socket's
-        # secret (routing_id.py), so only that socket can: a stage reconnecting over a half-open
-        # connection is heard at once. Without it libzmq ignores the newcomer for good (it read a
-        # squatter's victim as a duplicate and never looked at its messages again).
-        sock.router_handover = True
+        # The internal ROUTER delivers a stage's messages: it never hands a routing id held by one
+        # connection over to another that presents it (libzmq ignores the newcomer while the id is held).
+        # With handover, a connection with its own valid key and a stage's leaked id took the id, and the
+        # stage's messages, without a message that could be checked (issue 42, class 2). A bound id
+        # changes hands only once its connection has ended, which ends its binding too (live.py). A
+        # stage whose new connection is ignored behind its old one dials again with a fresh id
+        # (ChannelIO). The external ROUTER only answers on the connection a message came in on, so it
+        # keeps handover: a peer gateway reconnecting over a half-open WAN connection is heard at once.
+        sock.router_handover = domain == EXTERNAL
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
@@ -135,6 +141,7 @@ class Gateway:
                 for sock, _ in poller.poll(100):
                     origin, peer_gateway = origins[sock]
                     self.meter.queues[names[sock]] = self._drain(sock, origin, peer_gateway)
+                self._connections_ended()
                 self.queues.settle()  # what the next hops took since the last turn
                 self.meter.queued_bytes = self.queues.status()
                 self._maybe_log_stats()
@@ -205,6 +212,16 @@ class Gateway:
             log.warning("gateway %s: cut the %s connection of %s: %s", self.address, origin, cred.address, why)
             self.audit.append("gateway.cut", origin=origin, address=cred.address, serial=cred.serial, reason=why)
 
+    def _connections_ended(self) -> None:
+        """Forget the stage bindings of the internal connections that ended (live.py). Called before
+        every delivery to a stage: libzmq lets a routing id change hands only after its connection's
+        DISCONNECTED event was queued here, so a binding never outlives the connection it was made on."""
+        assert self.internal_ends is not None  # start() opened it
+        while self.internal_ends.poll(0):
+            event = sockets.read_event(self.internal_ends)
+            for cred in self.live.disconnected(event["value"]):
+                log.debug("gateway %s: the connection of %s ended", self.address, cred.address)
+
     def _note_sender(self, msg: Inbound) -> None:
         """Which certificate each live connection speaks with; a stage's messages go to the connection
         that last proved it is that stage, never to one that only announces its routing id (live.py)."""
@@ -213,12 +230,15 @@ class Gateway:
         cred = Credential.of(msg.frames[0])
         if msg.origin == EXTERNAL:
             self.live.saw_gateway(cred)
-        elif self.live.bind(msg.reply_prefix[0].bytes, cred):
+            return
+        self._connections_ended()  # an ended connection's descriptor may be this message's already
+        if self.live.bind(msg.reply_prefix[0].bytes, connection_of(msg.frames[0]), cred):
             log.info("gateway %s: %s speaks on a new connection (serial %d)", self.address, cred.address, cred.serial)
             self.audit.append("gateway.bound", address=cred.address, serial=cred.serial)
 
     def _stage_route(self, msg: Inbound) -> bytes:
-        """The routing id of the connection that proved it is msg.env.dst (see _note_sender)."""
+        """The routing id of the connection that proved it is msg.env.dst, while it lasts (see _note_sender)."""
+        self._connections_ended()
         binding = self.live.stages.get(msg.env.dst)
         if binding is not None and credential_problem(self.store, binding.cred) is not None:
             self._sweep()  # revoked or expired since the last sweep: cut now, audited
@@ -360,6 +380,10 @@ class Gateway:
 
     # --- shutdown --------------------------------------------------------------------------
     def close(self) -> None:
+        if self.internal_ends is not None:
+            assert self.internal is not None  # its events come from it
+            self.internal.disable_monitor()
+            self.internal_ends.close(linger=0)
         for sock in [self.internal, self.external]:
             if sock is not None:
                 sock.close(linger=0)

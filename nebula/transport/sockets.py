@@ -89,6 +89,18 @@ class MonitorEvent(TypedDict):
     endpoint: bytes
 
 
+def event_socket(sock: zmq.Socket, events: int) -> zmq.Socket:
+    """A PAIR that receives `sock`'s monitor `events`, and never fills: libzmq's I/O thread sends monitor
+    events blocking, so a full monitor queue (1,000 events by default: one handshake flood) would stall
+    every connection of the context until the events are read. Read it with `read_event`."""
+    endpoint = f"inproc://nebula-events-{id(sock):x}-{time.monotonic_ns():x}"
+    sock.monitor(endpoint, events)
+    pair = sock.context.socket(zmq.PAIR)
+    pair.linger, pair.rcvhwm = 0, 0  # 0: no limit on the inproc pipe (the sum of both ends' HWMs, or none)
+    pair.connect(endpoint)
+    return pair
+
+
 def read_event(monitor: zmq.Socket) -> MonitorEvent:
     return parse_monitor_message(monitor.recv_multipart())
 

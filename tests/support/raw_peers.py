@@ -59,6 +59,8 @@ class RawDealer:
         assert self.recv(kind=Kind.HEARTBEAT).topic == "pong"
 
     def close(self) -> None:
+        if self.sock.closed:
+            return
         self.sock.disable_monitor()
         self.monitor.close(linger=0)
         self.sock.close(linger=0)
