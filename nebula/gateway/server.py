@@ -41,6 +41,7 @@ BATCH = 64  # messages taken from one socket before the others get their turn
 SUMMARISED = (Kind.ACK, Kind.HEARTBEAT)  # audited as per-interval counts, not one record each
 TRUST_RECHECK = 1.0  # seconds between re-checks of live connections against trust (and the clock)
 AUDIT_RETRY = 2.0  # seconds between attempts to write the audit log again while it cannot be written
+CODE_CLIP = 64  # bytes of a peer's error code kept as a summary's reason (a code is the sender's string)
 
 
 class Gateway:
@@ -365,12 +366,21 @@ class Gateway:
 
     def _audit_transfer(self, direction: str, msg: Inbound) -> None:
         """TENSORS, CONTROL and ERROR: one record each; ACK and HEARTBEAT: a `transfer.summary` per
-        interval and (direction, job, src, dst, kind), with its message and byte counts."""
+        interval and (direction, job, src, dst, kind), with its message and byte counts. A peer gateway's
+        own refusals coming back are recorded as this gateway's refusals going out are: the first few
+        per (gateway, stage) and interval in full, the rest counted into a `transfer.in.summary` by code.
+        Each forwarded message can draw one, and a peer gateway can send them at will: recorded one by
+        one they were half of what a flood into a full stage of the peer site wrote (issue 42, class 5)."""
         env = msg.env
         if env.kind in SUMMARISED:
             self.audit.tally("transfer.summary", msg.nbytes, **tally_key(direction, env))
             return
-        self.audit.append(f"transfer.{direction}", **transfer_fields(env, msg.nbytes))
+        fields = transfer_fields(env, msg.nbytes)
+        if env.kind == Kind.ERROR and msg.origin != INTERNAL and env.src == msg.sender:
+            key = {name: fields.pop(name) for name in ("src", "dst", "kind")}
+            self.audit.repeated(f"transfer.{direction}", key, fields, reason=clip(env.error.code, CODE_CLIP))
+            return
+        self.audit.append(f"transfer.{direction}", **fields)
 
     def _maybe_log_stats(self) -> None:
         interval = self.site.gateway.stats_interval
