@@ -27,7 +27,7 @@ from nebula.gateway.meter import Meter
 from nebula.gateway.peers import PeerLinks
 from nebula.gateway.queues import HopQueues
 from nebula.gateway.rates import SenderRates
-from nebula.gateway.records import clip, tally_key, transfer_fields
+from nebula.gateway.records import clip, refusal_fields, refusal_key, tally_key, transfer_fields
 from nebula.observe.observer import Observer
 from nebula.security.audit import DEFAULT_MAX_BYTES, DEFAULT_SUMMARY_INTERVAL, AuditLog
 from nebula.security.trust import TrustSnapshot, TrustStore, load_identity
@@ -375,12 +375,11 @@ class Gateway:
         if env.kind in SUMMARISED:
             self.audit.tally("transfer.summary", msg.nbytes, **tally_key(direction, env))
             return
-        fields = transfer_fields(env, msg.nbytes)
-        if env.kind == Kind.ERROR and msg.origin != INTERNAL and env.src == msg.sender:
-            key = {name: fields.pop(name) for name in ("src", "dst", "kind")}
-            self.audit.repeated(f"transfer.{direction}", key, fields, reason=clip(env.error.code, CODE_CLIP))
+        if env.kind == Kind.ERROR and msg.origin != INTERNAL and env.src == msg.sender:  # arriving: "in"
+            self.audit.repeated("transfer.in", refusal_key(env), refusal_fields(env, msg.nbytes),
+                                reason=clip(env.error.code, CODE_CLIP))
             return
-        self.audit.append(f"transfer.{direction}", **fields)
+        self.audit.append(f"transfer.{direction}", **transfer_fields(env, msg.nbytes))
 
     def _maybe_log_stats(self) -> None:
         interval = self.site.gateway.stats_interval

@@ -9,9 +9,9 @@ scenario at a time, each on fresh sites, for `--seconds` (default 20):
 - handshakes: strangers: clients with a fresh random CURVE key per connection, on a's stage port;
 - stalled:    it sends 256 KiB TENSORS to a/stall/0, a stage of its own site that never reads;
 - stalled-small: the same with 1 KiB TENSORS, where what a queued message costs beyond its bytes counts;
-- refused:    it sends TENSORS to b/stall/0, a stage of site b that never reads: once b's gateway holds
-              all it may for that stage, it refuses the rest (`unreachable`), and each refusal crosses
-              back into site a.
+- refused:    it sends TENSORS to b/stall/0, a stage of site b that is not connected: b's gateway refuses
+              each (`unreachable`, as it does once a stage that never reads is full), and each refusal
+              crosses back into site a: the most refusals a flood can draw.
 
 With `--starve`, gateway a runs at the lowest priority beside a busy process: its loop falls
 behind its I/O threads, which read ahead only `inbound_hwm` messages per connection.
@@ -310,7 +310,8 @@ def _stalled_small(ctx, sites: Sites, seconds: float, sample) -> dict:
 
 
 def _refused(ctx, sites: Sites, seconds: float, sample) -> dict:
-    return _stalled(ctx, sites, seconds, sample, nbytes=SMALL, stage="b/stall/0")
+    with stage_socket(ctx, sites.config("a"), "a/flood/0") as sock:
+        return pump(sock, tensors_frames("a/flood/0", "b/stall/0", SMALL), seconds, sample)
 
 
 def _handshakes(ctx, sites: Sites, seconds: float, sample, parallel: int = 16) -> dict:
