@@ -1,8 +1,8 @@
 """`nebula ...`: the command line of Nebula and of the workloads installed with it.
 
-Each framework command lives in nebula/commands/<name>.py, and a
-workload adds its own commands through the entry-point
-group `nebula.commands` (name = "package.module:register").
+Each framework command lives in nebula/commands/<name>.py; a workload (or the lab) adds its own
+through its spec in the entry-point group `nebula.workloads` (nebula/workload.py:
+`commands = {"NAME": "package.module:register"}`).
 
 A command module exposes `register(subparsers)`; it must import only argparse-level code at
 module import time (heavy imports such as torch go inside the handler) so `nebula --help` is fast.
@@ -19,13 +19,14 @@ import os
 import shlex
 import sys
 import textwrap
-from importlib.metadata import entry_points
 
-from nebula import __version__
+from nebula import __version__, workload
 from nebula.errors import EXIT_ERROR, EXIT_FIX_FIRST, FIX_FIRST, NebulaError
 from nebula.shipped import docs_dir
 
 COMMANDS = [
+    "demo",
+    "data",
     "keys",
     "audit",
     "stage",
@@ -35,7 +36,6 @@ COMMANDS = [
     "job",
     "gateway",
 ]
-ENTRY_POINT_GROUP = "nebula.commands"
 ENV_PREFIX = "NEBULA_"
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off", ""}
 
@@ -47,7 +47,7 @@ exchange compressed tensors over encrypted ZeroMQ through each site's one gatewa
 # The main commands in the order a user meets them, for `nebula --help`; one not installed is left out.
 GUIDE = [
     ("demo", "try it: a workload across two sites on this machine, end to end"),
-    ("data", "prepare the corpora; register data sets and grant jobs access"),
+    ("data", "prepare a workload's data; register data sets and grant jobs access"),
     ("keys", "a site's CA and certificates; trust between sites"),
     ("site", "run a site: init, up, status, logs, down"),
     ("user", "the accounts that submit jobs"),
@@ -160,12 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="nebula", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, why in sorted(workload.installed().broken.items()):  # said once, whatever the command
+        workload.warn(f"workload plugin {name} cannot be loaded ({why}): its stages, demo and commands are missing")
     for name in COMMANDS:
         importlib.import_module(f"nebula.commands.{name}").register(sub)
-    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
-        if ep.name in COMMANDS:
-            raise NebulaError(f"workload command {ep.name!r} ({ep.value}) clashes with a built-in command")
-        ep.load()(sub)
+    workload.add_commands("commands", sub, "nebula")
     parser.epilog = guide(sub.choices)
     return parser
 

@@ -21,10 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from pathlib import Path
 from typing import Any, Mapping
+
+import tomllib
 
 from nebula.errors import ConfigError
 
@@ -35,6 +38,18 @@ def limits(*, at_least: float | None = None, above: float | None = None, at_most
            below: float | None = None, hint: str = "") -> dict[str, Any]:
     """Field metadata: the numeric range a value must lie in (and what to say when it does not)."""
     return {"limits": {"at_least": at_least, "above": above, "at_most": at_most, "below": below}, "hint": hint}
+
+
+def read_toml(path: str | os.PathLike, what: str, missing: str = "") -> dict[str, Any]:
+    """The tables of TOML file `path`, or a ConfigError naming it as `what` (e.g. "job file"); `missing`:
+    what to add when it does not exist (how to make one)."""
+    path = Path(path)
+    try:
+        return tomllib.loads(path.read_text())
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{what} {path} does not exist{missing}") from exc
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{what} {path} is not valid TOML: {exc}") from exc
 
 
 def build(cls: type, table: Any, where: str, renamed: Mapping[str, str] | None = None):

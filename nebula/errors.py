@@ -10,7 +10,12 @@ class ConfigError(NebulaError):
 
 
 class WireError(NebulaError):
-    """A message on the wire is malformed, oversized or fails its checksum."""
+    """A message on the wire is malformed, oversized or fails its checksum. `rule` names the check of
+    docs/protocol.md §1.5 that refused it (`nebula.wire.RULES`); empty for a sender's own mistake."""
+
+    def __init__(self, message: str, rule: str = ""):
+        super().__init__(message)
+        self.rule = rule
 
 
 class CodecError(NebulaError):

@@ -49,7 +49,7 @@ def shipped_jobs() -> dict[str, Path]:
 
 
 def job_file(arg: str | Path) -> Path:
-    """A job file given on the command line: a path, or the name of a shipped job (`abnet-es-en`)."""
+    """A job file given on the command line: a path, or the name of a shipped job (NAME for deploy/jobs/NAME.toml)."""
     path = Path(arg)
     if path.exists():
         return path

@@ -66,6 +66,12 @@ class Limits:
 
 DEFAULT_LIMITS = Limits()
 
+# The checks `decode_message` applies, in the order it applies them (docs/protocol.md §1.5): a refusal's
+# `WireError.rule`. Normative with the error's class; its text is for people and may change.
+RULES = ("frame-count", "envelope-bytes", "envelope-protobuf", "version", "kind", "tensor-count", "body-bytes",
+         "frame-bytes", "message-bytes", "dtype", "rank", "negative-dimension", "dimension", "shape-bytes",
+         "meta-bytes", "first-payload", "parts-exist", "nbytes", "checksum", "unclaimed-frames")
+
 
 @dataclass
 class TensorPayload:
@@ -167,36 +173,39 @@ def parse_envelope(frame: Any, limits: Limits = DEFAULT_LIMITS) -> pb.Envelope:
     """Parse and check the envelope alone (what a gateway reads to route, never the payloads)."""
     raw = _frame_buffer(frame)
     if raw.nbytes > limits.max_envelope_bytes:
-        raise WireError(f"envelope: {raw.nbytes} bytes exceeds the limit of {limits.max_envelope_bytes}")
+        raise WireError(f"envelope: {raw.nbytes} bytes exceeds the limit of {limits.max_envelope_bytes}",
+                        "envelope-bytes")
     env = pb.Envelope()
     try:
         env.ParseFromString(raw.tobytes())
     except (DecodeError, RuntimeError, ValueError) as exc:
-        raise WireError(f"envelope: not a valid Envelope protobuf ({exc})") from exc
+        raise WireError(f"envelope: not a valid Envelope protobuf ({exc})", "envelope-protobuf") from exc
     if env.version != PROTOCOL_VERSION:
-        raise WireError(f"envelope.version: {env.version} is not the supported {PROTOCOL_VERSION}")
+        raise WireError(f"envelope.version: {env.version} is not the supported {PROTOCOL_VERSION}", "version")
     if env.kind not in Kind._value2member_map_:
-        raise WireError(f"envelope.kind: unknown kind {env.kind}")
+        raise WireError(f"envelope.kind: unknown kind {env.kind}", "kind")
     if len(env.tensors) > limits.max_tensors:
-        raise WireError(f"envelope.tensors: {len(env.tensors)} exceeds the limit of {limits.max_tensors}")
+        raise WireError(f"envelope.tensors: {len(env.tensors)} exceeds the limit of {limits.max_tensors}",
+                        "tensor-count")
     if len(env.body) > limits.max_body_bytes:
-        raise WireError(f"envelope.body: {len(env.body)} bytes exceeds the limit of {limits.max_body_bytes}")
+        raise WireError(f"envelope.body: {len(env.body)} bytes exceeds the limit of {limits.max_body_bytes}",
+                        "body-bytes")
     return env
 
 
 def _check_shape(where: str, dtype: str, shape: Sequence[int], limits: Limits) -> int:
     """Validate dtype and shape; return the byte count they imply."""
     if dtype not in ITEMSIZE:
-        raise WireError(f"{where}.dtype: unknown dtype {dtype!r} (known: {', '.join(ITEMSIZE)})")
+        raise WireError(f"{where}.dtype: unknown dtype {dtype!r} (known: {', '.join(ITEMSIZE)})", "dtype")
     if len(shape) > limits.max_rank:
-        raise WireError(f"{where}.shape: rank {len(shape)} exceeds the limit of {limits.max_rank}")
+        raise WireError(f"{where}.shape: rank {len(shape)} exceeds the limit of {limits.max_rank}", "rank")
     if any(dim < 0 for dim in shape):
-        raise WireError(f"{where}.shape: negative dimension in {list(shape)}")
+        raise WireError(f"{where}.shape: negative dimension in {list(shape)}", "negative-dimension")
     if any(dim > limits.max_message_bytes for dim in shape):  # with a 0 beside it the product would pass
-        raise WireError(f"{where}.shape: a dimension of {list(shape)} exceeds the message limit")
+        raise WireError(f"{where}.shape: a dimension of {list(shape)} exceeds the message limit", "dimension")
     nbytes = math.prod(shape) * ITEMSIZE[dtype]
     if nbytes > limits.max_message_bytes:
-        raise WireError(f"{where}.shape: {list(shape)} implies {nbytes} bytes, over the message limit")
+        raise WireError(f"{where}.shape: {list(shape)} implies {nbytes} bytes, over the message limit", "shape-bytes")
     return nbytes
 
 
@@ -216,13 +225,14 @@ def _decode_tensor(i: int, header: pb.TensorHeader, payloads: list[memoryview], 
     where = f"tensors[{i}] ({header.name!r})"
     _check_shape(where, header.dtype, header.shape, limits)
     if len(header.codec_meta) > limits.max_meta_bytes:
-        raise WireError(f"{where}.codec_meta: {len(header.codec_meta)} bytes exceeds {limits.max_meta_bytes}")
+        raise WireError(f"{where}.codec_meta: {len(header.codec_meta)} bytes exceeds {limits.max_meta_bytes}",
+                        "meta-bytes")
     if header.first_payload != next_payload:
         raise WireError(f"{where}.first_payload: {header.first_payload}, expected {next_payload} "
-                        "(payload frames must be claimed in order, once each)")
+                        "(payload frames must be claimed in order, once each)", "first-payload")
     if next_payload + len(header.parts) > len(payloads):
         raise WireError(f"{where}.parts: claims {len(header.parts)} frames from index {next_payload} "
-                        f"but only {len(payloads)} payload frames arrived")
+                        f"but only {len(payloads)} payload frames arrived", "parts-exist")
     parts = []
     for j, part in enumerate(header.parts):
         pwhere = f"{where}.parts[{j}]"
@@ -230,9 +240,9 @@ def _decode_tensor(i: int, header: pb.TensorHeader, payloads: list[memoryview], 
         buffer = payloads[next_payload + j]
         if not nbytes == part.nbytes == buffer.nbytes:
             raise WireError(f"{pwhere}.nbytes: shape {list(part.shape)} x {part.dtype} = {nbytes} bytes, "
-                            f"header says {part.nbytes}, frame has {buffer.nbytes}")
+                            f"header says {part.nbytes}, frame has {buffer.nbytes}", "nbytes")
         if checksum(buffer) != part.checksum:
-            raise WireError(f"{pwhere}.checksum: frame bytes do not match the checksum")
+            raise WireError(f"{pwhere}.checksum: frame bytes do not match the checksum", "checksum")
         parts.append(_view(buffer, part.dtype, part.shape))
     return TensorPayload(name=header.name, role=header.role, dtype=header.dtype, shape=tuple(header.shape),
                          codec=header.codec, meta=bytes(header.codec_meta), parts=parts)
@@ -241,20 +251,22 @@ def _decode_tensor(i: int, header: pb.TensorHeader, payloads: list[memoryview], 
 def decode_message(frames: Sequence[Any], limits: Limits = DEFAULT_LIMITS) -> Message:
     """Frames as received (zmq.Frame with copy=False, bytes or memoryview) -> Message, or WireError."""
     if not 1 <= len(frames) <= limits.max_frames:
-        raise WireError(f"frames: {len(frames)} frames, expected 1..{limits.max_frames}")
+        raise WireError(f"frames: {len(frames)} frames, expected 1..{limits.max_frames}", "frame-count")
     env = parse_envelope(frames[0], limits)
     payloads = [_frame_buffer(frame) for frame in frames[1:]]
     for k, buffer in enumerate(payloads):
         if buffer.nbytes > limits.max_frame_bytes:
-            raise WireError(f"payload[{k}]: {buffer.nbytes} bytes exceeds the limit of {limits.max_frame_bytes}")
+            raise WireError(f"payload[{k}]: {buffer.nbytes} bytes exceeds the limit of {limits.max_frame_bytes}",
+                            "frame-bytes")
     if sum(buffer.nbytes for buffer in payloads) > limits.max_message_bytes:
-        raise WireError(f"frames: total payload exceeds the limit of {limits.max_message_bytes} bytes")
+        raise WireError(f"frames: total payload exceeds the limit of {limits.max_message_bytes} bytes", "message-bytes")
     tensors, next_payload = [], 0
     for i, header in enumerate(env.tensors):
         tensors.append(_decode_tensor(i, header, payloads, next_payload, limits))
         next_payload += len(header.parts)
     if next_payload != len(payloads):
-        raise WireError(f"frames: {len(payloads)} payload frames but the headers claim {next_payload}")
+        raise WireError(f"frames: {len(payloads)} payload frames but the headers claim {next_payload}",
+                        "unclaimed-frames")
     return Message(kind=Kind(env.kind), job=env.job, src=env.src, dst=env.dst, seq=env.seq, step=env.step,
                    micro_batch=env.micro_batch, tensors=tensors, topic=env.topic, body=bytes(env.body),
                    error_code=env.error.code, error_message=env.error.message, ack=env.ack, epoch=env.epoch,

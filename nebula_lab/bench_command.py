@@ -29,7 +29,7 @@ def _stopped_by_sigterm(run):
     @functools.wraps(run)
     def stopping(args):
         # why here: torch, kept off `nebula --help`
-        from nebula.launch import interrupted_by_sigterm
+        from nebula.site.local import interrupted_by_sigterm
         with interrupted_by_sigterm():
             return run(args)
     return stopping

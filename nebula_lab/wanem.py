@@ -1,7 +1,8 @@
 """WAN emulation: one network namespace per site, every pair of sites joined by its own shaped veth pair.
 
     with WanLink(name_prefix=f"nbt{os.getpid()}", rate_mbit=20, sites=("a", "b", "c")) as link:
-        server = link.popen("c", [sys.executable, "-m", "some.service", ...])  # runs in ns c
+        argv = (*link.exec_prefix("c"), sys.executable, "-m", "some.service", ...)  # runs in ns c
+        Supervisor().start(ServiceSpec(name="server", argv=argv, run=RUN))  # nebula.site's supervisor
         server_address = link.address("c", peer="a")                 # where site a reaches site c
         print(measure_goodput(link, 4_000_000, src="a", dst="c"))    # Mbit/s of TCP payload, a -> c
 
@@ -59,9 +60,14 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
-from nebula.errors import ConfigError, NebulaError
+from nebula.errors import ConfigError, NebulaError, StageError
+from nebula.site.process import cmdline
+from nebula.site.service import ServiceSpec
+from nebula.site.supervisor import Supervisor, detach
 
 DEFAULT_SITES = ("a", "b")
 DEFAULT_SUBNET = "10.213.0.0/24"  # 64 links: up to 11 sites; its first /30 is the two-site link
@@ -162,10 +168,6 @@ class WanLink:
     def exec_prefix(self, site: str) -> list[str]:
         """argv prefix that runs a command inside the site's namespace."""
         return ["ip", "netns", "exec", self.namespace(site)]
-
-    def popen(self, site: str, argv: list[str], **kwargs) -> subprocess.Popen:
-        """Starts `argv` inside the site's namespace; kwargs go to subprocess.Popen."""
-        return subprocess.Popen([*self.exec_prefix(site), *argv], **kwargs)
 
     def run(self, site: str, argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         """Runs `argv` inside the site's namespace to completion; kwargs go to subprocess.run."""
@@ -272,16 +274,13 @@ class WanLink:
         ns, tun, far = self.namespace(site), DELAY_PREFIX + peer, self.address(peer, site)
         _ip("-n", ns, "tuntap", "add", "dev", tun, "mode", "tun")
         _ip("-n", ns, "link", "set", tun, "up")
-        proc = self.popen(site, [sys.executable, "-m", DELAY_MODULE, tun, self.device(site, peer), far,
-                                 repr(self.rtt_ms / 2000)],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        self._delay_procs.append(proc)
-        said = proc.stdout.readline()
-        if said.strip() != "ready":
-            proc.kill()
-            raise WanError(f"delay line {site} -> {peer} failed to start: {said}{proc.stderr.read()}".strip())
-        proc.stdout.close()
-        proc.stderr.close()
+        argv = (*self.exec_prefix(site), sys.executable, "-m", DELAY_MODULE, tun, self.device(site, peer), far,
+                repr(self.rtt_ms / 2000))
+        spec = ServiceSpec(name=f"delay-{peer}", run=_delay_run(ns), argv=argv, ready="ready")
+        try:
+            self._delay_procs.append(detach(spec, f"delay line {site} -> {peer}", timeout=30))
+        except ConfigError as exc:
+            raise WanError(str(exc)) from exc
         _ip("-n", ns, "route", "add", f"{far}/32", "dev", tun, "src", self.address(site, peer))
 
     # --- outages --------------------------------------------------------------------------
@@ -343,11 +342,7 @@ def _delay_lines(ns: str) -> dict[str, tuple[int, float]]:
     """The delay-line processes running in namespace `ns`: TUN device -> (pid, one-way delay in s)."""
     found = {}
     for pid in _run(["ip", "netns", "pids", ns]).split():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                argv = f.read().decode(errors="replace").split("\0")
-        except OSError:  # gone meanwhile
-            continue
+        argv = cmdline(int(pid)) or []  # [] once gone meanwhile
         if DELAY_MODULE in argv and len(argv) >= argv.index(DELAY_MODULE) + 5:
             tun, _, _, delay_s = argv[argv.index(DELAY_MODULE) + 1: argv.index(DELAY_MODULE) + 5]
             found[tun] = (int(pid), float(delay_s))
@@ -360,6 +355,12 @@ def _stop_delay_lines(ns: str) -> None:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
+    shutil.rmtree(_delay_run(ns), ignore_errors=True)
+
+
+def _delay_run(ns: str) -> Path:
+    """Where the delay lines of namespace `ns` write their logs while the mesh is up."""
+    return Path(tempfile.gettempdir()) / f"nebula-wan-{ns}"
 
 
 def mesh_status(name_prefix: str, sites: tuple[str, ...]) -> dict:
@@ -543,21 +544,22 @@ def measure_goodput(link: WanLink, nbytes: int, src: str = "a", dst: str = "b",
     if timeout_s is None:  # ten times the wire time, plus process start-up
         timeout_s = 10 * nbytes * 8 / (link.rate_mbit * 1e6) + 10
     host = link.address(dst, peer=src)  # dst's end of the src-dst link
-    recv = link.popen(dst, [sys.executable, "-m", "nebula_lab.wanem", "recv", host, str(timeout_s)],
-                      stdout=subprocess.PIPE, text=True)
+    recv = ServiceSpec(name="goodput-recv", ready="ready ", argv=(
+        *link.exec_prefix(dst), sys.executable, "-m", "nebula_lab.wanem", "recv", host, str(timeout_s)),
+                       run=Path(tempfile.mkdtemp(prefix="nebula-goodput-")))
     try:
-        port = _read_ready_port(recv)
-        link.run(src, [sys.executable, "-m", "nebula_lab.wanem", "send", host, str(port),
-                       str(nbytes)], check=True, timeout=timeout_s, capture_output=True)
-        out, _ = recv.communicate(timeout=timeout_s)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        with Supervisor() as receivers:
+            receiver = receivers.ready(receivers.start(recv).name, timeout=30)
+            port = int(receiver.log.read_text().split("ready ", 1)[1].split()[0])
+            link.run(src, [sys.executable, "-m", "nebula_lab.wanem", "send", host, str(port),
+                           str(nbytes)], check=True, timeout=timeout_s, capture_output=True)
+            receivers.run(receiver.finished, timeout=timeout_s, what="the goodput receiver")
+            result = json.loads(receiver.log.read_text().strip().splitlines()[-1])
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, StageError) as exc:
         detail = getattr(exc, "stderr", None) or ""
         raise WanError(f"goodput transfer {src} -> {dst} failed: {exc} {detail}".strip()) from exc
     finally:
-        if recv.poll() is None:
-            recv.kill()
-            recv.wait()
-    result = json.loads(out)
+        shutil.rmtree(recv.run, ignore_errors=True)
     if result["bytes"] != nbytes:
         raise WanError(f"goodput receiver got {result['bytes']} of {nbytes} bytes")
     return result["bytes"] * 8 / result["seconds"] / 1e6
@@ -585,14 +587,6 @@ def _round_trips(host: str, count: int) -> None:
         else:
             sys.exit(f"port 9 of {host} accepted a connection: cannot time a refusal")
     print(json.dumps([round(ms, 3) for ms in samples]), flush=True)
-
-
-def _read_ready_port(proc: subprocess.Popen) -> int:
-    line = proc.stdout.readline()
-    if not line.startswith("ready "):
-        proc.kill()
-        raise WanError(f"goodput receiver failed to start (said {line!r}); is the link up?")
-    return int(line.split()[1])
 
 
 def _receive(host: str, timeout_s: float) -> None:

@@ -5,22 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 
+from nebula.site.process import children
+
 
 def _children() -> set[int]:
-    me, found = str(os.getpid()), set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[1] == me and fields[0] != "Z":
-                found.add(int(entry))
-    return found
+    return children(os.getpid())
 
 
 @pytest.fixture(autouse=True)

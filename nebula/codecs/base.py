@@ -21,6 +21,11 @@ import torch
 from nebula.errors import CodecError, ConfigError
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+# The float dtypes a header may name. A decoded tensor is converted to the header's dtype only between
+# these (round to nearest even): the lossy codecs decode to float32 whatever the sender's float dtype.
+# Any other pair (float32 under a header of int64, int32 parts under int64) is refused, never
+# truncated or wrapped as a cast would (docs/protocol.md §3.2).
+WIRE_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 # A decoded tensor never exceeds what one raw message could carry (nebula.wire Limits.max_message_bytes
 # in float32): shapes come from the network, so they are bounded before anything is allocated.
@@ -58,9 +63,10 @@ class Codec(ABC):
         """Parts may be read-only views of received frames: never modify them in place."""
 
     def decode_with_state(self, parts: Parts, meta: Meta, state: dict | None,
-                          shape: tuple[int, ...] | None = None) -> torch.Tensor:
+                          shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Decode with the receiver's state for this stream; only `delta` keeps one (its cached rows),
-        and changes it only for a message it accepts whole, `shape` (the header's, if given) included."""
+        and changes it only for a message it accepts whole, the header's `shape` and `dtype` (if given)
+        included."""
         return self.decode(parts, meta)
 
     def __str__(self) -> str:

@@ -31,7 +31,16 @@ from typing import Any
 
 import torch
 
-from nebula.codecs.base import Codec, Meta, Parts, check_part, meta_shape, register_codec, require_float
+from nebula.codecs.base import (
+    WIRE_FLOATS,
+    Codec,
+    Meta,
+    Parts,
+    check_part,
+    meta_shape,
+    register_codec,
+    require_float,
+)
 from nebula.codecs.spill import SpillFile
 from nebula.errors import CodecError, ConfigError
 
@@ -258,11 +267,15 @@ class Delta(Codec):
                          "unpack(payload, state=...), one state per (link, tensor)")
 
     def decode_with_state(self, parts: Parts, meta: Meta, state: dict | None,
-                          shape: tuple[int, ...] | None = None) -> torch.Tensor:
+                          shape: tuple[int, ...] | None = None, dtype: torch.dtype | None = None) -> torch.Tensor:
         """Decode against the receiver's cache, which changes only once the whole message decoded: a
         refused message (CodecError) leaves its entries, their order and its counts as they were."""
         if state is None:
             return self.decode(parts, meta)
+        if dtype is not None and dtype not in WIRE_FLOATS:  # `unpack` would refuse the float32 rows after the commit
+            raise CodecError(f"codec {self.spec!r} decodes float32 rows, the header says "
+                             f"{str(dtype).removeprefix('torch.')}: send the activation's own float dtype in the "
+                             "header")
         if len(parts) < 2:
             raise CodecError(f"codec {self.spec!r}: expected ids and base parts first, got {len(parts)} parts")
         ids, tags = parts[0], parts[1]

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from nebula.codecs.base import Codec
+from nebula.codecs.base import WIRE_FLOATS, Codec
 from nebula.codecs.spec import parse
 from nebula.codecs.state import claim
 from nebula.errors import CodecError, ConfigError, NebulaError
@@ -61,9 +61,10 @@ def unpack(payload: TensorPayload, state: dict[str, Any] | None = None,
     # a message of another codec than the stream's empties its state only once it is accepted: decode it
     # against a fresh slot, and keep that one if it decodes (a refused message leaves the state as it was)
     slot = state if state is None or state.get("spec") == codec.spec else {}
+    dtype = torch_dtypes()[payload.dtype]
     try:
         x = codec.decode_with_state(list(payload.parts), decode_meta(payload.meta),
-                                    _claim(slot, codec.spec, spill_dir), shape=tuple(payload.shape))
+                                    _claim(slot, codec.spec, spill_dir), shape=tuple(payload.shape), dtype=dtype)
     except NebulaError as exc:
         raise CodecError(f"{where}: {exc}") from exc
     except (RuntimeError, ValueError, TypeError, IndexError, KeyError, OverflowError, MemoryError) as exc:
@@ -71,11 +72,15 @@ def unpack(payload: TensorPayload, state: dict[str, Any] | None = None,
     if x.numel() != math.prod(payload.shape):
         raise CodecError(f"{where}: codec {payload.codec!r} decoded {x.numel()} elements, the header's "
                          f"shape {list(payload.shape)} has {math.prod(payload.shape)}")
+    if x.dtype != dtype and not (x.dtype in WIRE_FLOATS and dtype in WIRE_FLOATS):
+        raise CodecError(f"{where}: codec {payload.codec!r} decoded {dtype_names().get(x.dtype, x.dtype)}, the "
+                         f"header says {payload.dtype}; a receiver converts only between float dtypes: send the "
+                         "tensor's own dtype in the header (docs/protocol.md §3.2)")
     if slot is not state:
         assert state is not None and slot is not None  # a fresh slot is made above only beside a stream's state
         state.clear()
         state.update(slot)
-    return x.reshape(payload.shape).to(torch_dtypes()[payload.dtype])
+    return x.reshape(payload.shape).to(dtype)
 
 
 def _claim(state: dict[str, Any] | None, spec: str, spill_dir: str | Path | None) -> dict[str, Any] | None:

@@ -41,7 +41,7 @@ def register(sub) -> None:
     p.set_defaults(func=_list)
     p = keys_sub.add_parser("bundle-service", parents=[common],
                             help="a service's credential directory: its key, certificates and trust, never ca.key")
-    p.add_argument("address", help="the service, e.g. a/encoder/0")
+    p.add_argument("address", help="the service, SITE/STAGE/RANK, e.g. a/src/0")
     p.add_argument("--out", type=Path, required=True, help="the directory to write (or refresh); mount it into the "
                    "service's host or container")
     p.set_defaults(func=_bundle_service)

@@ -4,14 +4,11 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from nebula.errors import ConfigError
-from nebula.observe.status import pid_alive
-from nebula.site.supervisor import tail
+from nebula.site.service import tail
 
 
 def register(sub) -> None:
@@ -58,35 +55,26 @@ def _up(args) -> int:
     # why here: torch, pynacl, kept off `nebula --help`
     from nebula.site.config import load_site_config
     from nebula.site.pidfile import pid_file, read_pid, state_file
+    from nebula.site.service import ServiceSpec, nebula_argv
     from nebula.site.site import check_credentials, run_site, site_services
+    from nebula.site.status import read_json_or_empty
+    from nebula.site.supervisor import detach
 
     if args.foreground:
         return run_site(args.config, args.service)
     site = load_site_config(args.config)  # every mistake surfaces here, before anything starts
     check_credentials(site, site_services(site, args.config.resolve(), args.service))
-    if (pid := read_pid(pid_file(site))) is not None and pid_alive(pid):
-        raise ConfigError(f"site {site.name} is already up (supervisor pid {pid}); `nebula site down {args.config}`")
-    log = site.run / "logs" / "supervisor.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "nebula.cli", "site", "up", str(args.config.resolve()), "--foreground"]
-    argv += ["--service", args.service] if args.service else []
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-    deadline = time.monotonic() + 30
-    while not _up_by(state_file(site), proc.pid):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise ConfigError(f"site {site.name} did not come up; {log}:\n{tail(log, 15)}")
-        time.sleep(0.1)
+    if (holder := read_pid(pid_file(site, args.service))) is not None:
+        raise ConfigError(f"site {site.name} is already up (supervisor pid {holder.pid}); "
+                          f"`nebula site down {args.config}`")
+    only = ("--service", args.service) if args.service else ()
+    spec = ServiceSpec(name="supervisor" if not args.service else f"supervisor.{args.service}", run=site.run,
+                       argv=nebula_argv("site", "up", str(args.config.resolve()), "--foreground", *only))
+    state = state_file(site, args.service)
+    proc = detach(spec, f"site {site.name}", lambda pid: read_json_or_empty(state).get("pid") == pid, timeout=30)
     print(f"site {site.name} up (supervisor pid {proc.pid}); `nebula site status {args.config}`, "
           f"`nebula site logs {args.config}`, `nebula site down {args.config}`")
     return 0
-
-
-def _up_by(path: Path, pid: int) -> bool:
-    # why here: pynacl, kept off `nebula --help`
-    from nebula.site.status import read_json_or_empty
-    return read_json_or_empty(path).get("pid") == pid
 
 
 def _down(args) -> int:
@@ -95,31 +83,30 @@ def _down(args) -> int:
     # why here: pynacl, kept off `nebula --help`
     from nebula.site.config import load_site_config
     from nebula.site.pidfile import read_pid
+    from nebula.site.process import ProcessId
     from nebula.site.status import read_json_or_empty
 
     site = load_site_config(args.config)
-    supervisors = {path: read_pid(path) for path in sorted(site.run.glob("supervisor*.pid"))}
-    running = {path: pid for path, pid in supervisors.items() if pid is not None and pid_alive(pid)}
+    running = {path: holder for path in sorted(site.run.glob("supervisor*.pid"))
+               if (holder := read_pid(path)) is not None}
     if not running:
         print(f"site {site.name} is not up")
         return 0
-    for pid in running.values():
-        os.kill(pid, signal.SIGTERM)
+    for holder in running.values():
+        os.kill(holder.pid, signal.SIGTERM)
     deadline = time.monotonic() + args.timeout
-    while any(pid_alive(pid) for pid in running.values()) and time.monotonic() < deadline:
+    while any(holder.alive() for holder in running.values()) and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = [pid for pid in running.values() if pid_alive(pid)]
+    left = [holder for holder in running.values() if holder.alive()]
     states = [r for f in (site.run / "status").glob("supervisor*.json")
               for r in read_json_or_empty(f).get("services", [])]
-    left += [p for s in states for p in s.get("pids", []) if pid_alive(p)]
-    for pid in left:  # a supervisor that did not stop in time, or services it left behind
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    left += [ProcessId(p, started) for s in states
+             for p, started in zip(s.get("pids", []), s.get("pid_starts", [None] * len(s.get("pids", []))))]
+    killed = [holder for holder in left if holder.kill_group()]  # a late supervisor, services it left behind
     for path in running:
         path.unlink(missing_ok=True)
-    print(f"site {site.name} down" + (f" ({len(left)} process(es) killed after {args.timeout:.0f} s)" if left else ""))
+    print(f"site {site.name} down" + (f" ({len(killed)} process(es) killed after {args.timeout:.0f} s)"
+                                      if killed else ""))
     return 0
 
 
@@ -167,7 +154,7 @@ def _follow(paths: list[Path]) -> None:
 
 def _init(args) -> int:
     # why here: pynacl, kept off `nebula --help`
-    from nebula.site.bootstrap import init_site
+    from nebula.site.builder import init_site
 
     stages = _stage_addresses(args.job, args.name) if args.job else []
     line = init_site(args.name, args.dir, args.public, args.external, args.internal, args.job, args.days, stages)
@@ -186,7 +173,7 @@ def _stage_addresses(job: Path, site: str) -> list[str]:
 
 def _trust(args) -> int:
     # why here: pynacl, kept off `nebula --help`
-    from nebula.site.bootstrap import trust_site
+    from nebula.site.builder import trust_site
 
     peer = trust_site(args.config, args.bundle, args.endpoint, args.fingerprint, args.replace)
     print(f"site {peer} trusted; [peers.{peer}] endpoint = {args.endpoint!r} in {args.config}")

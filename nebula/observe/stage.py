@@ -14,6 +14,7 @@ from typing import Any, Iterator
 
 from nebula.observe.observer import Observer, Observing
 from nebula.transport.base import Channel
+from nebula.transport.goodput import Goodput
 from nebula.wire import Message
 
 STEP_KEYS = ("step", "loss", "step_s", "compute_s", "wire_s")
@@ -117,6 +118,10 @@ class MeteredChannel(Channel):
 
     def outages(self) -> dict[str, float]:
         return self.inner.outages()
+
+    def goodput(self, dst: str, message_bytes: int = 0) -> Goodput | None:
+        # what `compression = "auto"` goes by: without it, a stage with a status file never adapted
+        return self.inner.goodput(dst, message_bytes)
 
     def _count(self, direction: str, msg: Message) -> None:
         with self._lock:

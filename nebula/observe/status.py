@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from nebula.errors import DataError
+from nebula.site.process import alive, start_time
 
 INTERVAL = 2.0  # seconds between writes of a running service
 DEFAULT_MAX_AGE = 10.0  # a status older than this is stale (five missed writes)
@@ -56,38 +57,6 @@ def read_status(path: str | os.PathLike) -> dict[str, Any]:
     return record
 
 
-def proc_stat(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (field 3, the state, is [0]); None where
-    /proc has no answer (no such process, or no /proc)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-
-
-def process_start(pid: int) -> int | None:
-    """When process `pid` started (clock ticks since boot, /proc/PID/stat field 22), to tell a live
-    service from another process that reuses its pid; None where /proc has no answer."""
-    fields = proc_stat(pid)
-    if fields is None:
-        return None
-    return None if fields[0] == "Z" else int(fields[19])  # a zombie has exited: not alive
-
-
-def pid_alive(pid: int, started: int | None = None) -> bool:
-    """Whether `pid` runs on this host (and, given `started`, is still the process that wrote it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # another user's process: it exists
-    now = process_start(pid)
-    if now is None:
-        return not Path("/proc/self/stat").exists()  # no /proc at all: kill(0) is all we know
-    return started is None or now == started
-
-
 @dataclass(frozen=True)
 class Health:
     ok: bool
@@ -111,7 +80,7 @@ def health(path: str | os.PathLike, max_age: float = DEFAULT_MAX_AGE, now: float
         why = f": {status['error']}" if status.get("error") else ""
         return Health(False, f"{name} is {state} (pid {pid}, {age:.0f} s ago){why}", status)
     here = status.get("host") in (None, socket.gethostname())
-    if here and not pid_alive(pid, status.get("pid_start")):
+    if here and not alive(pid, status.get("pid_start")):
         return Health(False, f"{name}: pid {pid} is not running (it said {state} {age:.0f} s ago)", status)
     if age > max_age:
         return Health(False, f"{name}: status not updated for {age:.0f} s (at most {max_age:g} s allowed): "
@@ -143,4 +112,4 @@ def record_exit(path: str | os.PathLike, returncode: int, asked_to_stop: bool = 
 def identity(service: str, kind: str, address: str) -> dict[str, Any]:
     """The fields of a status record that never change while the process lives."""
     return {"service": service, "kind": kind, "address": address, "pid": os.getpid(), "host": socket.gethostname(),
-            "pid_start": process_start(os.getpid()), "started": time.time()}
+            "pid_start": start_time(os.getpid()), "started": time.time()}

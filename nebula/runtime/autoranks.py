@@ -17,11 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-import tomllib
-
 from nebula.errors import ConfigError
 from nebula.runtime.job import JobConfig, TrainConfig, load_job
+from nebula.runtime.job_file import override, read_job_table, write_job_file
 from nebula.runtime.registry import resolve_stage
 
 
@@ -53,15 +51,12 @@ def resolve(job_file: Path, out: Path, quiet: bool = False) -> tuple[Path, dict[
         raise ConfigError(f"{job_file}: [stages.{name}] ranks = \"auto\", but {cls.__name__} cannot measure "
                           "its ranks (no choose_ranks): set ranks = N")
     n, evidence = cls.choose_ranks(job, name, job.stage(name).max_ranks)
-    raw = tomllib.loads(Path(job_file).read_text())
-    raw["stages"][name]["ranks"] = n
-    scale_step(raw.setdefault("train", {}), n)
-    if job.data:
-        raw["job"]["data"] = job.data  # absolute: the resolved file lives elsewhere
+    table = read_job_table(job_file)  # [job].data absolute: the resolved file lives elsewhere
+    train = dict(table.get("train", {}))
+    scale_step(train, n)
     evidence = {"stage": name, "ranks": n, **evidence}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(f"# {job_file} with [stages.{name}] ranks = \"auto\" resolved: "
-                   f"{json.dumps(evidence)}\n" + tomli_w.dumps(raw))
+    write_job_file(out, override(table, train=train, stages={name: {"ranks": n}}),
+                   note=f"{job_file} with [stages.{name}] ranks = \"auto\" resolved: {json.dumps(evidence)}")
     if not quiet:
         print(f"ranks = \"auto\" for stage {name}: n = {n} ({json.dumps(evidence)})", file=sys.stderr, flush=True)
     return out, {name: evidence}

@@ -20,10 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
 from nebula.codecs.policy_table import read_policy
-from nebula.config import build, check, limits
+from nebula.config import build, check, limits, read_toml
 from nebula.errors import ConfigError
 from nebula.runtime.graph import Graph, LinkConfig, check_ports
 from nebula.runtime.registry import resolve_stage
@@ -123,13 +121,7 @@ def parse_job(raw: dict[str, Any], source: Path | None = None) -> JobConfig:
 
 def load_job(path: str | Path) -> JobConfig:
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError(f"job file {path} does not exist") from exc
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"job file {path} is not valid TOML: {exc}") from exc
-    return parse_job(raw, source=path)
+    return parse_job(read_toml(path, "job file"), source=path)
 
 
 def _stage(name: str, table: dict, where: str) -> tuple[StageConfig, type]:

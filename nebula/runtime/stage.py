@@ -3,9 +3,9 @@
 A stage module declares its ports (what it receives and sends), its options (a dataclass, checked
 when the job file loads) and the maths of one micro-batch; the runtime (nebula.runtime.runner)
 owns the order of forward, send, receive, backward and optimiser step, the checkpoints and the
-protocol with the other stages. A minimal module (docs/runtime.md has the whole example):
+protocol with the other stages. A minimal module (docs/runtime.md has the whole example; a workload's
+spec, nebula.workload, gives it the name a job file's `impl` uses):
 
-    @register_stage("example-source")
     class Source(Stage):
         Options = SourceOptions                       # a dataclass: the stage's job-file keys
         outputs = (Port("hidden", "float", rank=2),)  # (B, H)
@@ -125,7 +125,7 @@ class StageContext:
 class Stage(ABC):
     """One part of a model at one site. It never opens sockets; it computes."""
 
-    stage_name: ClassVar[str] = ""  # set by @register_stage
+    stage_name: ClassVar[str] = ""  # the name it is registered under (nebula.runtime.registry)
     Options: ClassVar[type] = NoOptions
     inputs: ClassVar[tuple[Port, ...]] = ()
     outputs: ClassVar[tuple[Port, ...]] = ()

@@ -49,7 +49,7 @@ def reserved_name_error(address: str, role: str) -> str | None:
         return None
     return (f"{address}: the stage name {address.split('/')[1]!r} is reserved ({', '.join(RESERVED_NAMES)}: "
             f"names of roles) and this certificate's role is {role}; name the service after what it does, "
-            f"e.g. {address.split('/')[0]}/encoder/0")
+            f"e.g. {address.split('/')[0]}/src/0")
 
 
 def check_site_name(site: str) -> str:

@@ -44,11 +44,11 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-import tomllib
 
-from nebula.config import build, limits
+from nebula.config import build, limits, read_toml
 from nebula.errors import ConfigError
 from nebula.security.certs import address_filename, check_site_name
+from nebula.security.keyfile import write_atomic
 from nebula.transport.config import ChannelConfig, check_endpoint, connectable
 
 
@@ -179,12 +179,7 @@ _RENAMED = {"keys": "`keys` (a whole key store) is gone: a service must never se
 
 def load_site_config(path: str | os.PathLike) -> SiteConfig:
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError as exc:
-        raise ConfigError(f"site config {path} does not exist (`nebula site init` writes one)") from exc
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"site config {path} is not valid TOML ({exc})") from exc
+    data = read_toml(path, "site config", " (`nebula site init` writes one)")
     return parse_site_config(data, base=path.resolve().parent, source=str(path))
 
 
@@ -206,15 +201,16 @@ def parse_site_config(data: dict[str, Any], base: Path = Path("."), source: str 
         name=name, ca=_path(base, site.ca) if site.ca else None, credentials=_path(base, site.credentials),
         run=run, audit=_path(base, site.audit) if site.audit else run / "audit" / "gateway.jsonl",
         data=tuple(_path(base, d) for d in site.data),
-        gateway=_gateway(name, data["gateway"], f"{source} [gateway]"),
-        peers={peer: _peer(peer, table, source) for peer, table in peers.items()},
+        gateway=gateway_config(name, data["gateway"], f"{source} [gateway]"),
+        peers={peer: peer_config(peer, table, source) for peer, table in peers.items()},
         channel=build(ChannelConfig, _table(data, "channel", source), f"{source} [channel]"),
         stages=_stages(base, _table(data, "stages", source), f"{source} [stages]"),
         metrics=build(MetricsConfig, _table(data, "metrics", source), f"{source} [metrics]"),
         source=source)
 
 
-def _gateway(site: str, table: dict, where: str) -> GatewayConfig:
+def gateway_config(site: str, table: dict, where: str) -> GatewayConfig:
+    """Site `site`'s [gateway] table, checked; its address and the stages' endpoint derived unless given."""
     raw = build(_GatewayTable, table, where)
     values = dataclasses.asdict(raw)
     for key in ("internal", "external", "public", "internal_connect"):
@@ -225,7 +221,8 @@ def _gateway(site: str, table: dict, where: str) -> GatewayConfig:
     return build(GatewayConfig, values, where)
 
 
-def _peer(site: str, table: Any, source: str) -> PeerConfig:
+def peer_config(site: str, table: Any, source: str) -> PeerConfig:
+    """The [peers.SITE] table of the config `source`, checked; the peer gateway's address derived unless given."""
     where = f"{source} [peers.{_site_name(site, f'{source} [peers]')}]"
     if not isinstance(table, dict):
         raise ConfigError(f"{source} [peers]: `{site}` must be a table like [peers.{site}] endpoint = \"tcp://...\"")
@@ -260,10 +257,56 @@ def _path(base: Path, value: str | Path) -> Path:
     return path if path.is_absolute() else (base / path).resolve()
 
 
-def write_site_config(path: Path, table: dict[str, Any]) -> SiteConfig:
-    """Write `table` as a site config at `path`, after checking it parses (paths relative to `path`)."""
+# -- writing: the one writer of site configs ----------------------------------------------------------
+def write_site_config(path: str | os.PathLike, config: SiteConfig) -> SiteConfig:
+    """Write `config` at `path`, atomically, and return it as the loader reads it back: a value the
+    loader would refuse is never written. Paths under the file's directory are written relative to
+    it, so the directory can move (or be mounted elsewhere) as a whole; defaults are left out."""
     path = Path(path)
-    config = parse_site_config(table, base=path.resolve().parent, source=str(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(tomli_w.dumps(table))
-    return config
+    base = path.resolve().parent
+    table = site_table(config, base)
+    written = parse_site_config(table, base=base, source=str(path))
+    write_atomic(path, tomli_w.dumps(table).encode())
+    return written
+
+
+def site_table(config: SiteConfig, base: Path) -> dict[str, Any]:
+    """`config` as the tables of its file, its paths relative to `base` where they lie under it."""
+    def rel(p: Path) -> str:
+        return str(p.relative_to(base)) if p.is_absolute() and p.is_relative_to(base) else str(p)
+
+    site: dict[str, Any] = {"name": config.name, "credentials": rel(config.credentials), "run": rel(config.run)}
+    if config.ca is not None:
+        site["ca"] = rel(config.ca)
+    if config.audit != config.run / "audit" / "gateway.jsonl":
+        site["audit"] = rel(config.audit)
+    if config.data:
+        site["data"] = [rel(d) for d in config.data]
+    gateway = _changed(config.gateway)
+    if gateway.get("internal_connect") == connectable(config.gateway.internal):
+        del gateway["internal_connect"]
+    if gateway.get("address") == f"{config.name}/gateway/0":
+        del gateway["address"]
+    table: dict[str, Any] = {"site": site, "gateway": gateway}
+    if config.peers:
+        table["peers"] = {name: {k: v for k, v in _changed(peer).items() if k != "site"
+                                 and not (k == "address" and v == f"{name}/gateway/0")}
+                          for name, peer in config.peers.items()}
+    stages: dict[str, Any] = {"job": rel(config.stages.job)} if config.stages.job is not None else {}
+    if config.stages.run is not None:
+        stages["run"] = list(config.stages.run)
+    for key, values in (("channel", _changed(config.channel)), ("stages", stages),
+                        ("metrics", _changed(config.metrics))):
+        if values:
+            table[key] = values
+    return table
+
+
+def _changed(value: Any) -> dict[str, Any]:
+    """The fields of dataclass `value` that differ from their defaults (all required ones), TOML-ready."""
+    out = {}
+    for f in dataclasses.fields(value):
+        v = getattr(value, f.name)
+        if v is not None and (f.default is dataclasses.MISSING or v != f.default):
+            out[f.name] = list(v) if isinstance(v, tuple) else str(v) if isinstance(v, Path) else v
+    return out

@@ -7,19 +7,16 @@ revokes the job's certificates.
 from __future__ import annotations
 
 import os
-import signal
 import sys
-import time
 from pathlib import Path
 
 from nebula.security.accounts import SECRET_ENV
 from nebula.security.grants import Principal
 from nebula.security.job_record import record_file
-from nebula.site.jobs import JOB_MARK, Site, finish
+from nebula.site.jobs import Site, finish
+from nebula.site.process import ProcessId
 from nebula.site.site import site_services
-from nebula.site.supervisor import Supervisor
-
-POLL_S = 0.2
+from nebula.site.supervisor import Supervisor, stop_signals
 
 
 def run_job(directory: Path) -> int:
@@ -29,36 +26,28 @@ def run_job(directory: Path) -> int:
     principal = Principal(record["owner"], record["id"])
     # Not nebula.site.site.check_credentials: it would publish every site key into the job's directory.
     services = [s for s in site_services(site.config, site.path, principal=principal) if s.name != "gateway"]
-    env = {**{k: v for k, v in os.environ.items() if k != SECRET_ENV}, "OMP_NUM_THREADS": "1",
-           "PYTHONUNBUFFERED": "1", JOB_MARK: record["id"]}
+    env = {**{k: v for k, v in os.environ.items() if k != SECRET_ENV}, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     supervisor = Supervisor(env=env, strict=False, state_file=directory / "status" / "supervisor.json")
-    stopping: list[int] = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda number, _: stopping.append(number))
-    with record_file(directory).update() as entries:
-        entries["pid"] = os.getpid()  # before any stage starts: `nebula job stop` reaches it from now on
-    state, why = "failed", "the supervisor failed"
-    try:
-        for service in services:
-            supervisor.start(service)
-        with record_file(directory).update() as entries:
-            entries["state"] = "running"
-        print(f"job {record['id']}: {', '.join(s.name for s in services)} started", flush=True)
-        ended: dict[str, str] = {}
-        while not stopping:
-            supervisor.poll()
-            ended = {s.name: s.state for s in supervisor.services.values() if s.state in ("done", "failed")}
-            if len(ended) == len(services):
-                break
-            time.sleep(POLL_S)
-        failed = [name for name, st in ended.items() if st == "failed"]
-        state, why = (("stopped", "stopped by its owner") if stopping else
-                      ("failed", f"stage(s) {', '.join(failed)} failed") if failed else
-                      ("done", "every stage finished"))
-    finally:
-        supervisor.stop()
-        finish(site, directory, state, why)
-        print(f"job {record['id']}: {state} ({why})", flush=True)
+    with stop_signals() as stopped:
+        with record_file(directory).update() as entries:  # before any stage starts: `job stop` reaches it now
+            entries.update(pid=os.getpid(), pid_start=ProcessId.mine().started)
+        state, why = "failed", "the supervisor failed"
+        try:
+            for spec in services:
+                supervisor.start(spec)
+            with record_file(directory).update() as entries:
+                entries["state"] = "running"
+            print(f"job {record['id']}: {', '.join(s.name for s in services)} started", flush=True)
+            supervisor.run(lambda: bool(stopped) or all(s.state in ("done", "failed")
+                                                        for s in supervisor.services.values()))
+            failed = [s.name for s in supervisor.services.values() if s.state == "failed"]
+            state, why = (("stopped", "stopped by its owner") if stopped else
+                          ("failed", f"stage(s) {', '.join(failed)} failed") if failed else
+                          ("done", "every stage finished"))
+        finally:
+            supervisor.stop()
+            finish(site, directory, state, why)
+            print(f"job {record['id']}: {state} ({why})", flush=True)
     return 0 if state != "failed" else 1
 
 

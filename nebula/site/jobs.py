@@ -25,16 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nebula.errors import AuthError, ConfigError
-from nebula.observe.status import pid_alive
 from nebula.security.accounts import Accounts, audit, check_store
 from nebula.security.job_record import job_dir, job_owner, record_file
 from nebula.security.keystore import SiteKeyStore
 from nebula.site.config import SiteConfig, load_site_config
-from nebula.site.supervisor import tail
+from nebula.site.process import ProcessId
+from nebula.site.service import tail
 
 ACTIVE = ("starting", "running")
 START_TIMEOUT_S = 60.0
-JOB_MARK = "NEBULA_JOB_ID"  # in each stage's environment, = the job's id: how `job stop` knows its processes
 
 
 @dataclass(frozen=True)
@@ -66,14 +65,14 @@ def live_state(record: dict) -> dict:
 
 
 def supervising(record: dict) -> bool:
-    """The record's supervisor is alive, and is that job's (a reused pid is not)."""
-    pid = record.get("pid")
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes() if pid and pid_alive(pid) else None
-    except OSError:
-        return False
-    # An exiting process has already dropped its command line: still ours until it is gone.
-    return argv is not None and (not argv or str(record["dir"]).encode() in argv.split(b"\0"))
+    """The record's supervisor is alive, and is that job's (a reused pid is not: its start time differs)."""
+    supervisor = supervisor_of(record)
+    return supervisor is not None and supervisor.alive()
+
+
+def supervisor_of(record: dict) -> ProcessId | None:
+    """The job's supervisor as its record names it (records written before start times were kept: the pid)."""
+    return ProcessId(record["pid"], record.get("pid_start")) if record.get("pid") else None
 
 
 # -- the owner's commands ---------------------------------------------------------------------------
@@ -102,30 +101,24 @@ def stop(site: Site, job_id: str, user: str, secret: str, timeout: float = 20.0)
             time.sleep(0.05)
     directory = Path(record["dir"])
     if supervising(record) or record["state"] == "lost":
-        kill_all(directory, record["pid"])
+        kill_all(directory, supervisor_of(record))
     if record_file(directory).read()["state"] in ACTIVE:
         finish(site, directory, "stopped", "stopped by its owner")
     return record_file(directory).read()
 
 
-def kill_all(directory: Path, pid: int | None) -> None:
+def kill_all(directory: Path, supervisor: ProcessId | None) -> None:
     """A supervisor that ignored SIGTERM, or died: kill it and every stage process group it started
-    that is still this job's (a pid reused since by another program is left alone)."""
-    groups = [pid] if pid else []
+    that is still the process it started (a pid reused since by another program is left alone)."""
+    groups = [supervisor] if supervisor else []
     try:
         state = json.loads((directory / "status" / "supervisor.json").read_text())
-        groups += [p for s in state["services"] for p in s["pids"]]
+        groups += [ProcessId(pid, started) for s in state["services"]
+                   for pid, started in zip(s["pids"], s["pid_starts"])]
     except (OSError, ValueError, KeyError):
         pass
-    marks = (str(directory).encode(), f"{JOB_MARK}={directory.name}".encode())
     for group in groups:
-        try:
-            seen = [*Path(f"/proc/{group}/cmdline").read_bytes().split(b"\0"),
-                    *Path(f"/proc/{group}/environ").read_bytes().split(b"\0")]
-            if any(mark in seen for mark in marks):
-                os.killpg(group, signal.SIGKILL)
-        except OSError:
-            pass  # gone already
+        group.kill_group()
 
 
 def logs(site: Site, job_id: str, user: str, secret: str, stage: str | None = None, lines: int = 40) -> str:

@@ -1,9 +1,10 @@
 """Which process supervises a site: its pid file and its state file, under the site's run directory.
 
-    <run>/supervisor.pid          "PID START": the supervisor's pid and that process's start time
-    <run>/status/supervisor.json  per service: state, pids, restarts, started, exit code, log
+    <run>/supervisor.pid          "PID START": the supervisor (nebula.site.process.ProcessId)
+    <run>/status/supervisor.json  per service: state, pids and their start times, restarts, exit code, log
 
-A pid alone names whatever process has it now; with its start time it names the one that wrote it.
+A file left by a killed supervisor is stale even when its pid came back, as it does for PID 1 in a
+restarted container: the start time tells them apart.
 """
 from __future__ import annotations
 
@@ -11,33 +12,32 @@ import os
 from pathlib import Path
 
 from nebula.errors import ConfigError
-from nebula.observe.status import pid_alive, process_start
 from nebula.site.config import SiteConfig
+from nebula.site.process import ProcessId
 
 
-def state_file(site: SiteConfig) -> Path:
-    return site.run / "status" / "supervisor.json"
+def state_file(site: SiteConfig, only: str | None = None) -> Path:
+    """The supervisor's state file: one per site, or one per service when each runs alone (containers)."""
+    return site.run / "status" / ("supervisor.json" if only is None else f"supervisor.{only}.json")
 
 
-def pid_file(site: SiteConfig) -> Path:
-    return site.run / "supervisor.pid"
+def pid_file(site: SiteConfig, only: str | None = None) -> Path:
+    return site.run / ("supervisor.pid" if only is None else f"supervisor.{only}.pid")
 
 
 def claim_pid_file(path: Path) -> None:
-    """One supervisor per site: refuse when the pid file names a live process that is the one that
-    wrote it (same pid and start time). A file left by a killed supervisor is stale even when the
-    pid came back, as it does for PID 1 in a restarted container."""
-    pid = read_pid(path)
-    if pid is not None and pid != os.getpid() and pid_alive(pid):
-        raise ConfigError(f"the site is already up (supervisor pid {pid}, {path}); `nebula site down` first")
+    """One supervisor per site: refuse while the pid file names a live process that wrote it."""
+    holder = read_pid(path)
+    if holder is not None and holder.pid != os.getpid():
+        raise ConfigError(f"the site is already up (supervisor pid {holder.pid}, {path}); `nebula site down` first")
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"{os.getpid()} {process_start(os.getpid())}\n")
+    path.write_text(f"{ProcessId.mine()}\n")
 
 
-def read_pid(path: Path) -> int | None:
-    """The pid in a pid file if that process is still the one that wrote it, else None."""
+def read_pid(path: Path) -> ProcessId | None:
+    """The process a pid file names, if it is still alive and the one that wrote it; else None."""
     try:
-        pid, started = path.read_text().split()
-        return int(pid) if str(process_start(int(pid))) == started else None
-    except (OSError, ValueError):
+        holder = ProcessId.parse(path.read_text())
+    except OSError:
         return None
+    return holder if holder is not None and holder.alive() else None

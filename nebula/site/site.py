@@ -12,8 +12,9 @@ read what it and the services write under the site's run directory:
 """
 from __future__ import annotations
 
-import signal
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from nebula.errors import ConfigError
@@ -22,34 +23,33 @@ from nebula.security.credentials import publish_site, refuse_ca_key
 from nebula.security.grants import Principal
 from nebula.site.config import SiteConfig, load_site_config
 from nebula.site.pidfile import claim_pid_file, pid_file, state_file
-from nebula.site.supervisor import Service, Supervisor, nebula_argv
+from nebula.site.service import ServiceSpec, nebula_argv
+from nebula.site.supervisor import Supervisor, stop_signals
 
-POLL_S, REFRESH_S = 0.2, 2.0  # supervisor round; credential refresh from the CA store
+REFRESH_S = 2.0  # credential refresh from the CA store
 
 
 def site_services(site: SiteConfig, config_path: Path, only: str | None = None,
-                  principal: Principal | None = None) -> list[Service]:
+                  principal: Principal | None = None) -> list[ServiceSpec]:
     """The gateway and the stages of [stages] job at this site (all, or the one named `only`); with
     `principal` (a submitted job's supervisor), the stages are told the job they run for."""
-    entries = [("gateway", site.gateway.address, 1, nebula_argv("gateway", "run", "--site-config", str(config_path)))]
-    job_args = ["--job-id", principal.job, "--user", principal.user] if principal and principal.job else []
+    gateway = ServiceSpec(name="gateway", argv=nebula_argv("gateway", "run", "--site-config", str(config_path)),
+                          run=site.run, env={"NEBULA_ADDRESS": site.gateway.address}, restart=True,
+                          ready=f"gateway {site.gateway.address} up")
+    specs = [gateway]
+    job_args = ("--job-id", principal.job, "--user", principal.user) if principal and principal.job else ()
     for name, stage in _stages(site).items():
-        entries.append((name, stage.address, stage.ranks, nebula_argv(
-            "stage", "run", "--job", str(site.stages.job), "--stage", name, "--site", str(config_path),
-            "--workdir", str(site.run / name), "--quiet", *job_args)))
-    if only is not None and only not in [e[0] for e in entries]:
+        argv = nebula_argv("stage", "run", "--job", str(site.stages.job), "--stage", name, "--site", str(config_path),
+                           "--workdir", str(site.run / name), "--quiet", *job_args)
+        specs.append(ServiceSpec(name=name, argv=argv, run=site.run, env={"NEBULA_ADDRESS": stage.address},
+                                 ranks=stage.ranks, restart=True))
+    if only is not None and only not in [s.name for s in specs]:
         raise ConfigError(f"{site.source}: no service {only!r} at site {site.name}; it runs "
-                          f"{', '.join(e[0] for e in entries)}")
-    services = []
-    for k, (name, address, ranks, argv) in enumerate(entries):
-        if only not in (None, name):
-            continue
-        env = {"NEBULA_SERVICE": name, "NEBULA_ADDRESS": address,
-               "NEBULA_STATUS_FILE": str(site.run / "status" / f"{name}.json")}
-        if site.metrics.port:
-            env.update(NEBULA_METRICS_PORT=str(site.metrics.port + k), NEBULA_METRICS_BIND=site.metrics.bind)
-        services.append(Service(name, argv, site.run / "logs" / f"{name}.log", restart=True, ranks=ranks, env=env))
-    return services
+                          f"{', '.join(s.name for s in specs)}")
+    if site.metrics.port:  # the gateway on the port, the k-th stage on port + k
+        specs = [replace(s, env={**s.env, "NEBULA_METRICS_PORT": str(site.metrics.port + k),
+                                 "NEBULA_METRICS_BIND": site.metrics.bind}) for k, s in enumerate(specs)]
+    return [s for s in specs if only in (None, s.name)]
 
 
 def _stages(site: SiteConfig) -> dict[str, StageConfig]:
@@ -72,15 +72,16 @@ def _stages(site: SiteConfig) -> dict[str, StageConfig]:
     return {name: job.stage(name) for name in names}
 
 
-def check_credentials(site: SiteConfig, services: list[Service]) -> None:
+def check_credentials(site: SiteConfig, services: list[ServiceSpec]) -> None:
     """Refresh service credentials from the CA store when this host has it; refuse a missing one."""
     if site.ca is not None and (site.ca / "ca.pub").exists():
         publish_site(site.ca, site.credentials)
     for s in services:
-        where = site.credentials_for(s.env["NEBULA_ADDRESS"])
+        address = s.env["NEBULA_ADDRESS"]
+        where = site.credentials_for(address)
         if not (where / "ca.pub").exists():
-            raise ConfigError(f"no credentials for {s.env['NEBULA_ADDRESS']} in {where}: issue its certificate and run "
-                              f"`nebula keys bundle-service {s.env['NEBULA_ADDRESS']} --dir CA_ROOT --out {where}` "
+            raise ConfigError(f"no credentials for {address} in {where}: issue its certificate and run "
+                              f"`nebula keys bundle-service {address} --dir CA_ROOT --out {where}` "
                               "(docs/operate.md)")
         refuse_ca_key(where)
 
@@ -90,28 +91,30 @@ def run_site(config_path: Path, only: str | None = None) -> int:
     site = load_site_config(config_path)
     services = site_services(site, Path(config_path).resolve(), only)
     check_credentials(site, services)
-    claim_pid_file(pid_file(site) if only is None else site.run / f"supervisor.{only}.pid")
-    supervisor = Supervisor(strict=False, state_file=state_file(site) if only is None
-                            else site.run / "status" / f"supervisor.{only}.json")
-    stop = []
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.append(True))
-    try:
-        for s in services:
-            supervisor.start(s)
-        print(f"site {site.name}: {', '.join(s.name for s in services)} started", flush=True)
-        refreshed = time.monotonic()
-        while not stop:
-            supervisor.poll()
-            if time.monotonic() - refreshed > REFRESH_S:
-                _refresh(site)
-                refreshed = time.monotonic()
-            time.sleep(POLL_S)
-    finally:
-        supervisor.stop()
-        (pid_file(site) if only is None else site.run / f"supervisor.{only}.pid").unlink(missing_ok=True)
-        print(f"site {site.name}: stopped", flush=True)
+    supervisor = Supervisor(strict=False, state_file=state_file(site, only))
+    with stop_signals() as stopped:
+        claim_pid_file(pid_file(site, only))
+        try:
+            for spec in services:
+                supervisor.start(spec)
+            print(f"site {site.name}: {', '.join(s.name for s in services)} started", flush=True)
+            supervisor.run(lambda: bool(stopped), each=refresher(site))
+        finally:
+            supervisor.stop()
+            pid_file(site, only).unlink(missing_ok=True)
+            print(f"site {site.name}: stopped", flush=True)
     return 0
+
+
+def refresher(site: SiteConfig) -> Callable[[], None]:
+    """What a site's supervisor does every REFRESH_S besides watching: refresh the credentials."""
+    last = [time.monotonic()]
+
+    def each() -> None:
+        if time.monotonic() - last[0] > REFRESH_S:
+            _refresh(site)
+            last[0] = time.monotonic()
+    return each
 
 
 def _refresh(site: SiteConfig) -> None:

@@ -9,7 +9,6 @@ import json
 import time
 from pathlib import Path
 
-from nebula.observe.status import pid_alive
 from nebula.site.config import SiteConfig
 from nebula.site.pidfile import pid_file, read_pid
 
@@ -22,8 +21,8 @@ def site_status(site: SiteConfig) -> dict:
     in containers: status/supervisor.<service>.json) joined with the service's own status file. When
     no supervisor of this host is alive (containers: other pid namespaces), a fresh status file says
     the service's state."""
-    pid = read_pid(pid_file(site))
-    up = pid is not None and pid_alive(pid)
+    supervisor = read_pid(pid_file(site))
+    up = supervisor is not None
     files = sorted((site.run / "status").glob("supervisor*.json"))
     records = [r for f in files for r in read_json_or_empty(f).get("services", [])]
     services = []
@@ -39,7 +38,7 @@ def site_status(site: SiteConfig) -> dict:
             "bytes_in": reported.get("bytes_in"), "bytes_out": reported.get("bytes_out"),
             "step": reported.get("step"), "loss": reported.get("loss"), "step_s": reported.get("step_s"),
             "reported": reported})
-    return {"site": site.name, "up": up, "supervisor_pid": pid if up else None, "run": str(site.run),
+    return {"site": site.name, "up": up, "supervisor_pid": supervisor.pid if supervisor else None, "run": str(site.run),
             "services": services}
 
 

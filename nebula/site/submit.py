@@ -4,31 +4,29 @@ the layout) and start its supervisor (nebula.site.job_supervisor), detached.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import os
 import secrets
-import subprocess
 import sys
 import time
 from contextlib import AbstractContextManager
 from pathlib import Path
-
-import tomllib
 
 from nebula.errors import ConfigError
 from nebula.runtime.job import JobConfig, load_job
 from nebula.runtime.registry import resolve_stage
 from nebula.security.accounts import SECRET_ENV, Accounts, audit
 from nebula.security.certs import address_filename
-from nebula.security.credentials import publish_site
 from nebula.security.grants import PREFIX, DataRegistry, Principal
 from nebula.security.job_record import job_dir, record_file
-from nebula.security.keyfile import locked, write_atomic
-from nebula.security.keystore import SiteKeyStore
-from nebula.site.config import write_site_config
+from nebula.security.keyfile import locked
+from nebula.site.builder import job_credentials
+from nebula.site.config import MetricsConfig, StagesConfig, write_site_config
 from nebula.site.jobs import ACTIVE, START_TIMEOUT_S, Site, finish, kill_all, refuse
-from nebula.site.supervisor import tail
+from nebula.site.service import ServiceSpec
+from nebula.site.supervisor import detach
 
 
 def submit(site: Site, job_file: Path, user: str, secret: str, cert_days: float = 1.0) -> dict:
@@ -133,46 +131,27 @@ def _code_hash(job: JobConfig, stages: dict[str, str]) -> str:
 
 
 def _prepare(site: Site, directory: Path, text: bytes, stages: dict[str, str], cert_days: float) -> None:
-    """The job file, a certificate and credential directory per stage, and the job's site config."""
+    """The job file, a certificate and credential directory per stage, and the job's site config: the
+    site's, with the job's credentials, its workspace as the run directory, and its stages."""
     (directory / "job.toml").write_bytes(text)
-    store = SiteKeyStore(site.ca)
-    for address in stages.values():
-        out = directory / "credentials" / address_filename(address)
-        out.mkdir(parents=True, mode=0o700)
-        cert = store.issue(address, "stage", cert_days, key_dir=out / "keys")
+    for cert in job_credentials(site.config, directory / "credentials", stages.values(), cert_days):
         with record_file(directory).update() as record:
             record["serials"].append(cert.serial)
             record["cert_not_after"] = cert.not_after
-        _copy_public(site.ca, out)
-    publish_site(site.ca, site.config.credentials)  # the running gateway admits the new certificates now
-    table = tomllib.loads(site.path.read_text())
-    config = site.config
-    table["site"].update(ca=str(config.ca), credentials=str(directory / "credentials"), run=str(directory),
-                         audit=str(config.audit), data=[str(d) for d in config.data])
-    table["stages"] = {"job": str(directory / "job.toml"), "run": list(stages)}
-    table.pop("metrics", None)  # the site's own stages hold its metrics ports
-    write_site_config(directory / "site.toml", table)
-
-
-def _copy_public(ca: Path, out: Path) -> None:
-    """The site's public trust (never ca.key) beside the stage's own key, as bundle-service lays it out."""
-    for src in [ca / "ca.pub", ca / "crl.json", *(ca / "certs").glob("*.json"), *(ca / "trust").glob("*.json")]:
-        write_atomic(out / src.relative_to(ca), src.read_bytes())
+    config = dataclasses.replace(site.config, credentials=directory / "credentials", run=directory,
+                                 metrics=MetricsConfig(),  # the metrics ports are the site's own services'
+                                 stages=StagesConfig(job=directory / "job.toml", run=tuple(stages)))
+    write_site_config(directory / "site.toml", config)
 
 
 def _spawn(directory: Path) -> None:
-    """The job's supervisor, detached (its own session), without the submitter's secret in its env."""
-    env = {k: v for k, v in os.environ.items() if k != SECRET_ENV}
-    (directory / "logs").mkdir(exist_ok=True)
-    with open(directory / "logs" / "supervisor.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "nebula.site.job_supervisor", str(directory)], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=directory, env=env,
-                                start_new_session=True)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while record_file(directory).read()["state"] == "starting":
-        if proc.poll() is not None or time.monotonic() > deadline:
-            kill_all(directory, proc.pid)
-            proc.wait()
-            raise ConfigError(f"job {directory.name} did not start; {directory}/logs/supervisor.log:\n"
-                              f"{tail(directory / 'logs' / 'supervisor.log', 15)}")
-        time.sleep(0.05)
+    """The job's supervisor, detached (its own session), without the submitter's secret in its env;
+    back once it has recorded that its stages run (or how it ended already)."""
+    spec = ServiceSpec(name="supervisor", run=directory, cwd=directory,
+                       argv=(sys.executable, "-m", "nebula.site.job_supervisor", str(directory)))
+    try:
+        detach(spec, f"job {directory.name}", lambda _: record_file(directory).read()["state"] != "starting",
+               timeout=START_TIMEOUT_S, env={k: v for k, v in os.environ.items() if k != SECRET_ENV})
+    except ConfigError:
+        kill_all(directory, None)  # any stage it started before it failed
+        raise

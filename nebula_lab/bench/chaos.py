@@ -40,19 +40,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-import tomllib
-
+from nebula.commands.demo import default_job
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.records import read_records
 from nebula.shipped import job_file
 from nebula.site.supervisor import Supervisor
-from nebula_lab.bench.wan import write_toml
 from nebula_lab.wanem import WanLink
 
 if TYPE_CHECKING:  # why: the job loader imports torch, which `nebula --help` (it lists this module) must not pay
     from nebula.runtime.job import JobConfig
 
-DEFAULT_JOB = "abnet-es-en"  # shipped; in a checkout tests/e2e/jobs/tiny.toml is quicker
 POLL_S = 0.05
 
 
@@ -66,8 +63,8 @@ class Kill:
 def register(sub) -> None:
     parser = sub.add_parser("chaos", help="a two-site job under seeded SIGKILLs of any service (or a WAN cut, "
                                           "root): ledgers exactly once, final loss vs an undisturbed run")
-    parser.add_argument("--job", default=DEFAULT_JOB,
-                        help=f"job file or shipped job name (default {DEFAULT_JOB}; in a checkout "
+    parser.add_argument("--job", default=None,
+                        help="job file or shipped job name (default: the one `nebula demo` runs; in a checkout "
                              "tests/e2e/jobs/tiny.toml runs in about a minute)")
     parser.add_argument("--seed", type=int, action="append",
                         help="schedule and [train].seed (repeatable: one run each; default 1)")
@@ -89,7 +86,7 @@ def register(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    source = job_file(args.job)
+    source = job_file(args.job or default_job())
     if args.kills < 0 or args.steps < 2 or args.checkpoint_every < 1:
         raise ConfigError("--kills must be >= 0, --steps >= 2 and --checkpoint-every >= 1")
     rows = []
@@ -120,16 +117,11 @@ def progress(line: str) -> None:
 def prepare_job(source: Path, work: Path, steps: int, checkpoint_every: int, seed: int) -> Path:
     """A copy of `source` with its data path made absolute and [train] steps, checkpoints and seed set."""
     # why here: torch, kept off `nebula --help`
-    from nebula.runtime.job import load_job
+    from nebula.runtime.job_file import override, read_job_table, write_job_file
 
-    job = load_job(source)
-    raw = tomllib.loads(Path(source).read_text())
-    if job.data:
-        raw["job"]["data"] = job.data
-    raw["train"].update(steps=steps, checkpoint_every=checkpoint_every, seed=seed)
-    work.mkdir(parents=True, exist_ok=True)
     path = work / "job.toml"
-    write_toml(raw, path)
+    write_job_file(path, override(read_job_table(source), train={"steps": steps, "checkpoint_every": checkpoint_every,
+                                                                 "seed": seed}))
     return path
 
 
@@ -139,8 +131,8 @@ class JobRun:
     def __init__(self, run: Path, job_file: Path, wan: WanLink | None = None, channel: dict | None = None,
                  keys: bool = True, max_restarts: int = 5, restart: bool = True):
         # why here: torch, kept off `nebula --help`
-        from nebula.launch import start_sites
         from nebula.runtime.job import load_job
+        from nebula.site.local import start_sites
 
         self.run, self.job = run, load_job(job_file)
         self.stages = list(self.job.stages)
@@ -158,15 +150,8 @@ class JobRun:
 
     def supervise(self, until: Callable[[], bool], timeout: float, what: str,
                   each: Callable[[], None] | None = None) -> None:
-        """poll() the supervisor (restarts; StageError when a service fails for good) until `until()`."""
-        deadline = time.monotonic() + timeout
-        while not until():
-            self.group.poll()
-            if each is not None:
-                each()
-            if time.monotonic() > deadline:
-                raise StageError(f"timed out after {timeout:.0f} s waiting for {what}; logs in {self.run / 'logs'}")
-            time.sleep(POLL_S)
+        """Supervise (restarts; StageError when a service fails for good, or after `timeout`) until `until()`."""
+        self.group.run(until, timeout=timeout, what=what, each=each, interval=POLL_S)
 
     def restarts(self) -> dict[str, int]:
         return {name: s.restarts for name, s in self.group.services.items()}

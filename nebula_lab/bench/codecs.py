@@ -22,10 +22,11 @@ CODECS = ["none", "fp16", "bf16", "int8", "int8(scale=bf16)", "int8(block=32, sc
 QUICK_CODECS = ["none", "fp16", "int8", "svd(0.2)", "fp16(svd(0.6))", "lowrank(0.2)", "int8(lowrank(0.2))",
                 "topk(0.01)"]
 SLOW_BUDGET_S = 3.0  # stop repeating a slow codec once it has used this long (and has 3 samples)
-# Every row travels in the envelope of a real forward message (ABNet's job, addresses and topic; seq, base,
-# step, micro-batch, generation and the channel's microsecond epoch at sizes a long run reaches), so `env B`
-# is what such a message carries. docs/protocol.md's envelope sizes are computed from this message.
-REFERENCE_MESSAGE = {"job": "abnet-es-en", "src": "a/encoder/0", "dst": "b/decoder/0", "topic": "fwd",
+# Every row travels in the envelope of a real forward message (a job name and addresses as long as the shipped
+# two-site jobs'; seq, base, step, micro-batch, generation and the channel's microsecond epoch at sizes a long
+# run reaches), so `env B` is what such a message carries. docs/protocol.md's envelope sizes are computed
+# from this message.
+REFERENCE_MESSAGE = {"job": "example-job", "src": "a/stage-1/0", "dst": "b/stage-2/0", "topic": "fwd",
                      "seq": 10 ** 6, "base": 10 ** 6, "step": 10 ** 5, "micro_batch": 15, "generation": 100,
                      "epoch": 1 << 53}
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nebula.observe.status import proc_stat
+from nebula.site.process import cpu_ticks
 
 INTERVAL_S = 0.2
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -26,10 +26,8 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 def cpu_seconds(pid: int) -> float | None:
     """utime + stime of process `pid` in seconds; None if it is gone."""
-    fields = proc_stat(pid)
-    if fields is None:
-        return None
-    return (int(fields[11]) + int(fields[12])) / TICKS  # fields 14 and 15 of proc(5), counted after the name
+    ticks = cpu_ticks(pid)
+    return None if ticks is None else ticks / TICKS
 
 
 class CpuSampler:

@@ -40,8 +40,8 @@ import zmq
 
 from nebula.observe.status import read_status
 from nebula.security.audit_series import series_files
-from nebula.site.supervisor import free_port
-from nebula_lab.bench.transport import _spawn
+from nebula.site.process import rss_bytes
+from nebula.site.supervisor import Supervisor
 
 SCENARIOS = ("messages", "garbage", "handshakes", "stalled", "stalled-small", "refused")
 STAGES = ("a/flood/0", "a/stall/0", "b/sink/0", "b/stall/0")
@@ -83,11 +83,12 @@ def _print_row(row: dict) -> None:
             print(f"  gateway {site} exited with {code} (a crash: see its log)", flush=True)
 
 
-def flood(scenario: str, root: Path, seconds: float, extra_gateway: str = "",
+def flood(scenario: str, root: Path, seconds: float, gateway: dict[str, Any] | None = None,
           stop_when: Callable[[int], bool] | None = None, starve: bool = False) -> dict[str, Any]:
-    """Run one scenario on fresh sites under `root`; `stop_when(growth of gateway a's RSS)` ends it early;
-    `starve`: gateway a at the lowest priority beside a busy process, so its loop falls behind."""
-    with Sites(root, extra_gateway) as sites, starving(sites.procs["a"].pid if starve else None):
+    """Run one scenario on fresh sites under `root` (`gateway`: keys of their [gateway] tables);
+    `stop_when(growth of gateway a's RSS)` ends it early; `starve`: gateway a at the lowest priority
+    beside a busy process, so its loop falls behind."""
+    with Sites(root, gateway) as sites, starving(sites.procs["a"].pid if starve else None):
         before = {site: audit_size(sites.audit(site)) for site in ("a", "b")}
         peak = [sites.rss("a")]
 
@@ -126,23 +127,26 @@ def starving(pid: int | None) -> Iterator[None]:
 
 
 class Sites:
-    """Sites a and b under `root`, their gateways as processes writing status files."""
+    """Sites a and b under `root` (nebula.site.builder), their gateways started as `nebula site up`
+    starts them, writing status files; `gateway`: keys of their [gateway] tables."""
 
-    def __init__(self, root: Path, extra_gateway: str = "") -> None:
+    def __init__(self, root: Path, gateway: dict[str, Any] | None = None) -> None:
         # why here: pynacl, kept off `nebula --help`
-        from nebula.transport.testbed import make_sites
+        from nebula.site.builder import local_sites
 
         root.mkdir(parents=True, exist_ok=True)
-        self.root = root
-        endpoints = {s: (f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}") for s in "ab"}
-        self.paths = make_sites(root, endpoints, list(STAGES), extra_gateway=f"stats_interval = 0\n{extra_gateway}")
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.paths = local_sites(root, ("a", "b"), STAGES, gateway={"stats_interval": 0, **(gateway or {})}, days=1)
+        self.supervisor = Supervisor(strict=False)
 
     def __enter__(self) -> Sites:
+        # why here: torch (a site's stages), kept off `nebula --help`
+        from nebula.site.local import local_services
+
         try:
-            for site in ("a", "b"):
-                self.procs[site] = _start_gateway(self.paths[site], self.root / f"gateway-{site}.log",
-                                                  self.root / f"status-{site}.json")
+            for site, path in self.paths.items():
+                spec, = local_services(site, path, restart=False)  # a gateway, no stages
+                self.supervisor.start(spec)
+                self.supervisor.ready(spec.name)
         except BaseException:
             self.stop()
             raise
@@ -150,6 +154,10 @@ class Sites:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    @property
+    def procs(self) -> dict[str, subprocess.Popen]:
+        return {site: self.supervisor.services[f"gateway-{site}"].proc for site in self.paths}
 
     def config(self, site: str):
         # why here: pynacl, kept off `nebula --help`
@@ -160,42 +168,23 @@ class Sites:
         return self.config(site).audit
 
     def status(self, site: str) -> dict:
-        return read_status(self.root / f"status-{site}.json")
+        return read_status(self.supervisor.services[f"gateway-{site}"].spec.status_file)
 
     def rss(self, site: str) -> int:
         return rss_bytes(self.procs[site].pid)
 
-    def stop(self) -> dict[str, int]:
+    def stop(self) -> dict[str, int | None]:
         """SIGTERM: each gateway writes its pending summaries and its `gateway.stopped` record;
         -> site -> exit code (0 after a SIGTERM; an abort or a crash before it shows otherwise)."""
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        return {site: proc.returncode for site, proc in self.procs.items()}
-
-
-def _start_gateway(config: Path, log: Path, status: Path) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "nebula.cli", "gateway", "run", "--site-config", str(config)]
-    return _spawn(argv, log, wait_for=" up: internal", env={**os.environ, "NEBULA_STATUS_FILE": str(status)})
+        self.supervisor.stop(timeout=15)
+        return {name.removeprefix("gateway-"): s.proc.returncode if s.proc else None
+                for name, s in self.supervisor.services.items()}
 
 
 def audit_size(path: Path) -> dict[str, int]:
     """Records and bytes of an audit log series (its archives and live file)."""
     files = series_files(path) if path.exists() else []
     return {"records": sum(f.read_bytes().count(b"\n") for f in files), "bytes": sum(f.stat().st_size for f in files)}
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 # --- the flooding stage ------------------------------------------------------------------------------

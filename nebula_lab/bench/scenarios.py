@@ -1,22 +1,24 @@
 """Benchmark scenarios: what a workload tells `nebula bench wan` about its job.
 
-A workload registers an object under the entry-point group `nebula.scenarios`
-(`NAME = "package.module:OBJECT"`); the benchmark itself knows nothing of the workload. A scenario
-whose tables are not Table 5's may instead provide `bench(args, lab) -> int`, which `nebula bench wan`
-then runs, lending it the lab's tools (`LabTools`: the workload imports nothing of the lab), and
-`add_arguments(group)` for options of its own (e.g. services/electra/bench.py).
+A workload's spec (nebula.workload) names its scenario, `scenario = "package.module:OBJECT"`, and the
+workload's name is the scenario's (`--scenario NAME`); the benchmark itself knows nothing of the
+workload: its job, its metric and how to score a run all come from the scenario. A scenario is one of:
+- a `Scenario`: the lab runs Table 5 (speed and quality per compression setting) on its job;
+- an `OwnBenchmark`: tables of its own (e.g. throughput), which `nebula bench wan` runs, lending it the
+  lab's tools (`LabTools`: the workload imports nothing of the lab), with options of its own.
+Every hook the lab calls is declared below (tests/unit/test_workload_spec.py holds the lab to it), and a
+scenario that lacks one is refused when it loads, naming what is missing.
 """
 from __future__ import annotations
 
+import argparse
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from nebula import workload
 from nebula.errors import ConfigError
-
-ENTRY_POINT_GROUP = "nebula.scenarios"
 
 
 @dataclass(frozen=True)
@@ -30,38 +32,87 @@ class LabTools:
 
 
 class Scenario(Protocol):
+    """Table 5 of a workload: its job adapted for speed and for quality runs, and its quality metric."""
+
     job: Path  # the job file a scenario runs by default
-    quality_key: str  # the row key of the quality metric ; higher is better
+    quality_key: str  # the metric's name, higher is better: the row key of the first split's score, and
+    #                   of each split's as `{quality_key}_{split}`
 
     def speed_job(self, raw: dict, work: Path, steps: int) -> dict:
         """The raw job table adapted for a speed run of `steps` steps: fixed-shape data, no evaluation."""
 
-    def quality_job(self, raw: dict, quick: bool) -> dict:
-        """The raw job table adapted for a quality run (e.g. a smaller evaluation with `quick`)."""
+    def quality_job(self, raw: dict, quick: bool, splits: tuple[str, ...] = ("test",),
+                    sentences: int | None = None) -> dict:
+        """The raw job table adapted for a quality run: score `splits` on `sentences` each (fewer with
+        `quick`)."""
 
     def quality(self, run: Path, raw: dict) -> dict[str, Any]:
-        """Row fields that score a finished quality run in `run` (at least `quality_key`)."""
+        """Row fields that score a finished quality run in `run`: `quality_key`, `{quality_key}_{split}`."""
+
+    def sentence_stats(self, run: Path, raw: dict, split: str) -> Any:
+        """The metric's sufficient statistics per scored sentence of `split`, an integer array (sentences, k):
+        what the seeds' paired bootstrap resamples (nebula_lab.bench.seeds)."""
+
+    def score_stats(self, sums: Any) -> float:
+        """The metric from column sums of sentence_stats (a corpus-level score is no mean of sentences')."""
 
     def step_bytes(self, raw: dict) -> int:
         """Uncompressed bytes one step sends on the link the benchmark compresses."""
 
-    # optional: a scenario with tables of its own instead of Table 5's (e.g. electra: Tables 3 and 4)
-    # def add_arguments(self, group: argparse._ArgumentGroup) -> None: its own options, in a group of their own
-    # def bench(self, args: argparse.Namespace, lab: LabTools) -> int: runs its benchmark, the exit code
+
+class OwnBenchmark(Protocol):
+    """A workload whose tables are not Table 5's: it runs them itself, with the lab's tools."""
+
+    def add_arguments(self, group: argparse._ArgumentGroup) -> None:
+        """Its own options, in an argument group of their own (refused with another scenario)."""
+
+    def bench(self, args: argparse.Namespace, lab: LabTools) -> int:
+        """Runs its benchmark; the exit code."""
+
+
+AnyScenario = Scenario | OwnBenchmark
+
+
+def hooks(protocol: type) -> list[str]:
+    """The attributes and methods a protocol declares: what the lab may use of a scenario."""
+    methods = [name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")]
+    return sorted({*protocol.__annotations__, *methods})
+
+
+def is_own(scenario: AnyScenario) -> bool:
+    return all(hasattr(scenario, name) for name in hooks(OwnBenchmark))
+
+
+def scenario_refs() -> dict[str, str]:
+    """Workload name -> its scenario's reference, for every installed spec that names one."""
+    return {name: spec.scenario for name, spec in sorted(workload.installed().loaded.items()) if spec.scenario}
 
 
 def scenario_names() -> list[str]:
-    return sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+    return list(scenario_refs())
 
 
-def load_scenario(name: str | None) -> Scenario:
-    """The scenario called `name`, or the only one installed."""
+def chosen_name(name: str | None) -> str:
+    """`name`, or the only scenario installed."""
+    refs = scenario_refs()
     if name is None:
-        names = scenario_names()
-        if len(names) != 1:
-            raise ConfigError(f"choose a benchmark scenario with --scenario: installed {', '.join(names) or 'none'}")
-        name = names[0]
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == name:
-            return ep.load()
-    raise ConfigError(f"unknown benchmark scenario {name!r}; installed: {', '.join(scenario_names()) or 'none'}")
+        if len(refs) != 1:
+            raise ConfigError(f"choose a benchmark scenario with --scenario: installed {', '.join(refs) or 'none'}")
+        return next(iter(refs))
+    if name not in refs:
+        raise ConfigError(f"unknown benchmark scenario {name!r}; installed: {', '.join(refs) or 'none'}"
+                          f"{workload.installed().note()}")
+    return name
+
+
+def load_scenario(name: str | None) -> AnyScenario:
+    """The scenario called `name`, or the only one installed, checked for every hook of its kind."""
+    name = chosen_name(name)
+    ref = scenario_refs()[name]
+    scenario = workload.load(ref, f"the bench scenario of {name}")
+    if not is_own(scenario):
+        missing = [hook for hook in hooks(Scenario) if not hasattr(scenario, hook)]
+        if missing:
+            raise ConfigError(f"the bench scenario of {name} ({ref}) lacks {', '.join(missing)}: a scenario "
+                              "implements nebula_lab.bench.scenarios.Scenario (Table 5), or OwnBenchmark")
+    return scenario

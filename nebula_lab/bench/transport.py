@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -36,7 +35,8 @@ from pathlib import Path
 
 import zmq
 
-from nebula.site.supervisor import free_port
+from nebula.site.service import ServiceSpec
+from nebula.site.supervisor import Supervisor
 from nebula_lab.wanem import WanError, WanLink, measure_goodput, measure_rtt
 
 MB = 1 << 20
@@ -141,47 +141,39 @@ def _direct(size: int, count: int, curve: bool) -> float:
 # --- through two gateways ----------------------------------------------------------------------
 def _gateways(tmp: Path, size: int, count: int) -> float:
     # why here: pynacl, kept off `nebula --help`
-    from nebula.transport.testbed import make_sites
+    from nebula.site.builder import local_sites
 
     root = Path(tempfile.mkdtemp(dir=tmp))
-    endpoints = {site: (f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}") for site in SITES}
-    paths = make_sites(root, endpoints, [f"{site}/bench/0" for site in SITES], extra_gateway="stats_interval = 0")
-    return _stream({site: [] for site in SITES}, paths, size, count, root)["mb_per_s"]
+    paths = local_sites(root, SITES, [f"{site}/bench/0" for site in SITES], gateway={"stats_interval": 0}, days=1)
+    return _stream(paths, size, count, root)["mb_per_s"]
 
 
-def _stream(prefix: dict[str, list[str]], paths: dict[str, Path], size: int, count: int, root: Path) -> dict:
-    """Gateways a and b, a receiver stage at b and a sender stage at a, each its own process."""
-    procs = []
-    try:
+def _stream(paths: dict[str, Path], size: int, count: int, root: Path, wan: WanLink | None = None) -> dict:
+    """Gateways a and b (started as `nebula site up` starts them), a receiver stage at b and a sender
+    stage at a, each its own process under one supervisor; with `wan`, each in its site's namespace."""
+    # why here: torch (a site's stages), kept off `nebula --help`
+    from nebula.site.local import local_services
+
+    prefix = {site: tuple(wan.exec_prefix(site)) if wan else () for site in SITES}
+    module = (sys.executable, "-m", "nebula_lab.bench.transport")
+    with Supervisor() as supervisor:
         for site in SITES:
-            gateway = [sys.executable, "-m", "nebula.cli", "gateway", "run", "--site-config", str(paths[site])]
-            procs.append(_spawn(prefix[site] + gateway, root / f"gateway-{site}.log", wait_for="up:"))
-        receiver = _spawn(prefix["b"] + [sys.executable, "-m", "nebula_lab.bench.transport", "recv", str(paths["b"]),
-                                         "b/bench/0", str(count)], root / "recv.log", wait_for="ready")
-        procs.append(receiver)
-        sender = subprocess.run(prefix["a"] + [sys.executable, "-m", "nebula_lab.bench.transport", "send",
-                                               str(paths["a"]), "a/bench/0", "b/bench/0", str(size), str(count)],
-                                capture_output=True, text=True, timeout=600)
-        if sender.returncode != 0:
-            raise RuntimeError(f"bench sender failed:\n{sender.stderr[-2000:]}")
-        receiver.wait(60)
-        sent = json.loads(sender.stdout.strip().splitlines()[-1])
-        start = sent["start"]
-        arrived = json.loads((root / "recv.log").read_text().strip().splitlines()[-1])["arrived"]
-        end = arrived[-1]
-        steady = kept_rate(size, arrived)
-        return {"mb_per_s": size * count / (end - start) / 1e6, "seconds": end - start,
-                "steady_mb_per_s": steady and steady / 1e6, "resent": sent["resent"],
-                "arrivals_s": [round(t - start, 3) for t in arrived]}
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+            supervisor.ready(supervisor.start(*local_services(site, paths[site], wan, restart=False)).name)
+        receiver = supervisor.start(ServiceSpec(name="recv", run=root, ready="ready", argv=(
+            *prefix["b"], *module, "recv", str(paths["b"]), "b/bench/0", str(count))))
+        supervisor.ready("recv")
+        sender = supervisor.start(ServiceSpec(name="send", run=root, argv=(
+            *prefix["a"], *module, "send", str(paths["a"]), "a/bench/0", "b/bench/0", str(size), str(count))))
+        supervisor.run(sender.finished, timeout=600, what="the bench sender")
+        supervisor.run(receiver.finished, timeout=60, what="the bench receiver")
+    sent = json.loads(sender.log.read_text().strip().splitlines()[-1])
+    start = sent["start"]
+    arrived = json.loads(receiver.log.read_text().strip().splitlines()[-1])["arrived"]
+    end = arrived[-1]
+    steady = kept_rate(size, arrived)
+    return {"mb_per_s": size * count / (end - start) / 1e6, "seconds": end - start,
+            "steady_mb_per_s": steady and steady / 1e6, "resent": sent["resent"],
+            "arrivals_s": [round(t - start, 3) for t in arrived]}
 
 
 def kept_rate(size: int, arrived: list[float]) -> float | None:
@@ -192,40 +184,23 @@ def kept_rate(size: int, arrived: list[float]) -> float | None:
     return size / statistics.linear_regression(range(len(arrived) - 1), arrived[1:]).slope
 
 
-def _spawn(argv: list[str], log: Path, wait_for: str, timeout: float = 60.0,
-           env: dict[str, str] | None = None) -> subprocess.Popen:
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[2],
-                                env=env)
-    deadline = time.monotonic() + timeout
-    while wait_for not in log.read_text(errors="replace"):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            proc.wait()
-            raise RuntimeError(f"{argv[-3:]} did not start:\n{log.read_text(errors='replace')[-2000:]}")
-        time.sleep(0.05)
-    return proc
-
-
 # --- over the emulated WAN -----------------------------------------------------------------------
 def _wan(tmp: Path, size: int, count: int, notes: list[str], rtt_ms: float = 0.0) -> dict | None:
     if os.geteuid() != 0:
         notes.append("wan skipped: network namespaces need root")
         return None
     # why here: pynacl, kept off `nebula --help`
-    from nebula.transport.testbed import make_sites
+    from nebula.site.builder import local_sites
 
     root = Path(tempfile.mkdtemp(dir=tmp))
     try:
         with WanLink(name_prefix=f"nbt{os.getpid()}", rate_mbit=WAN_MBIT, sites=SITES, rtt_ms=rtt_ms) as link:
             rtt_measured = statistics.median(measure_rtt(link, "a", "b"))
             tcp_mbit = measure_goodput(link, 64 * MB, src="a", dst="b")
-            # Each gateway listens on its end of the a-b link, where the other site's gateway connects.
-            endpoints = {site: ("tcp://127.0.0.1:5601", f"tcp://{link.address(site, peer)}:5600")
-                         for site, peer in (SITES, SITES[::-1])}
-            paths = make_sites(root, endpoints, [f"{site}/bench/0" for site in SITES],
-                               extra_gateway="stats_interval = 0")
-            result = _stream({site: link.exec_prefix(site) for site in SITES}, paths, size, count, root)
+            # Each gateway listens in its namespace, where the other site's gateway reaches it over the link.
+            paths = local_sites(root, SITES, [f"{site}/bench/0" for site in SITES], wan=link,
+                                gateway={"stats_interval": 0}, days=1)
+            result = _stream(paths, size, count, root, link)
     except WanError as exc:
         notes.append(f"wan skipped: {exc}")
         return None

@@ -5,8 +5,8 @@ Every site of the scenario's job runs as real services inside its own network na
 run per link rate measures every setting: the benchmarked link's [links.compression] holds one
 *phase* per setting (nebula.codecs.policy_table), so the model load is paid once per rate, not once per
 setting. The first step of each phase is not timed (codec warm-up, and the pipeline still draining
-the previous phase), nor is the run's last step (final checkpoint). The scenario (a workload's entry
-in `nebula.scenarios`, nebula_lab.bench.scenarios) adapts the job: fixed-shape data, no evaluation.
+the previous phase), nor is the run's last step (final checkpoint). The scenario (named by a workload's
+spec, nebula_lab.bench.scenarios) adapts the job: fixed-shape data, no evaluation.
 
 Rates: the paper's 60 Mbit/s, then a communication-bound rate computed from the 60 Mbit/s run's
 uncompressed phase so that uncompressed wire time per step ~= 5x compute time per step (the paper's
@@ -32,17 +32,16 @@ import statistics
 import sys
 import tempfile
 import time
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Callable
 
-import tomli_w
 import tomllib
 
+from nebula import workload
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.records import read_records
 from nebula_lab.bench.cpu import CpuSampler, per_step, read_samples
-from nebula_lab.bench.scenarios import ENTRY_POINT_GROUP, LabTools, load_scenario, scenario_names
+from nebula_lab.bench.scenarios import LabTools, chosen_name, is_own, load_scenario, scenario_names
 from nebula_lab.wanem import WanLink
 
 PAPER_MBIT = 60.0
@@ -62,11 +61,11 @@ QUICK_SETTINGS = [("none", "none"), ("fp16", "int8"), ("int8(lowrank(0.2))", "in
 
 def register(sub) -> None:
     parser = sub.add_parser("wan", help="Table 5: training speed per compression setting over the emulated WAN "
-                                        "(root), or quality per setting with --quality; a scenario may run its "
-                                        "own tables (electra: Tables 3 and 4, throughput)")
+                                        "(root), or quality per setting with --quality; a scenario may run "
+                                        "tables of its own instead")
     parser.add_argument("--scenario", default=None,
-                        help="which workload's scenario (entry points `nebula.scenarios`; default: the only one "
-                             "installed)")
+                        help=f"which workload's scenario ({', '.join(scenario_names()) or 'none installed'}; "
+                             "default: the only one installed)")
     parser.add_argument("--job", type=Path, default=None,
                         help="use this job file instead of the scenario's (e.g. all the training data, "
                              "another objective)")
@@ -126,22 +125,27 @@ def register(sub) -> None:
 
 
 def add_scenario_arguments(parser: argparse.ArgumentParser) -> None:
-    """A scenario that runs its own benchmark (`bench(args)`) may add options (`add_arguments(group)`),
-    shown in a group of their own; the compression options above then need not apply to it."""
+    """A scenario that runs its own benchmark (`bench(args, lab)`) adds options (`add_arguments(group)`),
+    shown in a group of their own; the compression options above then need not apply to it. One that
+    cannot be loaded is left out here, with a warning, and refused with its reason if chosen."""
     owned = {}
-    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name):
-        scenario = ep.load()  # a scenario module imports no torch at import time (nebula.cli)
-        if hasattr(scenario, "add_arguments"):
-            group = parser.add_argument_group(f"only with --scenario {ep.name}")
+    for name in scenario_names():
+        try:
+            scenario = load_scenario(name)  # a scenario module imports no torch at import time (nebula.cli)
+        except ConfigError as exc:
+            workload.warn(str(exc))
+            continue
+        if is_own(scenario):
+            group = parser.add_argument_group(f"only with --scenario {name}")
             scenario.add_arguments(group)
-            owned[ep.name] = [action.option_strings[0] for action in group._group_actions]
+            owned[name] = [action.option_strings[0] for action in group._group_actions]
     parser.set_defaults(scenario_options=owned)
 
 
 def run(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
     check_scenario_options(args)
-    if hasattr(scenario, "bench"):  # a workload with its own tables (e.g. electra: Tables 3 and 4)
+    if is_own(scenario):  # a workload with tables of its own
         return scenario.bench(args, LabTools(BOUND_FACTOR, _workdir, run_job, WanLink))
     if args.quality:  # why here (and below): these modules import this one, and torch and matplotlib
         from nebula_lab.bench.wan_quality import run_quality
@@ -176,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
 
 def check_scenario_options(args: argparse.Namespace) -> None:
     """Another scenario's options are refused, not ignored (they default to None)."""
-    chosen = args.scenario or scenario_names()[0]  # run() has loaded it: given, or the only one installed
+    chosen = chosen_name(args.scenario)  # given, or the only one installed
     for name, flags in getattr(args, "scenario_options", {}).items():
         given = [f for f in flags if name != chosen and getattr(args, f[2:].replace("-", "_")) is not None]
         if given:
@@ -287,13 +291,12 @@ def override_train(raw: dict, args: argparse.Namespace) -> None:
         raw.setdefault("schedule", {})["name"] = schedule
 
 
-def write_toml(table: dict, path: Path) -> None:
-    path.write_text(tomli_w.dumps(table))
-
-
 def holds_toml(path: Path, table: dict) -> bool:
-    """Whether `path` is `table` as write_toml wrote it (a kept run's job: the very one asked for)."""
-    return path.exists() and path.read_text() == tomli_w.dumps(table)
+    """Whether `path` is `table` as write_job_file wrote it (a kept run's job: the very one asked for)."""
+    # why here: torch, kept off `nebula --help`
+    from nebula.runtime.job_file import job_text
+
+    return path.exists() and path.read_text() == job_text(table)
 
 
 def sites_job(job: dict) -> dict:
@@ -430,12 +433,13 @@ def run_job(run: Path, job: dict, label: str, wan: WanLink | None = None, channe
     """Starts every site's gateway and stages, waits until every stage has finished, stops all.
     `watch(steps)` is called as the steps every stage has finished grow (e.g. to change the link)."""
     # why here: torch, kept off `nebula --help`
-    from nebula.launch import start_sites
+    from nebula.runtime.job_file import write_job_file
+    from nebula.site.local import start_sites
 
     shutil.rmtree(run, ignore_errors=True)  # a kept --workdir from an earlier run: start clean
     run.mkdir(parents=True)
     job_file = run / "job.toml"
-    write_toml(sites_job(job), job_file)
+    write_job_file(job_file, sites_job(job))
     stages = list(job["stages"])
     timeout_s = timeout_s or 300 + 60 * job["train"]["steps"]
     delay_lines = delay_line_pids(wan)  # started with the link, before the sites

@@ -109,10 +109,10 @@ def chosen(run, job: dict, phases: list[int]) -> dict[str, list[str]]:
 
 
 def per_compute(row: dict) -> float:
-    """A phase's s/step over its own compute per step (the two sites' mean): the phases of one run follow
+    """A phase's s/step over its own compute per step (the sites' mean): the phases of one run follow
     each other, and on 2 shared cores their compute drifts by up to 16% (measured), more than the wire
     a rung saves where the link is fast; this ratio leaves the wire's share alone."""
-    return row["s_per_step"] / ((row["compute_a_s"] + row["compute_b_s"]) / 2)
+    return row["s_per_step"] / statistics.fmean(v for k, v in row.items() if k.startswith("compute_"))
 
 
 def held_out(rounds: list[dict[str, dict]], value: Callable[[dict], float]) -> tuple[list[str], float]:

@@ -27,14 +27,14 @@ import itertools
 import json
 import shutil
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import tomllib
 
 from nebula.errors import ConfigError, StageError
 from nebula.observe.plots import plot_curves
+from nebula.site.service import ServiceSpec, nebula_argv
+from nebula.site.supervisor import run_command
 from nebula_lab.bench.scenarios import load_scenario
 from nebula_lab.bench.seeds import compare
 from nebula_lab.bench.wan import (
@@ -49,7 +49,6 @@ from nebula_lab.bench.wan import (
     run_job,
     set_compression,
     sites_job,
-    write_toml,
 )
 
 QUICK_STEPS = 20
@@ -129,6 +128,9 @@ def score_uncompressed(run: Path, job: dict, scenario) -> dict:
     outputs are (`run`): the final checkpoints resume on one site (`nebula stage one-site`, in-process
     channels), where the finished job only evaluates. A run with no codec on any link is its own; a
     finished re-score of the same job is kept."""
+    # why here: torch, kept off `nebula --help`
+    from nebula.runtime.job_file import write_job_file
+
     plain = copy.deepcopy(sites_job(job))
     for entry in plain.get("links", []):
         entry.pop("compression", None)  # a link without the table sends everything uncompressed
@@ -145,12 +147,12 @@ def score_uncompressed(run: Path, job: dict, scenario) -> dict:
                     raise StageError(f"{run} has no checkpoint {stage}/checkpoints/{name} to score uncompressed: "
                                      "delete the run to train it again")
                 shutil.copy(run / stage / "checkpoints" / name, where / stage / "checkpoints" / name)
-        write_toml(plain, where / "job.toml")
+        write_job_file(where / "job.toml", plain)
         progress(f"quality: scoring {run.parent.name}/{run.name} uncompressed (its step-{steps} weights, on one site)")
-        done = subprocess.run([sys.executable, "-m", "nebula.cli", "stage", "one-site", "--job",
-                               str(where / "job.toml"), "--workdir", str(where)], stdout=sys.stderr)  # stdout: --json's
-        if done.returncode != 0:
-            raise StageError(f"scoring {run} uncompressed failed (exit {done.returncode}, its output above); "
+        code = run_command(ServiceSpec(name="one-site", run=where, argv=nebula_argv(
+            "stage", "one-site", "--job", str(where / "job.toml"), "--workdir", str(where))))
+        if code != 0:
+            raise StageError(f"scoring {run} uncompressed failed (exit {code}, {where / 'logs' / 'one-site.log'}); "
                              f"the trained run is kept: fix the cause and run the same command again")
         scored.touch()
     return {"run": str(where), **scenario.quality(where, job)}
@@ -220,7 +222,8 @@ def print_quality(rows: list[dict], plot_path: Path, key: str) -> None:
 
 def summarise_seeds(work: Path, rows: list[dict], seeds: list[int], settings: list, scenario) -> list[dict]:
     """Per setting after the first, per split and per evaluation (through the codecs; with
-    --eval-uncompressed also uncompressed): the difference from the first setting, over seeds."""
+    --eval-uncompressed also uncompressed): the difference from the first setting in the scenario's
+    metric, over seeds."""
     def scored(row: dict, evaluation: str) -> dict:  # the row's scores and "run", where its outputs are
         return row if evaluation == "codecs" else row[evaluation]
 
@@ -229,7 +232,8 @@ def summarise_seeds(work: Path, rows: list[dict], seeds: list[int], settings: li
         return [scenario.sentence_stats(Path(r["run"]), read_job(Path(r["run"])), split) for r in runs]
 
     out = []
-    splits = [key.removeprefix("bleu_") for key in rows[0] if key.startswith("bleu_")]
+    metric = f"{scenario.quality_key}_"  # one score per split: `bleu_test` for the metric `bleu`
+    splits = [key.removeprefix(metric) for key in rows[0] if key.startswith(metric)]
     evaluations = ["codecs"] + [UNCOMPRESSED] * (UNCOMPRESSED in rows[0])
     for i, (forward, backward, staleness) in enumerate(settings[1:], start=1):
         for split, evaluation in itertools.product(splits, evaluations):
@@ -237,7 +241,7 @@ def summarise_seeds(work: Path, rows: list[dict], seeds: list[int], settings: li
             c = compare(reference, stats(i, split, evaluation), scenario.score_stats)
             out.append({"summary": True, "forward": forward, "backward": backward, "staleness": staleness,
                         "split": split, "eval": evaluation, "seeds": seeds, "sentences": len(reference[0]),
-                        "reference": [scored(r, evaluation)[f"bleu_{split}"] for r in rows[0::len(settings)]],
+                        "reference": [scored(r, evaluation)[metric + split] for r in rows[0::len(settings)]],
                         "per_seed": [round(d, 2) for d in c.per_seed], "mean_diff": round(c.mean, 2),
                         "interval": [round(v, 2) for v in c.interval],
                         "t_interval": c.t_interval and [round(v, 2) for v in c.t_interval]})

@@ -17,7 +17,7 @@ from torch import nn
 from services.abnet.autoregressive import DecodeState
 from services.abnet.model import LengthPredictor
 from services.abnet.objective import Objective, check_objective
-from services.abnet.plm import SpecialIds
+from services.models.plm import SpecialIds
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from services.abnet.plm import SpecialIds
+from services.models.plm import SpecialIds
 
 
 class CmlmDecoder(Protocol):

@@ -11,7 +11,7 @@ import torch
 from tokenizers import Tokenizer
 
 from services.abnet.cmlm import CmlmDecoder, lengths_from_classes
-from services.abnet.vocab import VocabMap
+from services.models.vocab import VocabMap
 
 
 def _canvas(lengths: torch.Tensor, dec: CmlmDecoder) -> tuple[torch.Tensor, torch.Tensor,

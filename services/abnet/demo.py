@@ -12,10 +12,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from nebula.commands.demo import Demo, check_apart, check_run_dir, fresh_run_dir, job_copy, write_job
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.records import read_records
 from nebula.shipped import DEPLOY
-from services.demo import Demo, check_apart, check_run_dir, fresh_run_dir, job_copy, write_job
 
 DEFAULT_JOB = DEPLOY / "jobs" / "abnet-es-en.toml"  # shipped (nebula.shipped), in a checkout and installed
 LONG_JOB = DEPLOY / "jobs" / "abnet-es-en-full.toml"  # the setting behind README's BLEU table
@@ -52,18 +52,9 @@ def demo(args) -> int:
     return 0
 
 
-# `nebula demo [abnet]` (services/demo.py; the entry-point group nebula.demos)
-DEMO = Demo(summary="train ABNet-Cloud es->en across two local sites, print BLEU", run=demo,
-            add_arguments=_arguments)
-
-
-def ensure_data(job_data: Path, pair: str) -> None:
-    if (job_data / "train.src").exists():
-        return
-    # why here: the corpus tooling (~20 ms), kept off `nebula --help`
-    from services.corpus.prepare import PrepareConfig, prepare
-    print(f"nebula demo: preparing the {pair} corpus from Debian translation packages (once) ...", flush=True)
-    prepare(PrepareConfig(pairs=(pair,), out=job_data.parent))
+# `nebula demo [abnet]` (nebula/commands/demo.py; named by the workload's spec, services/abnet/workload.py)
+DEMO = Demo(summary="train ABNet-Cloud es->en across two local sites, print BLEU", run=demo, job=DEFAULT_JOB,
+            add_arguments=_arguments, default=True)
 
 
 def watch(group, run: Path, total: int, driver: str, sink: str) -> float:
@@ -113,16 +104,17 @@ def check(job_file: Path, run: Path, steps: int | None, hot: Path | None) -> tup
 
 
 def run_demo(job_file: Path, run: Path, steps: int | None, hot: Path | None = None) -> dict:
-    # why here: torch, matplotlib, kept off `nebula --help`
-    from nebula.launch import hot_start, interrupted_by_sigterm, start_sites
+    # why here: torch, matplotlib and the corpus tooling, kept off `nebula --help`
     from nebula.observe.plots import metric_curve, plot_curves
+    from nebula.site.local import hot_start, interrupted_by_sigterm, start_sites
+    from services.corpus.prepare import ensure_prepared
 
     begun = time.monotonic()  # the whole demo, corpus preparation included
     raw, job = check(job_file, run, steps, hot)
     fresh_run_dir(run)
     driver, sink = job.graph.coordinator, job.graph.sinks[0]
     job_file = write_job(raw, run / "job.toml", job_file)
-    ensure_data(Path(job.data), Path(job.data).name)
+    ensure_prepared(Path(job.data), log=lambda line: print(f"nebula demo: {line}", flush=True))
     if hot:
         hot_start(run, hot, list(job.stages))
     started = time.monotonic()

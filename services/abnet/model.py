@@ -18,8 +18,8 @@ from services.abnet.adapters import DecoderAdapter, EncoderAdapter
 from services.abnet.autoregressive import DecodeState, causal_mask
 from services.abnet.cmlm import DecoderLoss
 from services.abnet.objective import Objective, check_objective
-from services.abnet.plm import BertModel, Pretrained, SpecialIds
-from services.abnet.vocab import VocabMap, cut_embeddings
+from services.models.plm import BertModel, Pretrained, SpecialIds
+from services.models.vocab import VocabMap, cut_embeddings
 
 
 @dataclass(frozen=True, kw_only=True)

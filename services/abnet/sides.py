@@ -10,9 +10,9 @@ import torch
 
 from nebula.errors import DataError
 from nebula.runtime.order import id_hash
-from services.abnet.plm import Pretrained, pad_rows
-from services.abnet.vocab import build_vocab_map, count_ids
 from services.corpus.corpus import ParallelSide
+from services.models.plm import Pretrained, pad_rows
+from services.models.vocab import build_vocab_map, count_ids
 
 SPLITS = ("train", "valid", "test")
 

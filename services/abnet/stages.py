@@ -16,14 +16,13 @@ from sacrebleu.metrics import BLEU
 
 from nebula.config import limits
 from nebula.errors import ConfigError, DataError, StageError
-from nebula.runtime.registry import register_stage
 from nebula.runtime.stage import FLOAT, Batch, Output, Port, Stage
 from services.abnet.baseline import BaselineConfig, BaselineDecoder, BaselineEncoder
 from services.abnet.decoding import detokenize
-from services.abnet.minilm import load_minilm
 from services.abnet.model import AbnetConfig, build_source_encoder, build_target_decoder
 from services.abnet.sides import TokenizedSide, adam_with_warmup
-from services.abnet.xlmr_e5 import load_e5_small
+from services.models.minilm import load_minilm
+from services.models.xlmr_e5 import load_e5_small
 
 INPUT_SPLIT = "input"
 BOOTSTRAP = 1000  # resamples for BLEU's interval  # sentences given to `nebula translate`: translated, not scored
@@ -102,7 +101,6 @@ def spread(total: int, n: int) -> list[int]:
     return [i * total // n for i in range(n)]
 
 
-@register_stage("abnet-encoder")
 class AbnetEncoder(Stage):
     """Site a: frozen multilingual-e5-small + adapters; sends H_E, receives dL/dH_E."""
 
@@ -167,7 +165,6 @@ def single(scores: dict) -> dict:
     return next(iter(scores.values()))
 
 
-@register_stage("abnet-decoder")
 class AbnetDecoder(Stage):
     """Site b: frozen all-MiniLM-L6-v2 + cross-attention adapters, length predictor, output head."""
 

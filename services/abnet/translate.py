@@ -74,8 +74,8 @@ def typed_lines() -> Iterator[list[str]]:
 def serve(args, batches: Iterator[list[str]]) -> int:
     """Start site b's services, run the encoder here, translate each batch as one evaluation pass."""
     # why here: torch, kept off `nebula --help`
-    from nebula.launch import interrupted_by_sigterm
     from nebula.runtime.job import load_job
+    from nebula.site.local import interrupted_by_sigterm
 
     job_file = args.job or (args.run_dir / "job.toml" if (args.run_dir / "job.toml").exists() else DEFAULT_JOB)
     job = load_job(job_file)
@@ -88,10 +88,10 @@ def serve(args, batches: Iterator[list[str]]) -> int:
 
 def _serve(args, job, job_file: Path, driver: str, batches: Iterator[list[str]]) -> int:
     # why here: torch, pynacl, kept off `nebula --help`
-    from nebula.launch import start_sites
     from nebula.runtime.service import build_stage, make_runner
     from nebula.site.channel import open_channel
     from nebula.site.config import load_site_config
+    from nebula.site.local import start_sites
     from services.abnet.stages import INPUT_SPLIT, single
 
     group = start_sites(args.run_dir, job_file, skip=(driver,), keys=False)

@@ -1,22 +1,16 @@
 """`nebula data prepare`: build es-en / zh-en parallel corpora from Debian translation packages.
 
-`nebula data register|grant|revoke|list` (the site's data sets and grants) come from the framework
-(nebula/commands/datasets.py) and share the command's name."""
+An action of the framework's `nebula data` (nebula/commands/data.py, beside register|grant|revoke|list),
+added by the corpus tooling's spec (services/corpus/workload.py)."""
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from nebula.commands.datasets import add_actions
 
-
-def register(sub) -> None:
-    parser = sub.add_parser("data", help="prepare parallel corpora (docs/data.md); register data sets and grant "
-                            "read access to them (docs/security.md)")
-    data_sub = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
-    add_actions(data_sub)
+def register(data_sub) -> None:
     prep = data_sub.add_parser(
-        "prepare", help="download Debian translation packages and write train/valid/test parallel text"
+        "prepare", help="download Debian translation packages and write train/valid/test parallel text (docs/data.md)"
     )
     prep.add_argument("--pairs", default="es-en,zh-en", help="comma-separated language pairs (default: %(default)s)")
     prep.add_argument("--out", type=Path, default=Path("data"), help="output directory (default: %(default)s)")

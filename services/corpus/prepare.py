@@ -60,6 +60,15 @@ def prepare(cfg: PrepareConfig, log: Log = print) -> dict[str, dict]:
     return manifests
 
 
+def ensure_prepared(pair_dir: Path, log: Log = print) -> None:
+    """Prepare the pair `pair_dir` is named after (e.g. data/es-en) into its parent, unless it holds a
+    training split already: what a demo does before its first run."""
+    if (pair_dir / "train.src").exists():
+        return
+    log(f"preparing the {pair_dir.name} corpus from Debian translation packages (once) ...")
+    prepare(PrepareConfig(pairs=(pair_dir.name,), out=pair_dir.parent), log)
+
+
 def read_help(deb: Path, lang_dir: str) -> dict[str, dict[str, str]]:
     return lohelp.read_help(deb_files(deb, lambda path: lohelp.is_help_page(path, lang_dir)), lang_dir)
 

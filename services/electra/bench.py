@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import tomli_w
 import tomllib
 
 from nebula.errors import ConfigError, StageError
@@ -217,8 +216,8 @@ def resolve_auto(raw: dict, work: Path) -> tuple[dict, dict]:
     resolved job and the calibration evidence."""
     # why here: torch, kept off `nebula --help`
     from nebula.runtime.autoranks import resolve
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "job.toml").write_text(tomli_w.dumps(raw))
+    from nebula.runtime.job_file import write_job_file
+    write_job_file(work / "job.toml", raw)
     resolved, evidence = resolve(work / "job.toml", work / "job.resolved.toml", quiet=True)
     return tomllib.loads(resolved.read_text()), next(iter(evidence.values()))
 

@@ -26,10 +26,10 @@ from typing import Iterable
 import torch
 
 from nebula.errors import DataError
-from services.abnet.plm import SpecialIds, pad_rows
-from services.abnet.vocab import VocabMap
-from services.abnet.xlmr_e5 import load_xlmr_tokenizer
 from services.corpus.corpus import ParallelSide
+from services.models.plm import SpecialIds, pad_rows
+from services.models.vocab import VocabMap
+from services.models.xlmr_e5 import load_xlmr_tokenizer
 
 SPLITS = ("train", "valid", "test")
 TASKS = ("mrtd", "trtd")

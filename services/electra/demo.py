@@ -3,7 +3,7 @@
 The paper pre-trains inside one cluster first and moves to the cross-cluster setting from those
 checkpoints (Figure 8: the loss goes on as before). The demo does the same on this machine:
 1. the one-site phase: `nebula stage one-site --until N1`, every stage in one process;
-2. the two-site phase: the checkpoints of step N1 copied into a cross-site run (`nebula.launch.
+2. the two-site phase: the checkpoints of step N1 copied into a cross-site run (`nebula.site.local.
    hot_start`), a gateway per site, every socket CURVE, the stages as local processes, to step N;
 3. the loss curves of both stages across the switch and a verdict on a jump there (`switch_verdict`);
 4. the discriminator before (untrained, step 0) and after, with services.electra.evaluate;
@@ -21,12 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
+from nebula.commands.demo import Demo, fresh_run_dir, job_copy, write_job
 from nebula.errors import ConfigError, DataError, StageError
 from nebula.runtime.records import read_records
 from nebula.shipped import DEPLOY
 from nebula.shipped import job_file as shipped_job
-from services.abnet.demo import ensure_data
-from services.demo import Demo, fresh_run_dir, job_copy, write_job
 
 if TYPE_CHECKING:  # why: the job loader imports torch, which `nebula --help` (it lists the demos) must not pay
     from nebula.runtime.job import JobConfig
@@ -78,14 +77,14 @@ def demo(args) -> int:
     return 0
 
 
-# `nebula demo electra` (services/demo.py; the entry-point group nebula.demos)
+# `nebula demo electra` (nebula/commands/demo.py; named by the workload's spec, services/electra/workload.py)
 DEMO = Demo(summary="ELECTRA-Cloud on one site, then hot-started across two local sites; loss across the "
-                    "switch and the discriminator before/after", run=demo, add_arguments=_arguments)
+                    "switch and the discriminator before/after", run=demo, job=DEFAULT_JOB, add_arguments=_arguments)
 
 
-# -- the job files (the run directory: services.demo.fresh_run_dir) ------------------------------------------
+# -- the job files (the run directory: nebula.commands.demo.fresh_run_dir) ------------------------------------------
 def adapted(source: Path, steps: int | None, settings: dict | None) -> dict:
-    """`source` as the run directory's copy will hold it: [job].data made absolute (services.demo.job_copy),
+    """`source` as the run directory's copy will hold it: [job].data made absolute (nebula.commands.demo.job_copy),
     `settings` merged in (the shipped job files only), [train].steps replaced by `steps` if given."""
     raw = job_copy(source)
     if settings:
@@ -159,7 +158,7 @@ def supervise(group: Any, services: list[str], progress: Progress, workdir: Path
     """Poll (restarts, errors with the log tail) and draw progress until every one of `services` exited 0;
     a SIGTERM stops them as Ctrl-C does."""
     # why here: torch, kept off `nebula --help`
-    from nebula.launch import interrupted_by_sigterm
+    from nebula.site.local import interrupted_by_sigterm
     with interrupted_by_sigterm():
         try:
             while not all(group.services[name].finished() for name in services):
@@ -174,12 +173,13 @@ def supervise(group: Any, services: list[str], progress: Progress, workdir: Path
 def one_site_phase(run: Path, job_file: Path, until: int, progress: Progress) -> float:
     """`nebula stage one-site --until N1` as its own process (one thread per torch op: 2 stages, 2 cores)."""
     # why here: torch, kept off `nebula --help`
-    from nebula.launch import Service, Supervisor, nebula_argv
+    from nebula.site.service import ServiceSpec, nebula_argv
+    from nebula.site.supervisor import Supervisor
     started = time.monotonic()
     group = Supervisor()
     argv = nebula_argv("stage", "one-site", "--job", str(job_file), "--workdir", str(run / "one-site"),
                        "--until", str(until))
-    group.start(Service("one-site", argv, run / "logs" / "one-site.log"))
+    group.start(ServiceSpec(name="one-site", argv=argv, run=run))
     supervise(group, ["one-site"], progress, run / "one-site", "one site")
     return time.monotonic() - started
 
@@ -187,7 +187,7 @@ def one_site_phase(run: Path, job_file: Path, until: int, progress: Progress) ->
 def two_site_phase(run: Path, job: JobConfig, job_file: Path, progress: Progress) -> float:
     """The one-site checkpoints hot-start the cross-site job: gateways, CURVE, a process per stage."""
     # why here: torch, kept off `nebula --help`
-    from nebula.launch import hot_start, start_sites
+    from nebula.site.local import hot_start, start_sites
     started = time.monotonic()
     hot_start(run / "two-site", run / "one-site", list(job.stages))
     group = start_sites(run / "two-site", job_file)
@@ -408,8 +408,9 @@ def prepare(run: Path, job_arg: Path | None, one_site_arg: Path | None, steps: i
             one_site_steps: int | None) -> tuple[Any, Path, Path, int]:
     """Checks first (before anything is written): both job files, N1, the run dir; then the copies of the
     job files in the run dir, and the data."""
-    # why here: torch, kept off `nebula --help`
+    # why here: torch and the corpus tooling, kept off `nebula --help`
     from nebula.runtime.job import load_job, parse_job
+    from services.corpus.prepare import ensure_prepared
     settings = settings_for(job_arg, one_site_arg)
     sources = job_arg or DEFAULT_JOB, shipped_job(one_site_arg) if one_site_arg else DEFAULT_ONE_SITE_JOB
     raw, one_raw = (adapted(source, steps, settings) for source in sources)
@@ -426,7 +427,7 @@ def prepare(run: Path, job_arg: Path | None, one_site_arg: Path | None, steps: i
     one_file = write_job(one_raw, run / "job-one-site.toml", sources[1])
     job = load_job(job_file)  # as the stages will read it
     for corpus in corpora_of(job):
-        ensure_data(Path(job.data) / corpus, corpus)
+        ensure_prepared(Path(job.data) / corpus, log=lambda line: print(f"nebula demo: {line}", flush=True))
     return job, job_file, one_file, until
 
 

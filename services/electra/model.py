@@ -3,7 +3,7 @@ embeddings (not shared, so only token ids cross the WAN).
 
 G is a small BERT with a masked-LM head; D a larger one with two heads: replaced-token detection
 (one logit per token, Eq. 8) and corrective LM (the original token at each masked position, Eq. 10).
-Both are the post-LN BERT of services.abnet.plm, so D can also start from multilingual-e5-small.
+Both are the post-LN BERT of services.models.plm, so D can also start from multilingual-e5-small.
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from nebula.config import limits
-from services.abnet.plm import BertConfig, BertModel
-from services.abnet.vocab import VocabMap, cut_embeddings
-from services.abnet.xlmr_e5 import load_e5_small
+from services.models.plm import BertConfig, BertModel
+from services.models.vocab import VocabMap, cut_embeddings
+from services.models.xlmr_e5 import load_e5_small
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,12 +25,11 @@ import torch.nn.functional as F
 from nebula.config import limits
 from nebula.errors import ConfigError, DataError
 from nebula.runtime.job import JobConfig
-from nebula.runtime.registry import register_stage
 from nebula.runtime.stage import Batch, Output, Port, Stage
-from services.abnet.plm import BertModel, pad_rows
 from services.electra import data
 from services.electra.calibrate import measure
 from services.electra.model import Discriminator, Generator, Size, e5_discriminator
+from services.models.plm import BertModel, pad_rows
 
 NO_POSITION = -1  # pads a row of `positions` (and its `originals`) to K
 # Index-only: varint-friendly small ints (positions < max_len fit one byte), which `deflate` packs tightly;
@@ -93,7 +92,6 @@ class _Electra(Stage):
         self.scheduler = linear_warmup_decay(self.optimizer, self.options.warmup_steps, self.context.job.train.steps)
 
 
-@register_stage("electra-generator")
 class ElectraGenerator(_Electra):
     Options = GeneratorOptions
     outputs = TOKENS
@@ -181,7 +179,6 @@ class _Throttle(torch.autograd.Function):
         return grad, None, None
 
 
-@register_stage("electra-discriminator")
 class ElectraDiscriminator(_Electra):
     Options = DiscriminatorOptions
     inputs = TOKENS

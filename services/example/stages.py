@@ -12,7 +12,6 @@ import torch
 
 from nebula.config import limits
 from nebula.runtime.order import id_hash
-from nebula.runtime.registry import register_stage
 from nebula.runtime.stage import FLOAT, Batch, Output, Port, Stage
 
 SPLITS = {"train": 1.0, "test": 0.25}  # sizes relative to `examples`
@@ -58,7 +57,6 @@ class _Example(Stage):
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=self.options.lr)
 
 
-@register_stage("example-source")
 class Source(_Example):
     """Reads x; sends hidden = tanh(W x) (B, width); with local_loss also fits y from it."""
 
@@ -85,7 +83,6 @@ class Source(_Example):
         return Output(tensors={"hidden": hidden}, loss=loss)
 
 
-@register_stage("example-middle")
 class Middle(_Example):
     """hidden -> tanh(W hidden)."""
 
@@ -101,7 +98,6 @@ class Middle(_Example):
         return Output(tensors={"hidden": torch.tanh(self.module(inputs["hidden"]))})
 
 
-@register_stage("example-sink")
 class Sink(_Example):
     """Predicts y from hidden; the loss is the squared error; inference scores the mean squared error."""
 

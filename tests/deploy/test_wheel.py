@@ -3,6 +3,7 @@ run from a directory outside the repository, it finds its shipped job files (dep
 data, nebula.shipped) and reads a shipped job's data from ./data, where `nebula data prepare` writes.
 
 The whole demo from the wheel takes minutes, too long for the suite; README.md gives its measured time."""
+import re
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ def elsewhere(tmp_path) -> Path:
 
 
 def test_the_wheel_carries_the_shipped_files_and_imports_from_itself(installed, elsewhere):
-    code = ("import nebula, services; from nebula import shipped; from services.demo import job_copy; "
+    code = ("import nebula, services; from nebula import shipped; from nebula.commands.demo import job_copy; "
             "print(nebula.__file__, services.__file__, shipped.in_checkout(), shipped.docs_dir(), sep='\\n'); "
             "print(*shipped.shipped_jobs(), sep=' '); "
             "print(job_copy(shipped.shipped_jobs()['abnet-es-en'])['job']['data'])")
@@ -39,6 +40,20 @@ def test_the_wheel_carries_the_shipped_files_and_imports_from_itself(installed, 
     assert lines[5] == str(elsewhere / "data" / "es-en")  # not a directory inside site-packages
     for shipped in (REPO / "deploy" / "jobs").glob("*.toml"):
         assert (site_packages / "nebula" / "_deploy" / "jobs" / shipped.name).read_bytes() == shipped.read_bytes()
+
+
+def test_the_wheel_finds_its_workloads_and_stages_through_the_one_group(installed, elsewhere):
+    code = ("from nebula import workload; from nebula.runtime.registry import registered_stages, resolve_stage; "
+            "specs = workload.installed(); print(*sorted(specs.loaded), sep=' '); print(specs.broken); "
+            "print(*registered_stages(), sep=' '); print(resolve_stage('abnet-encoder').__module__)")
+    lines = ok(run([installed / "python", "-c", code], elsewhere)).stdout.splitlines()
+    assert lines[0].split() == ["abnet", "corpus", "electra", "example", "lab"] and lines[1] == "{}"
+    assert {"abnet-encoder", "abnet-decoder", "electra-generator", "electra-discriminator", "example-source",
+            "example-middle", "example-sink"} == set(lines[2].split())
+    assert lines[3] == "services.abnet.stages"
+    commands = ok(run([installed / "nebula", "--help"], elsewhere)).stdout
+    assert all(re.search(rf"^    {name}\b", commands, re.M) for name in ("demo", "data", "translate", "bench", "wan"))
+    assert "prepare" in ok(run([installed / "nebula", "data", "--help"], elsewhere)).stdout
 
 
 def test_version_and_help_from_the_wheel(installed, elsewhere):

@@ -10,9 +10,9 @@ import time
 import pytest
 
 from nebula.codecs.auto import LADDER
-from nebula.launch import start_sites
+from nebula.runtime.job_file import write_job_file
 from nebula.runtime.metrics import read_records
-from nebula_lab.bench.wan import write_toml
+from nebula.site.local import start_sites
 from nebula_lab.bench.wan_change import SLOWER_WITHIN
 from nebula_lab.wanem import WanLink
 from tests.support.wan import ROOT
@@ -26,14 +26,14 @@ def paced_job(path) -> None:
     """The example workload, width 4096 (a (4, 4096) float32 micro-batch: 64 kB), both stages paced to
     0.05 s a micro-batch, `auto` both ways."""
     stage = {"width": 4096, "examples": 256}
-    write_toml({"job": {"name": "auto-change"},
-                "train": {"steps": STEPS, "batch_size": 16, "micro_batches": 4, "checkpoint_every": STEPS,
-                          "log_every": 100, "seed": 1},
-                "schedule": {"name": "synchronous"},
-                "stages": {"src": {"address": "a/src/0", "impl": "tests.support.runtime:PacedSource", **stage},
-                           "sink": {"address": "b/sink/0", "impl": "tests.support.runtime:PacedSink", **stage}},
-                "links": [{"from": "src", "to": "sink", "tensors": ["hidden"], "backward": True,
-                           "compression": "auto"}]}, path)
+    write_job_file(path, {
+        "job": {"name": "auto-change"},
+        "train": {"steps": STEPS, "batch_size": 16, "micro_batches": 4, "checkpoint_every": STEPS, "log_every": 100,
+                  "seed": 1},
+        "schedule": {"name": "synchronous"},
+        "stages": {"src": {"address": "a/src/0", "impl": "tests.support.runtime:PacedSource", **stage},
+                   "sink": {"address": "b/sink/0", "impl": "tests.support.runtime:PacedSink", **stage}},
+        "links": [{"from": "src", "to": "sink", "tensors": ["hidden"], "backward": True, "compression": "auto"}]})
 
 
 def done(run) -> int:

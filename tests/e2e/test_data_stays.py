@@ -8,18 +8,20 @@ masks, example-id hashes and control messages go. The same holds for site b's ta
 back to a, but for a known leak (the last test)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
 import torch
 
-from nebula.launch import Service, Supervisor, make_keys, start_stage, write_site_configs
 from nebula.runtime.job import load_job
+from nebula.site.builder import local_sites
+from nebula.site.local import local_services
+from nebula.site.supervisor import Supervisor
 from nebula.wire import Kind, parse_envelope
 from tests.support.recording_gateway import EXTERNAL, PEER, read_record
 from tests.support.sites import E2E, JOB_TIMEOUT, write_job
@@ -49,26 +51,20 @@ def marked_copy(dest: Path) -> Path:
 
 
 def run_job(run: Path, job_file: Path, records: dict[str, Path]) -> None:
-    """The job's gateways (recording to records[site]) and stages as nebula.launch.start_sites starts
-    them; no restarts: any failure fails the test."""
+    """The job's sites as nebula.site.local.start_sites builds and starts them, but each gateway records
+    what it sends to records[site]; no restarts: any failure fails the test."""
     job = load_job(job_file)
-    make_keys(run / "keys", job.sites, {name: stage.address for name, stage in job.stages.items()},
-              run / "credentials")
-    sites = write_site_configs(run, job.sites)
-    group = Supervisor()
-    try:
-        for site, config in sites.items():
-            argv = [sys.executable, "-m", "tests.support.recording_gateway", str(records[site]), str(config)]
-            group.start(Service(f"gateway-{site}", argv, run / "logs" / f"gateway-{site}.log"))
-        stages = [start_stage(group, run, job_file, name, sites[stage.site], restart=False)
-                  for name, stage in job.stages.items()]
-        deadline = time.monotonic() + JOB_TIMEOUT
-        while not all(stage.finished() for stage in stages):
-            group.poll()  # raises StageError with the log's tail if a service fails
-            assert time.monotonic() < deadline, f"the job did not finish in {JOB_TIMEOUT:.0f} s"
-            time.sleep(0.2)
-    finally:
-        group.stop()
+    paths = local_sites(run, job.sites, [stage.address for stage in job.stages.values()], run=run, job=job_file)
+    with Supervisor() as group:
+        for site, path in paths.items():
+            for spec in local_services(site, path, restart=False):
+                if spec.name == f"gateway-{site}":
+                    spec = dataclasses.replace(spec, argv=(sys.executable, "-m", "tests.support.recording_gateway",
+                                                           str(records[site]), str(path)))
+                group.start(spec)
+        # poll() raises StageError with the log's tail if a service fails
+        group.run(lambda: all(group.services[name].finished() for name in job.stages), timeout=JOB_TIMEOUT,
+                  what="the job to finish")
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +99,7 @@ def token_needles(data: Path) -> dict[bytes, str]:
     """The marker's token ids as the encoder computes them: the tokenizer's and the model's cut
     vocabulary's (built from the same data), as every integer dtype they fit."""
     from services.abnet.sides import TokenizedSide
-    from services.abnet.xlmr_e5 import load_e5_small
+    from services.models.xlmr_e5 import load_e5_small
 
     pre = load_e5_small()
     side = TokenizedSide(str(data), "src", pre, max_len=24, limit=None)  # the tiny job's encoder options

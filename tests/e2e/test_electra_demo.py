@@ -7,6 +7,9 @@ import signal
 import subprocess
 import sys
 
+import tomllib
+
+from nebula.runtime.job_file import write_job_file
 from tests.support.sites import E2E, JOB_TIMEOUT, records
 
 STEPS, ONE_SITE = 40, 24  # k = 12 steps each side of the switch for the verdict
@@ -85,7 +88,7 @@ def test_electra_demo_hot_starts_across_sites_and_reports(tmp_path):
     jobs = {}
     for name, site in (("job.toml", "b"), ("one-site.toml", "a")):
         jobs[name] = tmp_path / name
-        jobs[name].write_text(JOB.format(data=data, disc_site=site))
+        write_job_file(jobs[name], tomllib.loads(JOB.format(data=data, disc_site=site)))
     run = tmp_path / "run"
 
     done = demo("--job", jobs["job.toml"], "--one-site-job", jobs["one-site.toml"], "--steps", STEPS,

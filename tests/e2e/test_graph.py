@@ -81,7 +81,7 @@ def test_torchrun_itself_launches_a_stages_ranks(tmp_path, start_job):
     import subprocess
     import sys
 
-    from nebula.launch import free_port
+    from nebula.site.ports import free_port
     job = job_file(tmp_path, "chain", {'impl = "example-sink"': 'impl = "example-sink"\nranks = 2'})
     sites = start_job(job, skip=("sink",))
     torchrun = Path(sys.executable).with_name("torchrun")

@@ -16,7 +16,7 @@ def world(tmp_path) -> World:
 @pytest.fixture
 def gateways(world, tmp_path, request):
     """Both gateways of `world` running; their log tails are printed if the test fails."""
-    procs = {name: GatewayProcess(site, tmp_path).start() for name, site in world.sites.items()}
+    procs = {name: GatewayProcess(site).start() for name, site in world.sites.items()}
     yield procs
     for proc in procs.values():
         proc.kill()

@@ -24,8 +24,11 @@ TRANSFER_RECORD = 400  # bytes of one transfer record with this test's names (at
 
 
 def records(root: Path, site: str) -> list[dict]:
+    """Site `site`'s audit log, as the flood's sites under `root` wrote it."""
     from nebula.security.audit_series import series_files
-    return [json.loads(line) for f in series_files(root / f"audit-{site}.jsonl") for line in f.read_text().splitlines()]
+    from nebula.site.config import load_site_config
+    audit = load_site_config(root / f"site-{site}.toml").audit
+    return [json.loads(line) for f in series_files(audit) for line in f.read_text().splitlines()]
 
 
 def stopped_stats(log: list[dict]) -> dict:
@@ -115,7 +118,7 @@ def test_a_reliable_channel_over_its_rate_limit_slows_down_and_loses_nothing(tmp
         return Message(kind=Kind.TENSORS, dst="b/sink/0", step=step,
                        tensors=[TensorPayload("x", "activation", "float32", (16,), "none", b"", [data])])
 
-    with Sites(tmp_path, extra_gateway="rate_limit = 40\nrate_burst = 10\n") as sites:
+    with Sites(tmp_path, gateway={"rate_limit": 40, "rate_burst": 10}) as sites:
         with open_channel(sites.config("a"), "a/flood/0", config=FAST) as a, \
                 open_channel(sites.config("b"), "b/sink/0", config=FAST) as b:
             for step in range(60):

@@ -97,7 +97,7 @@ def test_role_named_stage_is_refused_and_cannot_kill_another_sites_channel(world
 def test_a_peer_gateway_speaks_only_as_itself_and_only_as_a_gateway(world):
     """b's gateway (its real certificate on a bare socket, as an older or broken b would) at a's external port."""
     a, b = world.site("a"), world.site("b")
-    gateway_a = GatewayProcess(a, world.root).start()
+    gateway_a = GatewayProcess(a).start()
     fake_b = RawPeer(raw_identity(b.store.dir, "b/gateway/0"), gateway_key(a),
                      f"tcp://127.0.0.1:{a.ports['external']}", "b/gateway/0")
     try:
@@ -178,7 +178,7 @@ def stranger_world(tmp_path):
 def test_a_strangers_silence_does_not_kill_the_receiver(stranger_world, tmp_path):
     world = stranger_world
     a, b = world.site("a"), world.site("b")
-    gateways = [GatewayProcess(site, tmp_path).start() for site in (a, b)]
+    gateways = [GatewayProcess(site).start() for site in (a, b)]
     stranger = None
     try:
         with open_channel(b.config, "b/dec/0", config=QUICK_PEERS, peers={"a/enc/0"}) as dec, \

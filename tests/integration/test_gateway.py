@@ -34,7 +34,7 @@ def world(tmp_path_factory):
 @pytest.fixture(scope="module")
 def gateways(world):
     """Shared by this module's tests (each start costs seconds); tests that stop one make their own."""
-    procs = {name: GatewayProcess(site, world.root).start() for name, site in world.sites.items()}
+    procs = {name: GatewayProcess(site).start() for name, site in world.sites.items()}
     yield procs
     for proc in procs.values():
         proc.kill()
@@ -144,7 +144,7 @@ def test_a_refusal_reaches_the_channel_as_remote_error(world, gateways):
 
 def test_sigterm_shuts_down_cleanly(tmp_path):
     world = make_world(tmp_path)
-    gateway = GatewayProcess(world.site("a"), tmp_path).start()
+    gateway = GatewayProcess(world.site("a")).start()
     try:
         assert gateway.terminate() == 0
     finally:

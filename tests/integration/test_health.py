@@ -67,7 +67,7 @@ def send_through(site, n: int) -> None:
 def test_health_and_metrics_of_a_running_gateway_then_a_killed_one(site, tmp_path):
     before = health(str(site.config_path))
     assert before.returncode == 1 and "no service has written a status file" in before.stdout
-    gateway = GatewayProcess(site, tmp_path).start()
+    gateway = GatewayProcess(site).start()
     try:
         for args in ([str(site.status)], [str(site.config_path), "--service", "gateway"],
                      ["a/gateway/0", "--site-config", str(site.config_path)]):
@@ -93,7 +93,7 @@ def test_health_and_metrics_of_a_running_gateway_then_a_killed_one(site, tmp_pat
 
 
 def test_a_stopped_gateway_says_so_and_a_busy_metrics_port_is_named(site, tmp_path):
-    gateway = GatewayProcess(site, tmp_path).start()
+    gateway = GatewayProcess(site).start()
     assert gateway.terminate() == 0
     assert read_status(site.status)["state"] == "stopped"
     stopped = health(str(site.config_path), "--json")

@@ -13,15 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from nebula.launch import nebula_argv
+from nebula.runtime.job_file import write_job_file
 from nebula.security.accounts import Accounts
 from nebula.security.audit import verify
-from nebula.security.credentials import publish_site
 from nebula.security.grants import DataRegistry
 from nebula.security.keystore import SiteKeyStore
 from nebula.site.config import load_site_config
 from nebula.site.jobs import Site, record_file, stop
-from nebula.site.supervisor import Service, Supervisor, tail
+from nebula.site.process import alive, cmdline
+from nebula.site.service import tail
+from nebula.site.site import site_services
+from nebula.site.supervisor import Supervisor
 from tests.support.accounts import cli_runner, make_site, secret_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,14 +31,13 @@ SECRETS = {"alice": "alice's long secret", "bob": "bob's long secret"}
 
 
 def job_file(path: Path, steps: int, data: str | None = "dataset:corpus", prefix: str = "") -> Path:
-    lines = ['[job]', 'name = "iso"', *([f'data = "{data}"'] if data else []),
-             '[train]', f'steps = {steps}', 'batch_size = 8', 'micro_batches = 2', 'checkpoint_every = 1000',
-             'log_every = 1',
-             '[stages.src]', f'address = "a/{prefix}src/0"',
-             f'impl = "{"tests.support.jobs:DataSource" if data else "example-source"}"',
-             '[stages.sink]', f'address = "a/{prefix}sink/0"', 'impl = "example-sink"',
-             '[[links]]', 'from = "src"', 'to = "sink"', 'tensors = ["hidden"]', 'backward = true']
-    path.write_text("\n".join(lines) + "\n")
+    write_job_file(path, {
+        "job": {"name": "iso", **({"data": data} if data else {})},
+        "train": {"steps": steps, "batch_size": 8, "micro_batches": 2, "checkpoint_every": 1000, "log_every": 1},
+        "stages": {"src": {"address": f"a/{prefix}src/0",
+                           "impl": "tests.support.jobs:DataSource" if data else "example-source"},
+                   "sink": {"address": f"a/{prefix}sink/0", "impl": "example-sink"}},
+        "links": [{"from": "src", "to": "sink", "tensors": ["hidden"], "backward": True}]})
     return path
 
 
@@ -48,17 +49,14 @@ def site(tmp_path, monkeypatch, capsys):
         monkeypatch.delenv(name, raising=False)
     config = make_site(tmp_path)
     loaded = load_site_config(config)
-    SiteKeyStore(loaded.ca).issue("a/gateway/0", "gateway", 1)
-    publish_site(loaded.ca, loaded.credentials)
     for user, secret in SECRETS.items():
         Accounts(loaded.ca).add(user, secret)
         secret_file(tmp_path / f"{user}.secret", secret)
     (tmp_path / "data" / "corpus").mkdir()
     (tmp_path / "data" / "corpus" / "train.txt").write_text("hola mundo\n")
     DataRegistry(loaded.ca).register("corpus", tmp_path / "data" / "corpus", "alice", loaded.data)
-    gateway = Supervisor()
-    gateway.start(Service("gateway", nebula_argv("gateway", "run", "--site-config", str(config)),
-                          tmp_path / "gateway.log"))
+    gateway = Supervisor()  # as `nebula site up` starts it
+    gateway.start(*site_services(loaded, config, only="gateway"))
     run = cli_runner(monkeypatch, capsys, ["job"])
 
     def nebula(user: str, *args: str) -> tuple[int, str, str]:
@@ -140,7 +138,7 @@ def test_a_running_job_holds_its_addresses_and_only_its_owner_stops_it(site, tmp
     assert all(alive(pid) for pid in pids)  # bob's attempt changed nothing
     code, out, err = nebula("alice", "job", "stop", job_id, "--user", "alice")
     assert code == 0 and "stopped" in out, err
-    assert not [(pid, Path(f"/proc/{pid}/cmdline").read_bytes()) for pid in pids if alive(pid)]
+    assert not [(pid, cmdline(pid)) for pid in pids if alive(pid)]
     code, out, _ = nebula("alice", "job", "list", "--user", "alice")
     assert code == 0 and out.splitlines()[1].split()[:3] == [job_id, "alice", "stopped"]
 
@@ -177,10 +175,3 @@ def test_a_job_without_a_grant_is_refused_at_submit_and_a_plain_path_is_not_allo
     assert audit_events(config, "data.refused")[-1]["reason"] == "no grant"
     assert not (config.run / "jobs").exists() or not any((config.run / "jobs").iterdir())
 
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"

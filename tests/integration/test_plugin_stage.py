@@ -47,6 +47,6 @@ def test_a_stage_package_that_fails_to_import_is_named(tmp_path, nebula_wheel):
     job.write_text((FIXTURE / "job.toml").read_text().replace('"plugin-scale"', '"plugin-broken"'))
     done = one_site(bin_dir, job, tmp_path)
     assert done.returncode == 2, done.stderr
-    assert ("nebula: error: stage plugin plugin-broken (nebula_plugin_broken:Broken) cannot be imported: "
+    assert ("nebula: error: stage plugin plugin-broken (nebula_plugin_broken.stages:Broken) cannot be imported: "
             "ModuleNotFoundError: No module named 'nebula_plugin_missing_dependency'") in done.stderr
     assert not (tmp_path / "work").exists()

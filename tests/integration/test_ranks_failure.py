@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from nebula.launch import free_port
+from nebula.site.ports import free_port
 
 
 def test_bad_data_on_rank_1_fails_the_stage_naming_the_cause(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nebula.observe.status import pid_alive
+from nebula.site.process import alive
 from tests.support.gateways import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,7 +86,7 @@ def test_two_operators_bring_up_a_job_watch_it_and_stop_it_cleanly(two_sites):
             for p in s["pids"]]
     supervisor = status(a)["supervisor_pid"]
     assert "site a down" in nebula("site", "down", a).stdout
-    assert not pid_alive(supervisor) and not any(pid_alive(p) for p in pids)  # no orphan
+    assert not alive(supervisor) and not any(alive(p) for p in pids)  # no orphan
     assert status(a)["up"] is False
 
 

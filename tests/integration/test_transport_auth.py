@@ -36,7 +36,7 @@ def site_a(tmp_path_factory):
     (store.dir / "certs" / f"c.enc.0.{cert.serial:016x}.json").write_text(
         (next((root / "keys" / "c" / "certs").glob("c.enc.0.*.json"))).read_text())
     world.publish()
-    gateway = GatewayProcess(world.site("a"), root).start()
+    gateway = GatewayProcess(world.site("a")).start()
     yield world
     gateway.kill()
 

@@ -3,7 +3,6 @@ peer, a dead gateway, a receiver that stops reading. Nothing accepted is lost or
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 import sys
 import threading
 import time
@@ -12,6 +11,8 @@ import pytest
 
 from nebula.errors import TransportError
 from nebula.site.channel import open_channel
+from nebula.site.service import ServiceSpec
+from nebula.site.supervisor import Supervisor
 from nebula.transport.streams import RecvStream, Verdict
 from nebula.wire import decode_message, encode_message, with_base
 from tests.support.gateways import FAST, REPO, tensor_message
@@ -134,6 +135,8 @@ RECEIVER = """
 import sys, time
 from nebula.site.config import load_site_config
 from nebula.site.channel import open_channel
+from nebula.site.service import ServiceSpec
+from nebula.site.supervisor import Supervisor
 from tests.support.gateways import FAST
 channel = open_channel(load_site_config(sys.argv[1]), "b/dec/0", config=FAST)
 channel.recv(timeout=30)
@@ -142,20 +145,16 @@ time.sleep(60)
 """
 
 
-def test_dead_peer_is_reported_by_name(world, gateways):
-    receiver = subprocess.Popen([sys.executable, "-c", RECEIVER, str(world.site("b").config_path)], cwd=REPO,
-                                stdout=subprocess.PIPE, text=True)
-    try:
-        with open_channel(world.site("a").config, "a/enc/0", config=FAST) as a:
-            a.send(tensor_message("b/dec/0", 0), timeout=5)
-            assert receiver.stdout.readline().strip() == "ready"
-            receiver.kill()
-            receiver.wait(5)
-            start = time.monotonic()
-            with pytest.raises(TransportError, match="peer b/dec/0 has not answered"):
-                while True:
-                    a.send(tensor_message("b/dec/0", 1), timeout=FAST.peer_timeout + 5)
-            assert time.monotonic() - start < FAST.peer_timeout + 3
-    finally:
-        receiver.kill()
-        receiver.wait(5)
+def test_dead_peer_is_reported_by_name(world, gateways, tmp_path):
+    receiver = ServiceSpec(name="receiver", argv=(sys.executable, "-c", RECEIVER, str(world.site("b").config_path)),
+                           run=tmp_path, ready="ready", cwd=REPO)
+    with Supervisor(strict=False) as stages, open_channel(world.site("a").config, "a/enc/0", config=FAST) as a:
+        stages.start(receiver)
+        a.send(tensor_message("b/dec/0", 0), timeout=5)
+        stages.ready("receiver", timeout=30)
+        stages.kill("receiver")
+        start = time.monotonic()
+        with pytest.raises(TransportError, match="peer b/dec/0 has not answered"):
+            while True:
+                a.send(tensor_message("b/dec/0", 1), timeout=FAST.peer_timeout + 5)
+        assert time.monotonic() - start < FAST.peer_timeout + 3

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from nebula.errors import ConfigError
+from nebula.site.process import alive
 from nebula_lab.wanem import (
     WanError,
     WanLink,
@@ -294,5 +295,5 @@ def test_delay_line_adds_the_round_trip_and_keeps_the_cut(needs_root):
         assert reached_from(link, "a", [link.address("b")]) == [False]
         link.restore()
         assert reached_from(link, "a", [link.address("b")]) == [True]
-    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+    assert not any(alive(pid) for pid in pids)
     assert not {f"{link.prefix}-a", f"{link.prefix}-b"} & host_namespaces()

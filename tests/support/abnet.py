@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 
-from services.abnet.plm import Pretrained
-from services.abnet.vocab import VocabMap, build_vocab_map, count_ids
+from services.models.plm import Pretrained
+from services.models.vocab import VocabMap, build_vocab_map, count_ids
 
 PAIRS = [
     ("El gato duerme en el sofá.", "The cat is sleeping on the sofa."),

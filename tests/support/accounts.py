@@ -4,22 +4,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from nebula.security.keystore import SiteKeyStore
-from nebula.site.config import write_site_config
-from nebula.site.supervisor import free_port
+from nebula.site.builder import local_sites
 
 
 def make_site(root: Path, name: str = "a", data: bool = True) -> Path:
-    """root/keys/<name> (CA store), root/data (a data root), root/site-<name>.toml; returns the config."""
-    SiteKeyStore.init(root / "keys", name)
+    """Site `name` as nebula.site.builder builds one: root/keys/<name> (its CA store; the gateway
+    certified), root/data (a data root), root/site-<name>.toml; returns the config."""
     (root / "data").mkdir(exist_ok=True)
-    table = {"site": {"name": name, "ca": f"keys/{name}", "credentials": f"credentials/{name}", "run": f"run-{name}"},
-             "gateway": {"internal": f"tcp://127.0.0.1:{free_port()}", "external": f"tcp://127.0.0.1:{free_port()}"}}
-    if data:
-        table["site"]["data"] = ["data"]
-    path = root / f"site-{name}.toml"
-    write_site_config(path, table)
-    return path
+    return local_sites(root, [name], data=[root / "data"] if data else (), days=1)[name]
 
 
 def secret_file(path: Path, secret: str) -> Path:

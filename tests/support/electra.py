@@ -8,7 +8,11 @@ import shutil
 from functools import cache
 from pathlib import Path
 
+import tomllib
+
+from nebula.runtime.job_file import write_job_file
 from nebula.runtime.order import ExampleOrder, digest, id_hash
+from tests.support.sites import replaced
 
 TESTS = Path(__file__).resolve().parents[1]
 DATA = TESTS / "e2e" / "data"
@@ -24,13 +28,9 @@ def electra_job(root: Path, replace: dict[str, str] | None = None, name: str = "
     if not data.exists():
         for corpus in CORPORA:
             shutil.copytree(DATA / corpus, data / corpus)
-    text = (JOBS / f"{name}.toml").read_text()
-    text = text.replace('data = "../data"', f'data = "{data}"', 1)
-    for old, new in (replace or {}).items():
-        assert old in text, f"{old!r} is not in {name}.toml"
-        text = text.replace(old, new)
+    text = (JOBS / f"{name}.toml").read_text().replace('data = "../data"', f'data = "{data}"', 1)
     path = root / "job.toml"
-    path.write_text(text)
+    write_job_file(path, tomllib.loads(replaced(text, replace, f"{name}.toml")))  # checked as it will load
     return path
 
 

@@ -1,20 +1,25 @@
-"""Two (or more) sites with key stores that trust each other, real gateway processes on random loopback
-ports, and what the transport and gateway tests read back (audit events, a gateway's key, a raw identity)."""
+"""Two (or more) sites with key stores that trust each other (nebula.site.builder.local_sites, each site
+with a run directory of its own), their real gateway processes on random loopback ports started as
+`nebula site up` starts them, and what the transport and gateway tests read back (audit events, a
+gateway's key, a raw identity)."""
 from __future__ import annotations
 
-import subprocess
-import sys
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from nebula.security.credentials import publish_site
 from nebula.security.keystore import SiteKeyStore
+from nebula.site.builder import local_sites
 from nebula.site.config import SiteConfig, load_site_config
-from nebula.site.supervisor import free_port
+from nebula.site.ports import free_port
+from nebula.site.service import tail
+from nebula.site.site import site_services
+from nebula.site.supervisor import Supervisor
 from nebula.transport.config import ChannelConfig
-from nebula.transport.testbed import make_sites, publish
 from nebula.wire import Kind, Message, TensorPayload
 
 __all__ = ["FAST", "REPO", "GatewayProcess", "Site", "World", "audit_events", "free_port", "gateway_key",
@@ -30,11 +35,16 @@ class Site:
     name: str
     store: SiteKeyStore
     config_path: Path
-    ports: dict[str, int]
 
     @property
     def config(self) -> SiteConfig:
         return load_site_config(self.config_path)
+
+    @property
+    def ports(self) -> dict[str, int]:
+        """The gateway's internal and external ports."""
+        gateway = self.config.gateway
+        return {key: int(getattr(gateway, key).rsplit(":", 1)[1]) for key in ("internal", "external")}
 
 
 @dataclass
@@ -50,54 +60,48 @@ class World:
     def publish(self) -> None:
         """Copy what the CA stores issued or revoked into the services' credential directories, as
         `nebula site up` does on its own every few seconds."""
-        publish(self.root, list(self.sites))
+        for site in self.sites.values():
+            publish_site(site.store.dir, site.config.credentials)
 
 
 def make_world(root: Path, names=("a", "b"), stages=("a/enc/0", "b/dec/0"), max_message_bytes: int = 1 << 30) -> World:
-    ports = {name: {"internal": free_port(), "external": free_port()} for name in names}
-    endpoints = {name: (f"tcp://127.0.0.1:{p['internal']}", f"tcp://127.0.0.1:{p['external']}")
-                 for name, p in ports.items()}
-    extra = f"io_threads = 1\nmax_message_bytes = {max_message_bytes}\nstats_interval = 0\n"
-    paths = make_sites(root, endpoints, list(stages), extra_gateway=extra)
+    gateway = {"io_threads": 1, "max_message_bytes": max_message_bytes, "stats_interval": 0}
+    paths = local_sites(root, names, stages, gateway=gateway, days=1)
     world = World(root)
     for name in names:
-        world.sites[name] = Site(name, SiteKeyStore(root / "keys" / name), paths[name], ports[name])
+        world.sites[name] = Site(name, SiteKeyStore(root / "keys" / name), paths[name])
     return world
 
 
 class GatewayProcess:
-    """A real gateway process (nebula gateway run), with its log kept for failures."""
+    """A site's real gateway, as `nebula site up` starts it (the site's gateway service, the one
+    supervisor), not restarted: a test that kills it starts it again itself."""
 
-    def __init__(self, site: Site, log_dir: Path) -> None:
-        self.site, self.log_path = site, log_dir / f"gateway-{site.name}.log"
-        self.proc: subprocess.Popen | None = None
+    def __init__(self, site: Site) -> None:
+        self.site = site
+        self.spec = dataclasses.replace(site_services(site.config, site.config_path, only="gateway")[0],
+                                        restart=False)
+        self.supervisor = Supervisor(strict=False)
 
     def start(self, timeout: float = 10.0) -> GatewayProcess:
-        log = open(self.log_path, "ab")
-        argv = [sys.executable, "-m", "nebula.cli", "gateway", "run", "--site-config", str(self.site.config_path)]
-        self.proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        deadline = time.monotonic() + timeout
-        marker = f"gateway {self.site.name}/gateway/0 up"
-        while marker not in self.log_path.read_text(errors="replace"):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise AssertionError(f"gateway {self.site.name} did not start:\n{self.tail()}")
-            time.sleep(0.05)
+        self.supervisor.start(self.spec)
+        self.supervisor.ready(self.spec.name, timeout)
         return self
 
+    @property
+    def proc(self):
+        return self.supervisor.services[self.spec.name].proc
+
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(5)
+        if self.spec.name in self.supervisor.services:
+            self.supervisor.kill(self.spec.name)
 
     def terminate(self) -> int:
-        assert self.proc is not None
         self.proc.terminate()
         return self.proc.wait(10)
 
     def tail(self, lines: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        return tail(self.spec.log, lines)
 
 
 def raw_identity(site_dir: Path, address: str):

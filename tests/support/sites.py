@@ -1,19 +1,23 @@
-"""Whole jobs as real processes: a gateway per site and every stage started through nebula.launch,
-CURVE on every socket, loopback only (the e2e tests' `start_job` fixture, tests/e2e/conftest.py, starts
+"""Whole jobs as real processes: each site built and its gateway and stages started as `nebula site up`
+does (nebula.site.local: the site builder, the sites' service specs, the one supervisor), CURVE on every
+socket, loopback only (the e2e tests' `start_job` fixture, tests/e2e/conftest.py, starts
 and stops them). Also the tiny job file, the ledger each stage must end with, and metrics records."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-from nebula.launch import Supervisor, start_sites, tail
+import tomllib
+
 from nebula.runtime.job import JobConfig, load_job
+from nebula.runtime.job_file import write_job_file
 from nebula.runtime.metrics import read_records
 from nebula.runtime.order import ExampleOrder, digest, id_hash
+from nebula.site.local import start_sites
+from nebula.site.supervisor import Supervisor
 
 E2E = Path(__file__).resolve().parents[1] / "e2e"
 TINY = E2E / "jobs" / "tiny.toml"
@@ -32,13 +36,18 @@ def job_file(root: Path, name: str, replace: dict[str, str] | None = None) -> Pa
 
 
 def _write(root: Path, text: str, replace: dict[str, str] | None, name: str) -> Path:
+    """`text` with `replace` applied, written by the one writer of job files (so checked as it will load)."""
+    path = root / "job.toml"
+    write_job_file(path, tomllib.loads(replaced(text, replace, name)))
+    return path
+
+
+def replaced(text: str, replace: dict[str, str] | None, name: str) -> str:
+    """`text` with `replace` (old -> new, each must occur in the file `name`) applied."""
     for old, new in (replace or {}).items():
         assert old in text, f"{old!r} is not in {name}"
         text = text.replace(old, new)
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / "job.toml"
-    path.write_text(text)
-    return path
+    return text
 
 
 def example_ledger(job: JobConfig, repeat: int = 1) -> list[list]:
@@ -101,18 +110,10 @@ class Sites:
     def wait(self, until=None, timeout: float = JOB_TIMEOUT, what: str = "the job to finish") -> None:
         """Supervise (restarts with backoff; StageError with the log tail if a service gives up)
         until `until()` holds, by default until every stage exited successfully."""
-        until = until or self.finished
-        deadline = time.monotonic() + timeout
-        while not until():
-            self.group.poll()
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.tails()}")
-            time.sleep(0.1)
+        self.group.run(until or self.finished, timeout=timeout, what=what, interval=0.1)
 
     def kill(self, stage: str) -> None:
-        proc = self.group.services[stage].proc
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        self.group.kill(stage)
 
     def ledger(self, stage: str) -> list[list]:
         """[step, digest of its examples] for each step `stage` applied, in order."""
@@ -129,8 +130,7 @@ class Sites:
         return (self.run / "logs" / f"{service}.log").read_text(errors="replace")
 
     def tails(self, lines: int = 25) -> str:
-        return "\n".join(f"--- {name} ({s.log}) ---\n{tail(s.log, lines)}"
-                         for name, s in self.group.services.items())
+        return self.group.tails(lines)
 
     def stop(self) -> None:
         self.group.stop()

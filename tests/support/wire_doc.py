@@ -17,10 +17,12 @@ from nebula.codecs import pack, unpack
 from nebula.wire import decode_message, dtype_names, encode_message
 from nebula_lab.bench.codecs import wire_message
 from tests.support.threads import one_thread
+from tests.vectors.make_delta import load as load_delta
 from tests.vectors.make_wire import stored_vector, tensor_bytes
 
 HEX_PER_LINE = 16
 ACTIVATION = (128, 64, 768)  # `nebula bench codecs`'s activation: 25,165,824 bytes of float32
+NAME = ROLE = "activation"  # its header's name and role, as the bench sends its activation row
 SIZE_CODECS = ["none", "fp16", "bf16", "int8", "int8(scale=bf16)", "lowrank(0.2)", "fp16(lowrank(0.2))",
                "int8(lowrank(0.2))", "topk(0.01)", "fp16(topk(0.01))"]
 VARINT, LENGTH = 0, 2
@@ -162,7 +164,7 @@ def envelope_sizes() -> list[dict[str, Any]]:
     rows = []
     for spec in SIZE_CODECS:
         with one_thread():
-            payload = pack("activation", "activation", x, spec)
+            payload = pack(NAME, ROLE, x, spec)
         envelope = longest_envelope(encode_message(wire_message(payload)))
         rows.append({"codec": payload.codec, "parts": len(payload.parts), "meta": len(payload.meta),
                      "envelope": envelope, "of_tensor": 100 * envelope / (x.numel() * 4),
@@ -178,14 +180,39 @@ def render_sizes() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _held(cache: list) -> str:
+    return " ".join(f"{key}@{seq}" for key, seq, _ in cache)
+
+
+def render_delta_stream() -> str:
+    """tests/vectors/delta/streams.json message by message: rows, ids:tags, what the receiver did, and
+    the caches after it (one line when both ends hold the same), with the ids each end evicted."""
+    lines, before = [], {"sender": [], "receiver": []}
+    for m in load_delta()["streams"][0]["messages"]:
+        tags = " ".join(f"{key}:{tag}" for key, tag in zip(m["ids"], m["bases"]))
+        outcome = ("lost on the way" if not m["delivered"] else
+                   f"refused ({m['refused']['rule']})" if "refused" in m else
+                   f"decoded: {sum(t == 0 for t in m['bases'])} direct, {sum(t != 0 for t in m['bases'])} delta")
+        lines.append(f"{m['message']}  T={m['input']['shape'][1]:<4} {tags:<14} {outcome}")
+        caches = {end: m[end]["cache"] for end in ("sender", "receiver")}
+        for end in (("both",) if caches["sender"] == caches["receiver"] else ("sender", "receiver")):
+            cache = caches["sender" if end == "both" else end]
+            gone = [str(k) for k, _, _ in before["sender" if end == "both" else end]
+                    if k not in {key for key, _, _ in cache}]
+            lines.append(f"   {end:<9} {_held(cache)}" + (f"   (evicted {', '.join(gone)})" if gone else ""))
+        before = caches
+    return "\n".join(lines) + "\n"
+
+
 def examples() -> dict[str, str]:
     """Every example block of docs/protocol.md §1-3, from the code."""
     out = {name: render_envelope(name) for name in ("message-two-tensors", "message-appended-base")}
     for name in ("none-int64-ids", "none-bfloat16", "fp16-rounding", "bf16-rounding", "int8-half-even",
                  "int8-one-block", "int8-reciprocal", "int8-tiny-block", "int4-nibbles", "svd-k2-layout",
-                 "svd-k-half-even", "lowrank-rank1",
+                 "svd-k3-order", "svd-k-half-even", "lowrank-rank1",
                  "topk-half-even", "deflate-int64-ids", "deflate-float32", "ef-topk-step-1", "ef-topk-step-2",
-                 "chain-int8-lowrank", "chain-fp16-topk"):
+                 "chain-int8-lowrank", "chain-fp16-topk", "chain-deflate-fp16", "chain-nested"):
         out[name] = render_vector(name)
     out["envelope-sizes"] = render_sizes()
+    out["delta-stream"] = render_delta_stream()
     return out

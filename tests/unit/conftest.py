@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.abnet.minilm import load_minilm
-from services.abnet.plm import Pretrained
-from services.abnet.xlmr_e5 import load_e5_small
+from services.models.minilm import load_minilm
+from services.models.plm import Pretrained
+from services.models.xlmr_e5 import load_e5_small
 from tests.support import threads
 
 

@@ -10,7 +10,7 @@ from nebula.errors import ConfigError
 from services.abnet.autoregressive import beam_search
 from services.abnet.baseline import BaselineConfig, build_baseline
 from services.abnet.model import AbnetConfig, Batch, build_source_encoder, build_target_decoder, train_step
-from services.abnet.vocab import encode_texts
+from services.models.vocab import encode_texts
 from tests.support.abnet import PAIRS, sliced, vocab_map
 
 pytestmark = pytest.mark.usefixtures("one_thread")

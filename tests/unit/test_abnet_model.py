@@ -11,8 +11,8 @@ from services.abnet.baseline import BaselineConfig, build_baseline
 from services.abnet.cmlm import lengths_from_classes
 from services.abnet.decoding import corpus_bleu, detokenize
 from services.abnet.model import AbnetConfig, Batch, build_source_encoder, build_target_decoder, train_step
-from services.abnet.plm import Pretrained
-from services.abnet.vocab import VocabMap, build_vocab_map, count_ids, cut_embeddings, encode_texts
+from services.models.plm import Pretrained
+from services.models.vocab import VocabMap, build_vocab_map, count_ids, cut_embeddings, encode_texts
 from tests.support.abnet import PAIRS, sliced, vocab_map
 
 UNRELATED = "Stock markets fell sharply after the announcement."
@@ -206,7 +206,7 @@ def test_baseline_trains_with_the_same_objective(e5, minilm):
 
 def test_bad_inputs_raise_errors_that_say_what_to_do(tmp_path, minilm):
     from nebula.errors import DataError, StageError
-    from services.abnet.plm import load_bert
+    from services.models.plm import load_bert
     with pytest.raises(StageError, match="not found"):
         load_bert(tmp_path / "missing.safetensors", minilm.model.cfg)
     with pytest.raises(DataError, match="another tokenizer"):

@@ -118,7 +118,7 @@ def test_user_commands_end_to_end(nebula, tmp_path, monkeypatch):
     code, _, err = nebula("user", "disable", "bob", "--site-config", config)
     assert code == 2 and "no user 'bob'" in err
     code, out, _ = nebula("audit", "verify", str(tmp_path / "keys" / "a" / "audit.jsonl"))
-    assert code == 0 and "ok: 5 records" in out  # ca_created, 2 added, disabled, removed
+    assert code == 0 and "ok: 6 records" in out  # ca_created, the gateway issued, 2 added, disabled, removed
 
 
 def test_a_site_config_without_a_ca_store_says_where_users_live(nebula, tmp_path):

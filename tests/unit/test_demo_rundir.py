@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from nebula.cli import main
+from nebula.commands.demo import MARK, fresh_run_dir, job_copy
 from nebula.errors import ConfigError
 from nebula.shipped import shipped_jobs
-from services.demo import MARK, fresh_run_dir, job_copy
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -159,7 +159,7 @@ def test_a_stage_context_opens_its_dataset_once_through_the_grants(site, tmp_pat
 
 @pytest.fixture
 def nebula(monkeypatch, capsys):
-    return cli_runner(monkeypatch, capsys, ["user"])
+    return cli_runner(monkeypatch, capsys, ["user", "data"])
 
 
 def test_data_commands_end_to_end(nebula, tmp_path):
@@ -187,7 +187,8 @@ def test_data_commands_end_to_end(nebula, tmp_path):
     assert nebula("data", "list", "--site-config", config)[1].splitlines()[1].split()[-1] == "-"
 
 
-def test_data_prepare_is_still_there(nebula, capsys):
+def test_a_workloads_data_action_sits_beside_the_frameworks(nebula, capsys):
+    """`nebula data` is the framework's; the corpus workload's spec adds `prepare` to it."""
     with pytest.raises(SystemExit) as exit_:
         cli.main(["data", "prepare", "--help"])
     assert exit_.value.code == 0 and "--pairs" in capsys.readouterr().out

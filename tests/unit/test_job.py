@@ -174,3 +174,22 @@ def test_site_file_mistakes_name_the_file_and_the_key(section, key, value, messa
     raw.setdefault(section, {})[key] = value
     with pytest.raises(ConfigError, match=message):
         parse_site_config(raw, source="a.toml")
+
+
+def test_the_one_writer_of_job_files_checks_before_it_writes_and_writes_what_loads(tmp_path):
+    from nebula.runtime.job_file import override, read_job_table, write_job_file
+
+    source = ROOT / "deploy" / "jobs" / "abnet-es-en.toml"
+    table = read_job_table(source)
+    assert Path(table["job"]["data"]).is_absolute()  # it can be written anywhere
+    job = write_job_file(tmp_path / "job.toml", override(table, train={"steps": 3}, stages={"decoder": {"lr": 0.5}}),
+                         note="a test's copy")
+    assert (tmp_path / "job.toml").read_text().startswith("# a test's copy\n")
+    loaded = load_job(tmp_path / "job.toml")
+    assert loaded.train.steps == job.train.steps == 3 and loaded.stage("decoder").options.lr == 0.5
+    assert loaded.data == load_job(source).data
+    with pytest.raises(ConfigError, match=r"\[train\].steps"):
+        write_job_file(tmp_path / "bad.toml", override(table, train={"steps": -1}))
+    assert not (tmp_path / "bad.toml").exists()  # refused before any file exists
+    with pytest.raises(ConfigError, match="no stage 'decodr' to change"):
+        override(table, stages={"decodr": {"lr": 0.5}})

@@ -22,7 +22,8 @@ from nebula.observe.stage import LinkTail, MeteredChannel, StageWatch
 from nebula.observe.status import health, identity, read_status, record_exit, write_status
 from nebula.runtime.metrics import MetricsLog
 from nebula.runtime.service import build_stage, make_runner
-from nebula.site.supervisor import free_port
+from nebula.site.ports import free_port
+from nebula.transport.base import Channel
 from nebula.transport.inproc import InProcHub
 from nebula.wire import Kind, Message
 from tests.support.runtime import example_job
@@ -376,3 +377,11 @@ def test_tensorboard_asked_for_but_not_installed_is_a_config_error(tmp_path, mon
     monkeypatch.delitem(sys.modules, "torch.utils.tensorboard", raising=False)
     with pytest.raises(ConfigError, match="pip install tensorboard"):
         MetricsLog(tmp_path / "metrics.jsonl", "src", tensorboard=True)
+
+
+def test_a_metered_channel_passes_on_everything_a_channel_answers():
+    """The status file's channel wraps the stage's: a Channel method it did not pass on answered the
+    base class's default instead (goodput: None, so `compression = "auto"` never adapted under a
+    supervisor that asks for a status file, as `nebula site up` does)."""
+    answers = {name for name, value in vars(Channel).items() if callable(value) and not name.startswith("_")}
+    assert answers <= set(vars(MeteredChannel)), answers - set(vars(MeteredChannel))

@@ -27,6 +27,7 @@ from nebula.security.crl import RevocationList
 from nebula.security.keys import curve_keypair, fingerprint
 from nebula.security.keystore import read_signing_key
 from nebula.security.trust import FAILED_CHECKS, TrustStore, check_certificate
+from nebula.transport.zap import external_policy
 from tests.vectors import make_security as vectors
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -102,6 +103,8 @@ def test_the_vectors_are_what_the_code_makes_now(tmp_path):
 def test_canonical_json_vectors():
     for case in json.loads(vector("canonical.json")):
         assert canonical_json(json.loads(case["input"])).decode() == case["canonical"]
+    assert any('"a": 1' in case["input"] and case["canonical"].startswith('{"a":2') for case in
+               json.loads(vector("canonical.json"))), "§4: the case of a repeated key, the last value kept"
 
 
 def test_a_63_bit_serial_read_as_a_double_breaks_the_signature():
@@ -162,6 +165,31 @@ def test_certificate_vectors_get_their_expected_verdicts(tmp_path):
         assert got == want, name
 
 
+def test_the_own_role_verdict_skips_the_site_check_that_a_socket_applies(tmp_path):
+    """§5.7: `nebula keys list` (and the vectors' verdicts) take checks 1-7 in the certificate's role; the
+    external socket of site a, which admits only other sites' gateways, refuses the same certificate."""
+    store = TrustStore.load(key_store(tmp_path))
+    cert = Certificate.from_dict(json.loads(vector("cert-valid.json")))
+    assert verdict(store, cert, vectors.AT) == "valid"
+    with pytest.raises(AuthError, match="^site a not allowed"):
+        check_certificate(store.snapshot, cert, {"gateway"}, vectors.AT, external_policy("a").sites(store))
+
+
+def test_a_revocation_list_with_a_repeated_serial_keeps_its_last_entry():
+    """§5.5: the entry that comes last is kept; the list verifies only when the kept ones were signed."""
+    signed = json.loads(vector("crl.json"))
+    entry = signed["revoked"][0]
+    ca_key = VerifyKey(bytes.fromhex(json.loads(vector("ca.pub"))["key"]))
+    earlier = {**entry, "revoked_at": entry["revoked_at"] - 1}
+    kept_last = RevocationList.from_dict({**signed, "revoked": [earlier, entry]})
+    assert kept_last.revoked == {entry["serial"]: entry["revoked_at"]}
+    kept_last.verify(ca_key)
+    kept_first = RevocationList.from_dict({**signed, "revoked": [entry, earlier]})
+    assert kept_first.revoked == {entry["serial"]: earlier["revoked_at"]}
+    with pytest.raises(AuthError, match="bad signature"):
+        kept_first.verify(ca_key)
+
+
 def test_crl_bundle_and_key_file_vectors_decode_to_their_expected_values(tmp_path):
     expected = json.loads(vector("expected.json"))
     ca_key = VerifyKey(bytes.fromhex(expected["ca.pub"]["key"]))
@@ -205,7 +233,57 @@ def test_audit_vectors_verify_as_expected():
                                                  "files": len(expected["good"]["files"])}
     bad, want = verify(AUDIT / "tampered" / "gateway.jsonl"), expected["tampered"]
     assert not bad.ok and (bad.file.name, bad.line, bad.seq) == (want["file"], want["line"], want["seq"])
-    assert bad.problem.startswith(want["problem"])
+    assert vectors.audit_check(bad.problem) == want["check"] and bad.problem.startswith(want["problem"])
+
+
+def _edited(line: bytes, **changes) -> bytes:
+    record = json.loads(line)
+    record.update(changes)
+    return json.dumps(record, separators=(",", ":")).encode() + b"\n"
+
+
+def _rehashed(line: bytes, **changes) -> bytes:
+    record = json.loads(line)
+    record.update(changes)
+    record["hash"] = record_hash(record)
+    return json.dumps(record, separators=(",", ":")).encode() + b"\n"
+
+
+# (check, file to change, how) -> (check, file, line, seq) reported; the changes that break two line checks
+# at once (hash and seq: `seq` edited without a new hash) show the order of §6.1's table
+BREAKS = {
+    "newline": ("gateway.jsonl", lambda lines: lines[:-1] + [lines[-1][:-1]], ("gateway.jsonl", 3, None)),
+    "json": ("gateway.jsonl", lambda lines: [lines[0], b"{not json\n", *lines[2:]], ("gateway.jsonl", 2, None)),
+    "members": ("gateway.000001.jsonl", lambda lines: [lines[0], b'{"seq":2}\n', lines[2]],
+                ("gateway.000001.jsonl", 2, 2)),
+    "hash": ("gateway.000001.jsonl", lambda lines: [lines[0], _edited(lines[1], seq=9), lines[2]],
+             ("gateway.000001.jsonl", 2, 9)),
+    "seq": ("gateway.000001.jsonl", lambda lines: [lines[0], _rehashed(lines[1], seq=9), lines[2]],
+            ("gateway.000001.jsonl", 2, 9)),
+    "prev": ("gateway.jsonl", lambda lines: [_rehashed(lines[0], prev="0" * 64), *lines[1:]], ("gateway.jsonl", 1, 4)),
+    "archive-empty": ("gateway.000001.jsonl", lambda lines: [], ("gateway.000001.jsonl", None, None)),
+}
+
+
+@pytest.mark.parametrize("check", [*BREAKS, "archive-missing", "live-missing", "anchor"])
+def test_a_broken_log_is_reported_by_the_check_and_place_of_section_6(tmp_path, check):
+    shutil.copytree(AUDIT / "good", tmp_path, dirs_exist_ok=True)
+    anchor = None
+    if check in BREAKS:
+        name, change, want = BREAKS[check]
+        lines = (tmp_path / name).read_bytes().splitlines(keepends=True)
+        (tmp_path / name).write_bytes(b"".join(change(lines)))
+    elif check == "archive-missing":
+        (tmp_path / "gateway.000001.jsonl").rename(tmp_path / "gateway.000002.jsonl")
+        want = ("gateway.000001.jsonl", None, None)
+    elif check == "live-missing":
+        (tmp_path / "gateway.jsonl").unlink()
+        want = ("gateway.jsonl", None, None)
+    else:
+        anchor, want = (7, "0" * 64), ("gateway.jsonl", None, None)  # a record the log never reached
+    report = verify(tmp_path / "gateway.jsonl", anchor=anchor)
+    assert not report.ok and vectors.audit_check(report.problem) == check
+    assert (report.file.name, report.line, report.seq) == want
 
 
 def test_the_hash_is_over_the_line_without_its_hash_member():

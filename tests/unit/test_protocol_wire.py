@@ -20,16 +20,27 @@ import pytest
 import torch
 
 from nebula._proto import nebula_pb2 as pb
-from nebula.codecs import CODECS, pack, parse, unpack
+from nebula.codecs import CODECS, CodecState, pack, parse, unpack
 from nebula.codecs.base import MAX_DECODED_NUMEL
 from nebula.codecs.deflate import MAX_DECODED_BYTES
 from nebula.codecs.spec import MAX_DEPTH, MAX_SPEC_CHARS
 from nebula.codecs.topk import MAX_INDEX
-from nebula.errors import CodecError, ConfigError
+from nebula.errors import CodecError, ConfigError, WireError
 from nebula.site.config import GatewayConfig
 from nebula.transport.sockets import HARD_FRAME_LIMIT
-from nebula.wire import DEFAULT_LIMITS, ITEMSIZE
-from tests.support.wire_doc import examples
+from nebula.wire import (
+    DEFAULT_LIMITS,
+    ITEMSIZE,
+    PROTOCOL_VERSION,
+    RULES,
+    Kind,
+    Limits,
+    Message,
+    TensorPayload,
+    decode_message,
+    encode_message,
+)
+from tests.support.wire_doc import NAME, ROLE, examples
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 BLOCK = re.compile(r"<!-- example: (?P<name>[\w-]+) -->\n```[\w-]*\n(?P<body>.*?)```", re.S)
@@ -68,6 +79,20 @@ def test_every_example_block_of_sections_1_to_3_is_made_by_the_code(made):
     assert sorted(blocks) == sorted(made), "an example block of §1-3 has no generator, or one is missing"
     for name, body in made.items():
         assert blocks[name] == body, f"docs/protocol.md example {name} differs from the code's output"
+
+
+def test_the_document_version_is_the_wire_version():
+    """The version the document states (its top, §7) is what the envelope's `version` carries: its major."""
+    text = DOC.read_text()
+    major, minor = re.search(r"^\*\*Version (\d+)\.(\d+)\.\*\*", text, re.M).groups()
+    assert int(major) == PROTOCOL_VERSION
+    versions = text[text.index("\n## 7. Versions"):]
+    assert f"This text is version **{major}.{minor}**" in versions and f"\n**{major}.{minor}**" in versions
+
+
+def test_the_reference_message_names_its_tensor_as_the_size_table_sends_it():
+    text = " ".join(subsection("### 1.6 Envelope size").split())
+    assert f"its header's `name` and `role` both `{ROLE}`" in text and NAME == ROLE
 
 
 def _type_text(field) -> str:
@@ -339,3 +364,126 @@ def test_chain_meta_is_the_documented_structure():
     assert [p.dtype for p in payload.parts] == [torch.int8, torch.float32, torch.int32]
     assert math.prod(unpack(payload).shape) == 30
     assert len(payload.meta) <= DEFAULT_LIMITS.max_meta_bytes
+
+
+# ---- refusals: §1.5's rules and §3.2's, as the code applies them --------------------------------------
+
+def rule_table(heading: str) -> list[str]:
+    """The first column of the first table under `heading` that has a `rule` column, backticks dropped."""
+    text = subsection(heading)
+    table = next(block for block in text.split("\n\n") if "| rule |" in block.split("\n")[0])
+    header = [cell.strip() for cell in table.split("\n")[0].strip("|").split("|")]
+    column = header.index("rule")
+    return [cell for line in table.split("\n")[2:]
+            for cell in re.findall(r"`([\w-]+)`", line.strip("|").split("|")[column])]
+
+
+def test_the_receive_rules_are_the_codes_in_the_codes_order():
+    assert rule_table("### 1.5 Receiving a message") == list(RULES)
+
+
+def test_the_codec_rules_name_every_leaf_codec():
+    rules = rule_table("### 3.2 Decoding a tensor")
+    leaves = {name for name in CODECS if name not in ("ef", "delta")}
+    assert set(rules) == leaves | {"spec", "meta", "chain", "delta", "elements", "conversion"}
+
+
+def _breaking(rule: str) -> tuple[list[bytes], Limits]:
+    """A message of 20 payload bytes, a body and a meta of 2 bytes each, and the small limits under which
+    it breaks `rule`: the rules that no vector breaks in a few bytes."""
+    x = TensorPayload("x", "activation", "float32", (2,), "none", b"{}", [torch.tensor([1.0, 2.0])])
+    frames = [bytes(f) for f in encode_message(Message(Kind.TENSORS, job="demo", body=b"{}", tensors=[
+        x, pack("y", "activation", torch.zeros(3), "none")]))]
+    return frames, {"envelope-bytes": Limits(max_envelope_bytes=len(frames[0]) - 1),
+                    "body-bytes": Limits(max_body_bytes=1), "frame-bytes": Limits(max_frame_bytes=8),
+                    "message-bytes": Limits(max_message_bytes=19), "meta-bytes": Limits(max_meta_bytes=1)}[rule]
+
+
+def test_every_receive_rule_refuses_a_message_that_breaks_it():
+    """Each rule of §1.5 is raised by the code as that rule: by a vector of rejects.json, or, where only a
+    large message breaks it, by a small one under small limits."""
+    vectors = json.loads((Path(__file__).resolve().parents[1] / "vectors" / "wire" / "rejects.json").read_text())
+    by_vector = {reject["rule"] for reject in vectors["rejects"] if reject["error"] == "WireError"}
+    for rule in set(RULES) - by_vector:
+        frames, limits = _breaking(rule)
+        decode_message(frames)  # the message itself is fine
+        with pytest.raises(WireError) as refused:
+            decode_message(frames, limits)
+        assert refused.value.rule == rule
+    assert by_vector <= set(RULES) and len(set(RULES) - by_vector) == 5
+
+
+def test_every_reject_names_a_documented_rule():
+    vectors = json.loads((Path(__file__).resolve().parents[1] / "vectors" / "wire" / "rejects.json").read_text())
+    codec_rules = set(rule_table("### 3.2 Decoding a tensor"))
+    for reject in vectors["rejects"]:
+        assert reject["rule"] in (set(RULES) if reject["error"] == "WireError" else codec_rules), reject["name"]
+
+
+def test_a_decoded_tensor_is_converted_only_between_float_dtypes():
+    half = pack("x", "activation", torch.tensor([0.1, 70000.0]), "none")
+    assert unpack(dataclasses.replace(half, dtype="float16")).tolist() == [0.0999755859375, math.inf]
+    assert unpack(dataclasses.replace(pack("x", "a", torch.ones(2), "int8"), dtype="bfloat16")).dtype == torch.bfloat16
+    for spec, x, header in (("none", torch.tensor([1, 2], dtype=torch.int32), "int64"),
+                            ("none", torch.tensor([1.0]), "int32"), ("fp16", torch.tensor([1.0]), "bool"),
+                            ("deflate", torch.tensor([True]), "uint8")):
+        with pytest.raises(CodecError, match="converts only between float dtypes"):
+            unpack(dataclasses.replace(pack("x", "a", x, spec), dtype=header))
+
+
+def test_a_delta_message_refused_for_its_header_dtype_leaves_the_cache_as_it_was():
+    sender, receiver = CodecState().slot("a->b", "h"), CodecState().slot("a->b", "h")
+    ids = torch.tensor([1, 2])
+    unpack(pack("h", "activation", torch.ones(2, 4), "delta(int8)", state=sender, ids=ids), state=receiver)
+    before = receiver["cache"].state_dict()
+    payload = pack("h", "activation", torch.full((2, 4), 2.0), "delta(int8)", state=sender, ids=ids)
+    with pytest.raises(CodecError, match="decodes float32 rows, the header says int64"):
+        unpack(dataclasses.replace(payload, dtype="int64"), state=receiver)
+    after = receiver["cache"].state_dict()
+    assert after["seqs"].tolist() == before["seqs"].tolist() == [1, 1] and after["counts"] == before["counts"]
+    assert unpack(payload, state=receiver).tolist() == [[2.0] * 4] * 2  # the same message, truthful, decodes
+
+
+def test_the_depth_limit_counts_each_path_inwards_first_included():
+    eight = "fp16(" * 7 + "none" + ")" * 7  # 8 names: depth 1 to 8 below a codec at depth 0
+    spec = parse(f"delta({eight}, first={eight.replace('none', 'int8')})").spec
+    assert len(re.findall(r"\b(?!first\b)[a-z]\w*", spec)) == 17  # 1 + 8 on each path
+    for spec in (f"delta(fp16({eight}))", f"delta(int8, first=fp16({eight}))", f"fp16(fp16({eight}))"):
+        with pytest.raises(ConfigError, match="nested deeper than 8"):
+            parse(spec)
+
+
+# ---- svd and lowrank: the sum order of §3.3, written again from the text ---------------------------------
+
+def ordered_sum_reference(p0: np.ndarray, p1: np.ndarray) -> np.ndarray:
+    """§3.3's loop, element by element in float32: acc = p0[i, 0] p1[0, j], then acc + p0[i, t] p1[t, j]."""
+    m, k = p0.shape
+    out = np.zeros((m, p1.shape[1]), np.float32)
+    for i in range(m):
+        for j in range(p1.shape[1]):
+            if k == 0:
+                continue
+            acc = np.float32(p0[i, 0] * p1[0, j])
+            for t in range(1, k):
+                acc = np.float32(acc + np.float32(p0[i, t] * p1[t, j]))
+            out[i, j] = acc
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_svd_and_lowrank_decode_is_the_documented_sum_bit_for_bit(dtype):
+    rng = np.random.default_rng(40)
+    differs = 0
+    for m, k, n in ((7, 1, 5), (6, 3, 4), (9, 17, 11), (4, 40, 3), (5, 0, 2), (1, 64, 1)):
+        # magnitudes over 6 decades (float16's range) and zeros of either sign: where sum orders differ
+        p0 = (rng.standard_normal((m, k)) * 10.0 ** rng.integers(-3, 3, (m, k))).astype(np.float32)
+        p1 = (rng.standard_normal((k, n)) * 10.0 ** rng.integers(-3, 3, (k, n))).astype(np.float32)
+        p0[rng.random((m, k)) < 0.1] = -0.0
+        u, v = torch.from_numpy(p0).to(dtype), torch.from_numpy(p1).to(dtype)
+        want = ordered_sum_reference(u.float().numpy(), v.float().numpy())
+        for spec in ("svd(1.0)", "lowrank(0.5)"):
+            payload = TensorPayload("x", "activation", "float32", (m, n), spec, json.dumps({"shape": [m, n]}).encode(),
+                                    [u, v])
+            assert np.array_equal(unpack(payload).numpy().view(np.uint32), want.view(np.uint32)), (m, k, n, spec)
+        differs += int((want.view(np.uint32) != (u.double() @ v.double()).float().numpy().view(np.uint32)).sum())
+    assert differs > 0, "no input where the ordered float32 sum and a correctly rounded one differ: the test is moot"

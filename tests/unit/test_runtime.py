@@ -236,8 +236,8 @@ def test_the_in_memory_records_keep_only_the_latest(tmp_path, monkeypatch):
 def test_a_one_step_stale_job_hot_starts_from_a_step_off_its_checkpoint_grid(tmp_path):
     """`one-site --until 5` then the cross-site run from step 5 (checkpoint_every 3): step 6 used to look
     for weights stashed across step 5, which nothing had stashed, and the job failed."""
-    from nebula.launch import hot_start
     from nebula.runtime.onesite import run_one_site
+    from nebula.site.local import hot_start
     job = example_job(stages=2, schedule="one-step-stale")
     run_one_site(job, tmp_path / "one-site", quiet=True, until=5)
     hot_start(tmp_path / "run", tmp_path / "one-site", list(job.stages))

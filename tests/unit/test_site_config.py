@@ -1,6 +1,7 @@
 """The shipped site configs load; every mistake in one names the file and the key and says how to fix it."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -8,7 +9,7 @@ import tomli_w
 import tomllib
 
 from nebula.errors import ConfigError
-from nebula.site.config import load_site_config
+from nebula.site.config import MetricsConfig, StagesConfig, load_site_config, write_site_config
 from nebula.site.site import site_services
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,15 +24,33 @@ def test_the_shipped_site_configs_load(name):
 
 
 def test_site_a_runs_its_gateway_and_the_encoder_with_metrics_ports_when_asked(tmp_path):
-    table = tomllib.loads((SITES / "a.toml").read_text())
-    table["metrics"] = {"port": 9400}
-    table["stages"]["job"] = str(SITES.parent / "jobs" / "abnet-es-en.toml")
+    site = load_site_config(SITES / "a.toml")
     path = tmp_path / "a.toml"
-    path.write_text(tomli_w.dumps(table))
+    write_site_config(path, dataclasses.replace(
+        site, metrics=MetricsConfig(port=9400), stages=StagesConfig(job=SITES.parent / "jobs" / "abnet-es-en.toml")))
     services = site_services(load_site_config(path), path)
     assert [(s.name, s.env["NEBULA_ADDRESS"], s.env["NEBULA_METRICS_PORT"]) for s in services] == [
         ("gateway", "a/gateway/0", "9400"), ("encoder", "a/encoder/0", "9401")]
-    assert all(s.env["NEBULA_STATUS_FILE"].endswith(f"status/{s.name}.json") and s.restart for s in services)
+    assert all(s.environment({})["NEBULA_STATUS_FILE"] == str(site.run / "status" / f"{s.name}.json")
+               and s.restart for s in services)
+
+
+def test_the_writer_writes_what_the_loader_reads_back_paths_relative_to_the_file(tmp_path):
+    """One writer of site configs (nebula.site.config.write_site_config): every table of the shipped
+    site a, through the typed config and back, unchanged; paths under the file's directory relative."""
+    site = load_site_config(SITES / "a.toml")
+    moved = dataclasses.replace(site, credentials=tmp_path / "credentials", run=tmp_path / "run",
+                                audit=tmp_path / "run" / "audit" / "gateway.jsonl",
+                                channel=dataclasses.replace(site.channel, window_messages=3))
+    written = write_site_config(tmp_path / "site.toml", moved)
+    assert dataclasses.replace(written, source=site.source) == moved
+    table = tomllib.loads((tmp_path / "site.toml").read_text())
+    assert (table["site"]["credentials"], table["site"]["run"]) == ("credentials", "run")
+    assert "audit" not in table["site"] and table["channel"] == {"window_messages": 3}  # defaults left out
+    with pytest.raises(ConfigError, match=r"\[gateway\].io_threads: 0 must be >= 1"):
+        write_site_config(tmp_path / "bad.toml", dataclasses.replace(
+            site, gateway=dataclasses.replace(site.gateway, io_threads=0)))
+    assert not (tmp_path / "bad.toml").exists()
 
 
 def _mistake(tmp_path, edit) -> str:

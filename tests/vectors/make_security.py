@@ -35,12 +35,26 @@ STRANGER = SigningKey(bytes([4]) * 32)  # a CA that site a's trust does not hold
 VALID_SERIAL = 0x6000000000000001  # 63 bits: a double cannot hold it (it reads ...856)
 EXPIRED_SERIAL, REVOKED_SERIAL, STRANGER_SERIAL = 0x1234, 0xABC, 5
 PEER_SERIAL = 0x5000000000000003  # b/gateway/0's, as the audit example's admission names it
-# The canonical JSON cases: a JSON text -> its canonical form (keys by code point, floats, escapes, 63-bit int).
+# The canonical JSON cases: a JSON text -> its canonical form (keys by code point, floats, escapes, 63-bit int;
+# a repeated key keeps its last value, §4).
 CANONICAL_INPUTS = (
     '{"b": [1.0, 0.1, 1e-05, 1E16, 123.456e5, -0.0, 100, 6917529027641081857], '
     '"é": null, "a": "é😀\\n\\u007f/\\"\\\\", "A": true, "": {"z": [], "y": {}}}',
     '{"ts": 1700000000.125, "n": 0.000123, "big": 1e22, "small": 5e-324}',
+    '{"a": 1, "b": {"c": true, "c": false}, "a": 2}',
 )
+# What a failed audit check's text starts with in Nebula's verifier, per check of docs/protocol.md §6.1 (the
+# check is normative, the text is not): how the code's report is named in expected.json.
+AUDIT_CHECKS = {"newline": ("record not terminated", "the archive was truncated"), "json": ("not a JSON record",),
+                "members": ("not an audit record",), "hash": ("hash mismatch",), "seq": ("expected seq",),
+                "prev": ("prev does not match",), "anchor": ("hash differs from the anchor", "log ends at seq"),
+                "archive-missing": ("archive missing",), "archive-empty": ("the archive is empty",),
+                "live-missing": ("the live file is missing",)}
+
+
+def audit_check(problem: str) -> str:
+    """The §6.1 check a report's text names."""
+    return next(check for check, starts in AUDIT_CHECKS.items() if problem.startswith(starts))
 
 
 def certificates() -> dict[str, Certificate]:
@@ -173,8 +187,8 @@ def write_audit(out: Path) -> None:
     write_json(out / "expected.json", {
         "good": {"ok": True, "files": ["gateway.000001.jsonl", "gateway.jsonl"], "records": good.records,
                  "head": {"seq": good.head[0], "hash": good.head[1]}},
-        "tampered": {"ok": False, "file": "gateway.jsonl", "line": 2, "seq": 5,
-                     "problem": "prev does not match the previous record's hash"},
+        "tampered": {"ok": False, "check": audit_check(tampered.problem or ""), "file": "gateway.jsonl", "line": 2,
+                     "seq": 5, "problem": "prev does not match the previous record's hash"},
     })
     assert tampered.seq == 5 and tampered.line == 2  # stated above, checked again by the test
 

@@ -157,11 +157,20 @@ VECTORS: dict[str, list[Vector]] = {
         hand("svd-k2-layout", "k = 2 from the parts' shapes: out[i, j] = sum_k US[i, k] * VT[k, j], row-major",
              "svd(1.0)", (3, 2), [torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]),
                                   torch.tensor([[0.5, 0.0], [0.25, -1.0]])], b'{"shape":[3,2]}'),
+        hand("svd-k3-order", "the sum in k order from the first product, each step rounded to float32, no fused "
+             "multiply-add: 2^24 + 1 - 2^24 is 0 (1 summed from the end), fl((1 + 2^-12)^2) - 1 is 2^-11 (2^-11 + "
+             "2^-24 fused), -0.0 three times is -0.0 (+0.0 summed from +0)", "svd(1.0)", (2, 3),
+             [torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0 + 2**-12, 1.0]]),
+              torch.tensor([[2.0**24, -1.0, -0.0], [1.0, 1.0 + 2**-12, -0.0], [-2.0**24, 0.0, -0.0]])],
+             b'{"shape":[2,3]}'),
     ],
     "lowrank": [
         encoded("lowrank-rank1", "k = round(0.34 * 3) = 1", "lowrank(0.34)", rank1(4, 3), FACTORS, 1e-5),
         encoded("lowrank-3d", "a (2, 2, 3) tensor is the (4, 3) matrix; k = round(0.5 * 3) = 2", "lowrank(0.5)",
                 torch.tensor([[1.0, 0.0, -1.0], [2.0, 0.0, -2.0], [0.0, 1.0, 1.0], [0.0, 3.0, 3.0]]).view(2, 2, 3),
+                FACTORS, 1e-5),
+        encoded("lowrank-k3", "k = round(0.6 * 5) = 3: three products per element, summed in k order",
+                "lowrank(0.6)", torch.tensor([[(i + 1) * (j + 2) % 7 - 3.0 for j in range(6)] for i in range(5)]),
                 FACTORS, 1e-5),
         hand("lowrank-k2-layout", "the svd layout: U_k S_k (2, 2), V_k^T (2, 4)", "lowrank(0.5)", (2, 4),
              [torch.tensor([[1.0, 0.0], [2.0, 0.5]]), torch.tensor([[1.0, 2.0, 3.0, 4.0], [8.0, 0.0, -8.0, 2.0]])],
@@ -198,6 +207,11 @@ VECTORS: dict[str, list[Vector]] = {
                 "fp16(topk(0.5))", f32(1.0, -8.0, 0.1, 3.0)),
         encoded("chain-deflate-fp16", "an outer codec's meta goes in the chain's entry", "deflate(fp16)",
                 f32(1.0, 0.1, -2.0), ZLIB),
+        encoded("chain-int4-fp16", "an inner codec without meta (M = {}: no shape, so the parts may decode to "
+                "2^29 elements) and an outer one with a shape in its meta", "int4(fp16)", f32(1.0, 0.1, -2.0, 0.5)),
+        encoded("chain-nested", "fp16(int8(topk(0.5))): topk, then int8 on its values, then fp16 on int8's "
+                "float32 scales; int8's values and topk's indices pass", "fp16(int8(topk(0.5)))",
+                f32(1.0, -8.0, 0.1, 3.0)),
     ],
     "messages": [
         plain("message-two-tensors", "two tensors: first_payload 0 and 1, one frame each", none_message()),
@@ -260,9 +274,19 @@ def _part(**fields):
     return change
 
 
-def _rank9(env, payloads):
-    env.tensors[0].ClearField("shape")
-    env.tensors[0].shape.extend([1] * 8 + [2])
+def _shape(*dims: int) -> Callable[[pb.Envelope, list[bytes]], None]:
+    """Tensor 0's header shape (its part keeps its own)."""
+    def change(env, payloads):
+        env.tensors[0].ClearField("shape")
+        env.tensors[0].shape.extend(dims)
+    return change
+
+
+def _headers(count: int) -> Callable[[pb.Envelope, list[bytes]], None]:
+    def change(env, payloads):
+        for _ in range(count - len(env.tensors)):
+            env.tensors.add()
+    return change
 
 
 def _codec_reject(spec: str, x: torch.Tensor, **changes) -> list[bytes]:
@@ -270,49 +294,102 @@ def _codec_reject(spec: str, x: torch.Tensor, **changes) -> list[bytes]:
     return frames_of(tensors_message(payload))
 
 
-REJECTS: list[tuple[str, str, Callable[[], list[bytes]]]] = [
-    ("reject-no-frames", "a message has 1 to 1025 frames", lambda: []),
-    ("reject-not-protobuf", "the envelope frame must parse as an Envelope", lambda: [b"\xff\xff\xff"]),
-    ("reject-version", "version must be 1", lambda: _mutated(_set(version=2))),
-    ("reject-kind", "kind 0 (unspecified) and unknown kinds", lambda: _mutated(_set(kind=0))),
-    ("reject-checksum", "one payload bit flipped", lambda: _mutated(_flip)),
-    ("reject-nbytes", "a frame one byte short of shape x itemsize", lambda: _mutated(_shorten)),
-    ("reject-extra-frame", "a payload frame no header claims",
+def _missing_and_corrupt(env, payloads):
+    """Tensor 0 claims two frames: the first corrupt, the second missing."""
+    part = env.tensors[0].parts.add()
+    part.CopyFrom(env.tensors[0].parts[0])
+    _flip(env, payloads)
+
+
+def _chain_reject(spec: str, x: torch.Tensor, change: Callable[[dict], None]) -> list[bytes]:
+    """`x` packed with the chain `spec`, its meta changed by `change`."""
+    payload = pack("x", "activation", x, spec)
+    meta = json.loads(payload.meta)
+    change(meta)
+    return frames_of(tensors_message(dataclasses.replace(payload, meta=json.dumps(meta, separators=(",", ":"))
+                                                         .encode())))
+
+
+def _expand(meta: dict) -> None:
+    meta["o"][0][1]["shape"] = [5000]  # 4 x 4 + 4096 = 4112 elements at most for the (4,) tensor
+
+
+def _unaccounted(meta: dict) -> None:
+    meta["o"] = meta["o"][:1]  # topk's indices pass, and no entry says so
+
+
+TOO_DEEP = "fp16(" * 9 + "none" + ")" * 9  # 10 codec names: depth 9
+
+# (name, about, rule, frames): the rule is the check of docs/protocol.md §1.5 (a WireError, where the code
+# names it too: WireError.rule) or of §3 (a CodecError) that refuses the message
+REJECTS: list[tuple[str, str, str, Callable[[], list[bytes]]]] = [
+    ("reject-no-frames", "a message has 1 to 1025 frames", "frame-count", lambda: []),
+    ("reject-not-protobuf", "the envelope frame must parse as an Envelope", "envelope-protobuf",
+     lambda: [b"\xff\xff\xff"]),
+    ("reject-version", "version must be 1", "version", lambda: _mutated(_set(version=2))),
+    ("reject-kind", "kind 0 (unspecified) and unknown kinds", "kind", lambda: _mutated(_set(kind=0))),
+    ("reject-checksum", "one payload bit flipped", "checksum", lambda: _mutated(_flip)),
+    ("reject-nbytes", "a frame one byte short of shape x itemsize", "nbytes", lambda: _mutated(_shorten)),
+    ("reject-extra-frame", "a payload frame no header claims", "unclaimed-frames",
      lambda: _mutated(lambda env, payloads: payloads.append(b"\x00"))),
-    ("reject-missing-frame", "a header claims a frame that is not there", lambda: _mutated(lambda e, p: p.pop())),
-    ("reject-order", "parts must be claimed in order: tensor 0 from frame 0", lambda: _mutated(_swap, none_message())),
-    ("reject-rank", "rank 9 (the limit is 8)", lambda: _mutated(_rank9)),
-    ("reject-dtype", "a part dtype outside the table", lambda: _mutated(_part(dtype="float64"))),
-    ("reject-negative-dim", "a negative dimension", lambda: _mutated(_part(shape=[-2]))),
-    ("reject-topk-duplicate", "an index twice: which value wins is undefined",
+    ("reject-missing-frame", "a header claims a frame that is not there", "parts-exist",
+     lambda: _mutated(lambda e, p: p.pop())),
+    ("reject-order", "parts must be claimed in order: tensor 0 from frame 0", "first-payload",
+     lambda: _mutated(_swap, none_message())),
+    ("reject-rank", "rank 9 (the limit is 8)", "rank", lambda: _mutated(_shape(*[1] * 8, 2))),
+    ("reject-dtype", "a part dtype outside the table", "dtype", lambda: _mutated(_part(dtype="float64"))),
+    ("reject-negative-dim", "a negative dimension", "negative-dimension", lambda: _mutated(_part(shape=[-2]))),
+    ("reject-topk-duplicate", "an index twice: which value wins is undefined", "topk",
      lambda: _codec_reject("topk(0.5)", f32(1.0, 2.0, 3.0, 4.0),
                            parts=[f32(1.0, 2.0), torch.tensor([3, 3], dtype=torch.int32)])),
-    ("reject-int8-scales", "ceil(numel / block) scales, not fewer",
+    ("reject-int8-scales", "ceil(numel / block) scales, not fewer", "int8",
      lambda: _codec_reject("int8(block=2)", f32(1.0, 2.0, 3.0), parts=[torch.tensor([1, 2, 3], dtype=torch.int8),
                                                                      f32(1.0)])),
-    ("reject-int4-nibbles", "ceil(numel / 2) bytes of nibbles for the meta's shape, not fewer",
+    ("reject-int4-nibbles", "ceil(numel / 2) bytes of nibbles for the meta's shape, not fewer", "int4",
      lambda: _codec_reject("int4", f32(1.0, 2.0, 3.0), parts=[torch.tensor([0x99], dtype=torch.uint8),
                                                              torch.tensor([1.0], dtype=torch.bfloat16)],
                            meta=b'{"shape":[3]}')),
-    ("reject-meta-json", "codec_meta must be a JSON object", lambda: _codec_reject("topk(0.5)", f32(1.0, 2.0),
-                                                                                     meta=b"[2]")),
-    ("reject-deflate-trailing", "bytes after the zlib stream",
+    ("reject-meta-json", "codec_meta must be a JSON object", "meta",
+     lambda: _codec_reject("topk(0.5)", f32(1.0, 2.0), meta=b"[2]")),
+    ("reject-deflate-trailing", "bytes after the zlib stream", "deflate",
      lambda: _codec_reject("deflate", torch.tensor([1, 2]), parts=[torch.frombuffer(
          bytearray(zlib.compress(b"\x02\x04") + b"\x00"), dtype=torch.uint8)])),
+    ("reject-tensor-count", "257 tensor headers (the limit is 256), checked with the envelope", "tensor-count",
+     lambda: _mutated(_headers(257))),
+    ("reject-dimension", "a dimension over 2^31 beside a 0: the product alone would pass", "dimension",
+     lambda: _mutated(_shape(0, 2**31 + 1))),
+    ("reject-shape-bytes", "2^20 x 2^10 float32 elements imply 2^32 bytes, over the 2^31 of a message",
+     "shape-bytes", lambda: _mutated(_shape(2**20, 2**10))),
+    ("reject-missing-before-checksum", "a header's parts must all exist before any part is checked: part 0's "
+     "checksum is wrong too, but part 1's frame is missing", "parts-exist", lambda: _mutated(_missing_and_corrupt)),
+    ("reject-lossy-to-int", "fp16 decodes to float32, the header says int32: only float to float is converted",
+     "conversion", lambda: _codec_reject("fp16", f32(1.0, 2.0), dtype="int32")),
+    ("reject-none-int32-as-int64", "none's part is int32, the header says int64: no integer conversion",
+     "conversion", lambda: _codec_reject("none", torch.tensor([1, 2], dtype=torch.int32), dtype="int64")),
+    ("reject-chain-expands", "an entry's outer meta says 5000 elements, over 4 x 4 + 4096 for the (4,) tensor the "
+     "inner meta names: refused before decoding", "chain",
+     lambda: _chain_reject("topk(topk(0.5), 0.5)", f32(1.0, -2.0, 3.0, 0.5), _expand)),
+    ("reject-chain-unaccounted", "every part must be accounted for: the entries name 2 of the 3 parts", "chain",
+     lambda: _chain_reject("int8(topk(0.5))", f32(1.0, -2.0, 3.0, 0.5), _unaccounted)),
+    ("reject-spec-depth", "10 codec names: a codec at depth 9, over MAX_DEPTH 8", "spec",
+     lambda: frames_of(tensors_message(TensorPayload("x", "activation", "float32", (1,), TOO_DEEP, b"",
+                                                     [f32(1.0)])))),
 ]
 
 
-def refusal(frames: list[bytes]) -> tuple[str, str]:
-    """(error class, its text up to the first parenthesis) the receiver raises: WireError from
-    decode_message, CodecError from unpack. The text names the field; what follows a parenthesis (a
-    parser's own words, a hint) is not part of the vector."""
+def refusal(frames: list[bytes]) -> tuple[str, str, str]:
+    """(error class, the rule the code names, Nebula's text up to the first parenthesis after the field)
+    the receiver raises: WireError from decode_message, CodecError from unpack. Only the class and the
+    rule are normative (docs/protocol.md §1.5); the code names the rule of a WireError, and its text
+    starts with the field. What follows a later parenthesis (a parser's own words, a hint) is left out."""
     try:
         msg = decode_message(frames)
         for tensor in msg.tensors:
             unpack(tensor)
     except (WireError, CodecError) as exc:
-        return type(exc).__name__, str(exc).split(" (")[0]
-    return "", "accepted"
+        field, colon, rest = str(exc).partition(": ")
+        return type(exc).__name__, getattr(exc, "rule", ""), field + colon + rest.split(" (")[0]
+    return "", "", "accepted"
 
 
 # ---- JSON ------------------------------------------------------------------------------------------------
@@ -355,10 +432,13 @@ def vector_json(vector: Vector) -> dict[str, Any]:
     return out
 
 
-def reject_json(name: str, about: str, build: Callable[[], list[bytes]]) -> dict[str, Any]:
+def reject_json(name: str, about: str, rule: str, build: Callable[[], list[bytes]]) -> dict[str, Any]:
     frames = build()
-    error, message = refusal(frames)
-    return {"name": name, "about": about, "frames": [f.hex() for f in frames], "error": error, "message": message}
+    error, named, message = refusal(frames)
+    if named and named != rule:
+        raise AssertionError(f"{name}: built to break rule {rule!r}, the code refuses it by {named!r}")
+    return {"name": name, "about": about, "frames": [f.hex() for f in frames], "error": error, "rule": rule,
+            "message": message}
 
 
 def generate() -> dict[str, dict[str, Any]]:
@@ -390,21 +470,26 @@ def stored_vector(name: str) -> dict[str, Any]:
     raise KeyError(f"no wire vector named {name!r}; regenerate: python -m tests.vectors.make_wire --regenerate")
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--regenerate", action="store_true", help="rewrite tests/vectors/wire/ from the code")
+def write_or_check(files: dict[str, dict[str, Any]], root: Path, doc: str | None) -> int:
+    """A generator's command line: `--regenerate` writes `files` under `root`; without it, say which
+    differ from what is there (exit 1 if any)."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    parser.add_argument("--regenerate", action="store_true", help=f"rewrite {root.name}/ from the code")
     args = parser.parse_args()
-    files = generate()
     if not args.regenerate:
         stale = [name for name, content in files.items()
-                 if not (ROOT / name).exists() or (ROOT / name).read_text() != dumps(content)]
+                 if not (root / name).exists() or (root / name).read_text() != dumps(content)]
         print("differ from the code: " + ", ".join(stale) if stale else "all vectors match the code")
         return 1 if stale else 0
-    ROOT.mkdir(parents=True, exist_ok=True)
+    root.mkdir(parents=True, exist_ok=True)
     for name, content in files.items():
-        (ROOT / name).write_text(dumps(content))
-    print(f"wrote {len(files)} files to {ROOT}")
+        (root / name).write_text(dumps(content))
+    print(f"wrote {len(files)} files to {root}")
     return 0
+
+
+def main() -> int:
+    return write_or_check(generate(), ROOT, __doc__)
 
 
 if __name__ == "__main__":

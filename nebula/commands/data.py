@@ -1,17 +1,27 @@
 """`nebula data register|grant|revoke|list`: a site's data sets and who may read them (docs/security.md).
 
-Not a command of its own: `nebula data` belongs to the corpus workload (services/corpus/command.py,
-which adds `prepare`) and calls `add_actions` so that both live under one name.
+A workload adds actions of its own under the same command through its spec (nebula.workload,
+`data = {"ACTION": "module:register"}`; e.g. `nebula data prepare`, from a workload that builds its data).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
+from nebula import workload
 from nebula.commands.user import site_arguments, site_store, table
 from nebula.errors import ConfigError
 
 
-def add_actions(data_sub) -> None:
+def register(sub) -> None:
+    added = sorted(workload.installed().provided("data"))
+    parser = sub.add_parser("data", help="a site's data sets and read access to them (docs/security.md)"
+                                         + (f"; from the workloads: {', '.join(added)}" if added else ""))
+    data_sub = parser.add_subparsers(dest="data_command", required=True, metavar="ACTION")
+    _site_actions(data_sub)
+    workload.add_commands("data", data_sub, "nebula data")
+
+
+def _site_actions(data_sub) -> None:
     common = site_arguments()
     p = data_sub.add_parser("register", parents=[common], help="register a directory under the site's data roots "
                             "as a data set owned by a user (who authenticates)")

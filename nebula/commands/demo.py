@@ -1,8 +1,9 @@
-"""`nebula demo [WORKLOAD]`: a workload end to end on this machine (ABNet-Cloud when none is named).
+"""`nebula demo [WORKLOAD]`: a workload end to end on this machine (the default demo when none is named).
 
-Each workload registers its demo under the entry-point group `nebula.demos` as a `Demo`: a summary,
-the options of its own and the function that runs it. `--job`, `--steps` and `--run-dir` are
-shared; an option of one workload given to another is an error, not silently ignored.
+A workload's spec (nebula.workload) names its demo, a `Demo`: a summary, the job it runs, the options of
+its own and the function that runs it. `--job`, `--steps` and `--run-dir` are shared; an option of one
+workload given to another is an error, not silently ignored. The demo of the workload whose `Demo` says
+`default=True` runs when none is named (or the only one installed).
 
 A demo checks every argument before it writes anything, and deletes nothing it did not write: its
 run directory is a new or empty one, or one an earlier demo made (marked by MARK), which it empties.
@@ -11,20 +12,18 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-import tomli_w
 import tomllib
 
+from nebula import workload
 from nebula.errors import ConfigError
 from nebula.shipped import data_dir, job_file
 
-ENTRY_POINT_GROUP = "nebula.demos"
-DEFAULT = "abnet"  # what `nebula demo` has always run (README)
 MARK = ".nebula-demo"  # written into every run directory a demo makes: only such a directory is emptied
 
 
@@ -32,27 +31,57 @@ MARK = ".nebula-demo"  # written into every run directory a demo makes: only suc
 class Demo:
     summary: str
     run: Callable[[argparse.Namespace], int]
+    job: Path  # the job file it runs unless --job is given
     # adds the workload's own options to its argument group; returns the actions it added
     add_arguments: Callable[[argparse._ArgumentGroup], list[argparse.Action]] = lambda group: []
+    default: bool = False  # what `nebula demo` runs with no workload named (at most one installed demo says so)
 
 
 def installed() -> dict[str, Demo]:
-    # imported when the parser is built: a demo module keeps its heavy imports inside `run`
-    return {ep.name: ep.load() for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    """Workload name -> its demo. Imported when the parser is built: a demo module keeps its heavy imports
+    inside `run`. A demo that cannot be imported is left out, with a warning: the others still run."""
+    demos = {}
+    for name, spec in workload.installed().loaded.items():
+        if spec.demo is not None:
+            try:
+                demos[name] = workload.load(spec.demo, f"the demo of {name}")
+            except ConfigError as exc:
+                print(f"nebula: warning: {exc}", file=sys.stderr)
+    return demos
+
+
+def default_demo(demos: dict[str, Demo]) -> str | None:
+    """The name of the demo `nebula demo` runs: the one marked default, else the only one installed; None
+    when that is not one demo (then `nebula demo` asks for a name)."""
+    marked = [name for name, demo in demos.items() if demo.default] or list(demos)
+    return marked[0] if len(marked) == 1 else None
+
+
+def default_job() -> Path:
+    """The job `nebula demo` runs with no arguments: a tool's default real job (e.g. `nebula bench chaos`)."""
+    demos = installed()
+    name = default_demo(demos)
+    if name is None:
+        raise ConfigError(f"no default demo among the installed ({', '.join(demos) or 'none'}), so no default job: "
+                          "give --job")
+    return demos[name].job
 
 
 def register(sub) -> None:
     demos = installed()
-    parser = sub.add_parser("demo", help="a workload across local sites, end to end (default: abnet)",
-                            description="; ".join(f"{name}: {demo.summary}" for name, demo in sorted(demos.items())))
-    parser.add_argument("workload", nargs="?", default=DEFAULT, choices=sorted(demos),
-                        help=f"which demo (default: {DEFAULT})")
+    first = default_demo(demos)
+    parser = sub.add_parser("demo", help=f"a workload across local sites, end to end (default: {first})",
+                            description="; ".join(f"{name}: {demo.summary} (job {demo.job.stem})"
+                                                  for name, demo in sorted(demos.items())))
+    parser.add_argument("workload", nargs="?" if first else None, default=first, choices=sorted(demos),
+                        help=f"which demo (default: {first})" if first else "which demo")
     parser.add_argument("--job", type=Path, default=None,
-                        help="job file, or the name of a shipped job such as abnet-zh-en (default: the workload's)")
+                        help="job file, or the name of a shipped job (deploy/jobs; default: the workload's)")
     parser.add_argument("--steps", type=int, default=None, help="override the job's [train].steps")
     parser.add_argument("--run-dir", type=Path, default=None,
                         help="logs, keys, checkpoints, plot: a new or empty directory, or an earlier demo's, which "
-                             "is emptied first (default: runs/demo, runs/demo-WORKLOAD for the others)")
+                             f"is emptied first (default: runs/demo{f' for {first}' if first else ''}, "
+                             "runs/demo-WORKLOAD for the others)")
     owners = {}  # option dest -> (workload, action): to refuse an option meant for another workload
     for name, demo in sorted(demos.items()):
         for action in demo.add_arguments(parser.add_argument_group(f"{name} options")):
@@ -70,7 +99,7 @@ def dispatch(args: argparse.Namespace, demos: dict[str, Demo], owners: dict) -> 
     if args.job is not None:
         args.job = job_file(args.job)
     if args.run_dir is None:
-        args.run_dir = Path("runs/demo" if args.workload == DEFAULT else f"runs/demo-{args.workload}")
+        args.run_dir = Path("runs/demo" if args.workload == default_demo(demos) else f"runs/demo-{args.workload}")
     return demos[args.workload].run(args)
 
 
@@ -125,5 +154,7 @@ def job_copy(source: Path, steps: int | None = None) -> dict[str, Any]:
 
 
 def write_job(raw: dict[str, Any], out: Path, source: Path) -> Path:
-    out.write_text(f"# written by `nebula demo` from {source}\n{tomli_w.dumps(raw)}")
+    # why here: torch, kept off `nebula --help`
+    from nebula.runtime.job_file import write_job_file
+    write_job_file(out, raw, note=f"written by `nebula demo` from {source}")
     return out

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from nebula.errors import DataError
-from services.abnet.plm import BertModel, Pretrained, SpecialIds
+from services.models.plm import BertModel, Pretrained, SpecialIds
 
 
 @dataclass

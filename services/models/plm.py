@@ -1,6 +1,7 @@
 """A plain BERT encoder (post-LN, GELU) in torch that loads Hugging Face-named weights.
 
-Both pre-trained models ABNet uses are this architecture: all-MiniLM-L6-v2 (target side, BERT
+Both shipped pre-trained models are this architecture (ABNet-Cloud uses both, ELECTRA-Cloud starts from
+the second): all-MiniLM-L6-v2 (target side, BERT
 uncased wordpiece) and multilingual-e5-small (source side, XLM-R vocabulary). The one difference
 that matters is where position ids start: BERT counts from 0, XLM-R from ``padding_idx + 1``
 (= 2), so the config carries ``position_offset``.

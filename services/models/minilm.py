@@ -11,7 +11,7 @@ from pathlib import Path
 from tokenizers import Tokenizer
 
 from nebula.errors import StageError
-from services.abnet.plm import BertConfig, Pretrained, SpecialIds, load_bert
+from services.models.plm import BertConfig, Pretrained, SpecialIds, load_bert
 
 MODEL_FILES = ("config.json", "tokenizer.json", "model.safetensors")
 

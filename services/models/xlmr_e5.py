@@ -23,7 +23,7 @@ from tokenizers import Tokenizer
 
 from nebula.errors import StageError
 from nebula.shipped import in_checkout
-from services.abnet.plm import BertConfig, Pretrained, SpecialIds, load_bert
+from services.models.plm import BertConfig, Pretrained, SpecialIds, load_bert
 
 
 def _default_cache() -> Path:
