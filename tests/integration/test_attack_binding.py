@@ -24,7 +24,7 @@ STAGES = ("a/enc/0", "a/evil/0", "b/dec/0")
 @pytest.fixture
 def sites(tmp_path, request):
     world = make_world(tmp_path, stages=STAGES)
-    procs = [GatewayProcess(world.site(name), tmp_path).start() for name in ("a", "b")]
+    procs = [GatewayProcess(world.site(name)).start() for name in ("a", "b")]
     yield world
     for proc in procs:
         proc.kill()

@@ -31,7 +31,7 @@ def running(tmp_path, request):
 
     def start(world, *names):
         for name in names:
-            procs.append(GatewayProcess(world.site(name), tmp_path).start())
+            procs.append(GatewayProcess(world.site(name)).start())
 
     yield start
     for proc in procs:

@@ -36,7 +36,7 @@ def test_a_stage_that_never_reads_small_messages_costs_its_gateway_what_queue_by
     """1 KiB messages: what the gateway holds per queued message beyond its bytes counts against `queue_bytes`."""
     queue = 16 << 20
     slack = 24 << 20  # the interpreter's own growth in a flood, messages being handled, allocator slack
-    row = flood("stalled-small", tmp_path, 6.0, extra_gateway=f"queue_bytes = {queue}\n",
+    row = flood("stalled-small", tmp_path, 6.0, gateway={"queue_bytes": queue},
                 stop_when=lambda growth: growth > 4 * (queue + slack))
     assert row["exits"] == {"a": 0, "b": 0}
     growth = row["rss_peak"] - row["rss_start"]

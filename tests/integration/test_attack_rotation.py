@@ -33,7 +33,7 @@ HEAL_S = 20.0  # what a healed link may take: the refused side retries within se
 def test_a_rotated_peer_gateway_key_ends_with_a_working_link(tmp_path, request, order):
     world = make_world(tmp_path, stages=("a/enc/0", "b/dec/0"))
     a, b = world.site("a"), world.site("b")
-    procs = {name: GatewayProcess(world.site(name), tmp_path).start() for name in ("a", "b")}
+    procs = {name: GatewayProcess(world.site(name)).start() for name in ("a", "b")}
     try:
         both_ways(world)  # the link works before
         imported = False
@@ -49,7 +49,7 @@ def test_a_rotated_peer_gateway_key_ends_with_a_working_link(tmp_path, request, 
                 refused = len(external_refusals(a))
                 proc = procs[step[-1]]
                 proc.kill()
-                procs[step[-1]] = GatewayProcess(proc.site, tmp_path).start()
+                procs[step[-1]] = GatewayProcess(proc.site).start()
                 if step == "restart-b" and not imported:  # b's new key reached a, and a refused it
                     wait_for(lambda n=refused: len(external_refusals(a)) > n, timeout=10, what="a refusing b's key")
                     time.sleep(0.5)  # a audits before it answers: let the refusal reach b before a next step kills a
