@@ -71,7 +71,11 @@ class LinkTail:
         return {"delta_cache": {f: sum(int(c.get(f, 0)) for c in self.caches[key].values()) for f in fields}}
 
     def _now(self, key: str) -> dict[str, Any]:
-        codecs = self.latest[key][1]
+        # A link that has carried only an evaluation's tensors (a stage started after its last step) has
+        # no training step yet to name a codec for.
+        codecs = self.latest.get(key, (0, {}))[1]
+        if not codecs:
+            return {}
         raw, wire = sum(c["raw"] for c in codecs.values()), sum(c["wire"] for c in codecs.values())
         return {"codec": max(codecs, key=lambda c: codecs[c]["wire"]), "ratio": round(raw / wire, 3) if wire else 0.0}
 

@@ -1,0 +1,130 @@
+"""A site as its operator runs it when things go wrong (issue 41): a supervisor killed with SIGKILL, a
+service that fails at start-up, a restart of one service, users' jobs at `site down`. Real processes,
+real CURVE; what runs is checked in the process table, not in the state files."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nebula.runtime.job_file import write_job_file
+from nebula.site.process import ProcessId
+from tests.support.gateways import free_port, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def nebula(*args, check: bool = True, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, "-m", "nebula.cli", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+    if check and done.returncode != 0:
+        raise AssertionError(f"nebula {' '.join(map(str, args))} exited {done.returncode}:\n{done.stderr}")
+    return done
+
+
+def example_job(path: Path, steps: int = 100000, site_b: str = "b") -> Path:
+    """A light job: the example source at site a, its sink at `site_b` (a for a job within one site)."""
+    write_job_file(path, {
+        "job": {"name": "example"},
+        "train": {"steps": steps, "batch_size": 8, "micro_batches": 2, "checkpoint_every": 2, "log_every": 1},
+        "stages": {"src": {"address": "a/src/0", "impl": "example-source"},
+                   "sink": {"address": f"{site_b}/sink/0", "impl": "example-sink"}},
+        "links": [{"from": "src", "to": "sink", "tensors": ["hidden"], "backward": True}]})
+    return path
+
+
+def init(root: Path, name: str = "a", job: Path | None = None, *extra) -> tuple[Path, list[str]]:
+    """`nebula site init`; -> the config, and the `site trust` line's arguments for the other operator."""
+    public, internal = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    out = nebula("site", "init", name, "--site-dir", root / name, "--public", public, "--external", public,
+                 "--internal", internal, "--days", 1, *(["--job", job] if job else []), *extra).stdout
+    line = next(ln.split() for ln in out.splitlines() if ln.strip().startswith("nebula site trust"))
+    return root / name / "site.toml", [str(root / name / line[4]), *line[5:]]
+
+
+def trust(config: Path, line: list[str], *extra) -> subprocess.CompletedProcess:
+    return nebula("site", "trust", config, *line, *extra)
+
+
+def recorded(config: Path) -> list[ProcessId]:
+    """Every process the site's supervisor recorded, with its start time, and the supervisor."""
+    state = json.loads((config.parent / "run" / "status" / "supervisor.json").read_text())
+    return [ProcessId(state["pid"], state["pid_start"])] + [
+        ProcessId(pid, start) for s in state["services"] for pid, start in zip(s["pids"], s["pid_starts"])]
+
+
+def status(config: Path) -> dict:
+    return json.loads(nebula("site", "status", config, "--json").stdout)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Site a, trusting site b (never started here): its stage `src` waits for b's sink, idle. Built
+    once for the module (`site init` imports torch to read the job: seconds each)."""
+    root = tmp_path_factory.mktemp("sites")
+    job = example_job(root / "job.toml")
+    config, _ = init(root, "a", job)
+    trust(config, init(root, "b", job)[1])
+    return config
+
+
+@pytest.fixture
+def site_a(built):
+    config = built
+    yield config
+    nebula("site", "down", config, check=False)
+
+
+def test_a_supervisor_killed_with_sigkill_leaves_services_that_down_stops_and_up_refuses_to_double(site_a):
+    nebula("site", "up", site_a)
+    supervisor, *services = recorded(site_a)
+    os.kill(supervisor.pid, signal.SIGKILL)
+    wait_for(lambda: not supervisor.alive(), timeout=10, what="the supervisor to die")
+    assert services and all(p.alive() for p in services)  # the process table: its services run on
+    seen = status(site_a)
+    assert not seen["up"] and {s["service"]: s["state"] for s in seen["services"]} == \
+        {"gateway": "orphaned", "src": "orphaned"}
+    assert "its supervisor died and left gateway, src running" in nebula("site", "status", site_a).stdout
+    again = nebula("site", "up", site_a, check=False)
+    assert again.returncode != 0 and "site a is already up" in again.stderr
+    assert f"gateway (pid {services[0].pid})" in again.stderr and "nebula site down" in again.stderr
+    assert [p for p in recorded(site_a)[1:]] == services  # no second set was started
+    down = nebula("site", "down", site_a)
+    assert f"gateway (pid {services[0].pid})" in down.stdout and f"src (pid {services[1].pid})" in down.stdout
+    assert not [p for p in services if p.alive()]
+    assert "not up" in nebula("site", "down", site_a).stdout
+
+
+def test_site_up_fails_with_the_services_reason_and_leaves_nothing_running(site_a):
+    internal = int(site_a.read_text().split('internal = "tcp://127.0.0.1:')[1].split('"')[0])
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", internal))
+        holder.listen()
+        done = nebula("site", "up", site_a, check=False)
+    assert done.returncode != 0
+    assert "gateway failed at start-up (exit code 3)" in done.stderr and "cannot bind" in done.stderr
+    assert "is down again" in done.stderr
+    assert not [p for p in recorded(site_a) if p.alive()]
+
+
+def test_restart_one_service_and_wait_until_every_service_is_healthy(site_a):
+    started = time.monotonic()
+    nebula("site", "up", site_a, "--wait-healthy", 60)
+    assert {s["service"]: s["state"] for s in status(site_a)["services"]} == {"gateway": "running", "src": "running"}
+    assert nebula("health", site_a).returncode == 0
+    before = {s["service"]: s["pid"] for s in status(site_a)["services"]}
+    out = nebula("site", "restart", site_a, "--service", "gateway").stdout
+    after = {s["service"]: s for s in status(site_a)["services"]}
+    assert f"restarted gateway (pid {after['gateway']['pid']})" in out and after["gateway"]["pid"] != before["gateway"]
+    assert after["gateway"]["restarts"] == 1 and after["src"]["pid"] == before["src"]  # the others untouched
+    assert not ProcessId(before["gateway"], None).alive()
+    done = nebula("site", "restart", site_a, "--service", "nope", check=False)
+    assert done.returncode != 0 and "runs no service 'nope'; it runs gateway, src" in done.stderr
+    assert time.monotonic() - started < 60
