@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from nebula.runtime.job_file import write_job_file
+from nebula.security.job_record import record_file
 from nebula.site.process import ProcessId
 from tests.support.gateways import free_port, wait_for
 
@@ -128,3 +129,30 @@ def test_restart_one_service_and_wait_until_every_service_is_healthy(site_a):
     done = nebula("site", "restart", site_a, "--service", "nope", check=False)
     assert done.returncode != 0 and "runs no service 'nope'; it runs gateway, src" in done.stderr
     assert time.monotonic() - started < 60
+
+
+def test_site_down_stops_a_users_running_job_too_and_says_so(site_a, tmp_path):
+    secret = tmp_path / "alice.secret"
+    secret.write_text("alice's long secret\n")
+    secret.chmod(0o600)
+    user = ("--site-config", site_a, "--secret-file", secret)
+    nebula("user", "add", "alice", *user)
+    job = tmp_path / "alice.toml"
+    write_job_file(job, {"job": {"name": "alice"}, "train": {"steps": 100000, "batch_size": 8, "log_every": 50},
+                         "stages": {"src": {"address": "a/alice-src/0", "impl": "example-source"},
+                                    "sink": {"address": "a/alice-sink/0", "impl": "example-sink"}},
+                         "links": [{"from": "src", "to": "sink", "tensors": ["hidden"], "backward": True}]})
+    nebula("site", "up", site_a)
+    job_id = nebula("job", "submit", job, "--user", "alice", *user).stdout.split()[1]
+    workspace = site_a.parent / "run" / "jobs" / job_id
+    record = record_file(workspace).read()
+    state = json.loads((workspace / "status" / "supervisor.json").read_text())
+    job_processes = [ProcessId(record["pid"], record["pid_start"])] + [
+        ProcessId(pid, start) for s in state["services"] for pid, start in zip(s["pids"], s["pid_starts"])]
+    assert all(p.alive() for p in job_processes)
+    down = nebula("site", "down", site_a).stdout
+    assert f"stopped job {job_id} of alice: supervisor (pid {record['pid']}), src" in down
+    assert "stopped site a: supervisor" in down
+    assert not [p for p in job_processes + recorded(site_a) if p.alive()]  # the process table
+    listed = nebula("job", "list", "--user", "alice", *user).stdout
+    assert listed.splitlines()[1].split()[:3] == [job_id, "alice", "stopped"]
