@@ -315,6 +315,10 @@ class StageRunner:
         sender = self.names.get(msg.src)
         if sender is None:
             raise StageError(f"{msg.src} sent a {msg.kind.name} message but is not a stage of job {self.job.name}")
+        if msg.job != self.job.name:
+            raise StageError(f"{msg.src} sent a message of job {msg.job!r} to a stage of job {self.job.name!r}: "
+                             "submit every site's half of a job under the id the first site issued "
+                             "(`nebula job submit JOB.toml --join ID`)")
         if msg.kind == Kind.CONTROL:
             topic, body = ctl.parse_control(msg)
             if topic in PROTOCOL:  # the resume protocol crosses generations

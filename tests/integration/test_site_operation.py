@@ -156,3 +156,48 @@ def test_site_down_stops_a_users_running_job_too_and_says_so(site_a, tmp_path):
     assert not [p for p in job_processes + recorded(site_a) if p.alive()]  # the process table
     listed = nebula("job", "list", "--user", "alice", *user).stdout
     assert listed.splitlines()[1].split()[:3] == [job_id, "alice", "stopped"]
+
+
+@pytest.mark.slow  # four sites' worth of processes: ~2 min on 2 busy cores
+def test_two_users_at_two_sites_run_the_halves_of_one_job_under_the_id_the_first_site_issued(tmp_path):
+    """docs/operate.md §4 as written: two operators, alice at a and bob at b, the shipped job."""
+    job = REPO / "deploy" / "jobs" / "example-two-users.toml"
+    (a, line_a), (b, line_b) = init(tmp_path, "a", None, "--data", tmp_path), init(tmp_path, "b", None, "--data",
+                                                                                    tmp_path)
+    trust(a, line_b)
+    trust(b, line_a)
+    users = {}
+    for config, user in ((a, "alice"), (b, "bob")):
+        secret = tmp_path / f"{user}.secret"
+        secret.write_text(f"{user}'s long secret\n")
+        secret.chmod(0o600)
+        users[user] = ("--user", user, "--site-config", config, "--secret-file", secret)
+        (tmp_path / f"data-{user}").mkdir()
+        nebula("user", "add", user, *users[user][2:])
+        nebula("data", "register", "example", tmp_path / f"data-{user}", "--owner", user, *users[user][2:])
+    try:
+        for config in (a, b):
+            nebula("site", "up", config)
+        submitted = nebula("job", "submit", job, *users["alice"]).stdout
+        job_id = submitted.split()[1]
+        assert f"--join {job_id}" in submitted  # what alice tells bob
+        wrong = nebula("job", "submit", job, "--join", job_id[:-8] + "0" * 8, *users["bob"], check=False)
+        assert wrong.returncode != 0 and "issued for another job file" in wrong.stderr
+        nebula("job", "submit", job, "--join", job_id, *users["bob"])
+        for config, user in ((a, "alice"), (b, "bob")):
+            wait_for(lambda: _listed(config, users[user])[2] == "done", timeout=120, what=f"the job at {config}")
+        row_a, row_b = _listed(a, users["alice"]), _listed(b, users["bob"])
+        assert row_a[0] == row_b[0] == job_id
+        assert "a/src/0 done step 6" in " ".join(row_a) and "b/sink/0 step 6" in " ".join(row_a)  # b's half, seen
+        assert "b/sink/0 done step 6" in " ".join(row_b) and "a/src/0 step" in " ".join(row_b)
+        logs = nebula("job", "logs", job_id, *users["bob"], "--stage", "sink", "-n", 200).stdout
+        assert "[sink] step=6" in logs and "loss=" in logs and "checkpoint step=6" in logs
+        assert (a.parent / "run" / "jobs" / job_id / "src" / "finished.json").exists()
+    finally:
+        for config in (a, b):
+            nebula("site", "down", config, check=False)
+
+
+def _listed(config: Path, user: tuple) -> list[str]:
+    """The first job's row of `nebula job list`, split on whitespace."""
+    return nebula("job", "list", *user).stdout.splitlines()[1].split()
