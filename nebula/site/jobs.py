@@ -29,6 +29,7 @@ from nebula.security.accounts import Accounts, audit, check_store
 from nebula.security.job_record import job_dir, job_owner, record_file
 from nebula.security.keystore import SiteKeyStore
 from nebula.site.config import SiteConfig, load_site_config
+from nebula.site.pidfile import read_json_or_empty
 from nebula.site.process import ProcessId
 from nebula.site.service import tail
 
@@ -80,7 +81,7 @@ def whole_job(record: dict) -> list[str]:
     from their status files; another site's from what this site's stages last heard from it (the
     step its latest message was for, and when), since nothing else of that site is visible here."""
     status = Path(record["dir"]) / "status"
-    mine = {name: _read(status / f"{name}.json") for name in record["stages"]}
+    mine = {name: read_json_or_empty(status / f"{name}.json") for name in record["stages"]}
     heard: dict[str, dict] = {}
     for seen in mine.values():
         for address, last in seen.get("peers", {}).items():
@@ -97,13 +98,6 @@ def whole_job(record: dict) -> list[str]:
         else:
             lines.append(f"{address} not heard from")
     return lines
-
-
-def _read(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 # -- the owner's commands ---------------------------------------------------------------------------

@@ -184,9 +184,9 @@ def test_two_users_at_two_sites_run_the_halves_of_one_job_under_the_id_the_first
         wrong = nebula("job", "submit", job, "--join", job_id[:-8] + "0" * 8, *users["bob"], check=False)
         assert wrong.returncode != 0 and "issued for another job file" in wrong.stderr
         nebula("job", "submit", job, "--join", job_id, *users["bob"])
-        for config, user in ((a, "alice"), (b, "bob")):
-            wait_for(lambda: _listed(config, users[user])[2] == "done", timeout=120, what=f"the job at {config}")
-        row_a, row_b = _listed(a, users["alice"]), _listed(b, users["bob"])
+        for user in ("alice", "bob"):
+            wait_for(lambda u=user: _listed(users[u])[2] == "done", timeout=120, what=f"{user}'s half to end")
+        row_a, row_b = _listed(users["alice"]), _listed(users["bob"])
         assert row_a[0] == row_b[0] == job_id
         assert "a/src/0 done step 6" in " ".join(row_a) and "b/sink/0 step 6" in " ".join(row_a)  # b's half, seen
         assert "b/sink/0 done step 6" in " ".join(row_b) and "a/src/0 step" in " ".join(row_b)
@@ -198,6 +198,24 @@ def test_two_users_at_two_sites_run_the_halves_of_one_job_under_the_id_the_first
             nebula("site", "down", config, check=False)
 
 
-def _listed(config: Path, user: tuple) -> list[str]:
-    """The first job's row of `nebula job list`, split on whitespace."""
+def _listed(user: tuple) -> list[str]:
+    """The first job's row of `nebula job list` (`user`: its arguments), split on whitespace."""
     return nebula("job", "list", *user).stdout.splitlines()[1].split()
+
+
+def test_a_stage_that_finished_its_job_is_not_started_again_by_site_up(site_a):
+    """A finished stage started again would evaluate again and wait for the other site (issue 41, 3)."""
+    workdir = site_a.parent / "run" / "src"
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "finished.json").write_text('{"steps": 100000}')  # as the runner leaves it (example_job's steps)
+    try:
+        nebula("site", "up", site_a)
+        states = {s["service"]: s["state"] for s in status(site_a)["services"]}
+        assert states == {"gateway": "running", "src": "done"}
+        assert "src finished the job at step 100000 already; not started" in \
+            nebula("site", "logs", site_a, "supervisor").stdout
+        nebula("site", "down", site_a)
+        nebula("site", "up", site_a, "--steps", 100001)  # --steps trains on
+        assert {s["service"]: s["state"] for s in status(site_a)["services"]}["src"] == "running"
+    finally:
+        (workdir / "finished.json").unlink()
