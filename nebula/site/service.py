@@ -56,7 +56,7 @@ class ServiceSpec:
 def tail(path: Path, lines: int = 20) -> str:
     """The last `lines` lines of a log, or "(no log)"."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:] if lines > 0 else [])  # -0: all
     except OSError:
         return "(no log)"
 

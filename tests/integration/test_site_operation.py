@@ -106,6 +106,7 @@ def test_a_supervisor_killed_with_sigkill_leaves_services_that_down_stops_and_up
 def test_site_up_fails_with_the_services_reason_and_leaves_nothing_running(site_a):
     internal = int(site_a.read_text().split('internal = "tcp://127.0.0.1:')[1].split('"')[0])
     with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # past the last test's TIME_WAIT
         holder.bind(("127.0.0.1", internal))
         holder.listen()
         done = nebula("site", "up", site_a, check=False)
@@ -121,7 +122,16 @@ def test_restart_one_service_and_wait_until_every_service_is_healthy(site_a):
     assert {s["service"]: s["state"] for s in status(site_a)["services"]} == {"gateway": "running", "src": "running"}
     assert nebula("health", site_a).returncode == 0
     before = {s["service"]: s["pid"] for s in status(site_a)["services"]}
-    out = nebula("site", "restart", site_a, "--service", "gateway").stdout
+    followed = site_a.parent / "followed.log"
+    with open(followed, "w") as out_file:  # `site logs -f`, as an operator watches a restart
+        follower = subprocess.Popen([sys.executable, "-m", "nebula.cli", "site", "logs", site_a, "gateway", "-n", "0",
+                                     "-f"], cwd=REPO, stdout=out_file, stderr=subprocess.STDOUT)
+    try:
+        out = nebula("site", "restart", site_a, "--service", "gateway").stdout
+        wait_for(lambda: "gateway a/gateway/0 up" in followed.read_text(), timeout=20, what="the new start's line")
+    finally:
+        follower.kill()
+        follower.wait()
     after = {s["service"]: s for s in status(site_a)["services"]}
     assert f"restarted gateway (pid {after['gateway']['pid']})" in out and after["gateway"]["pid"] != before["gateway"]
     assert after["gateway"]["restarts"] == 1 and after["src"]["pid"] == before["src"]  # the others untouched
@@ -184,6 +194,15 @@ def test_two_users_at_two_sites_run_the_halves_of_one_job_under_the_id_the_first
         wrong = nebula("job", "submit", job, "--join", job_id[:-8] + "0" * 8, *users["bob"], check=False)
         assert wrong.returncode != 0 and "issued for another job file" in wrong.stderr
         nebula("job", "submit", job, "--join", job_id, *users["bob"])
+        followed = tmp_path / "followed.log"
+        with open(followed, "w") as out_file:  # bob watches his half: `job logs -f`
+            follower = subprocess.Popen([sys.executable, "-m", "nebula.cli", "job", "logs", job_id, *users["bob"],
+                                         "--stage", "sink", "-f"], cwd=REPO, stdout=out_file, stderr=subprocess.STDOUT)
+        try:
+            wait_for(lambda: "[sink] step=6" in followed.read_text(), timeout=120, what="bob's log to show step 6")
+        finally:
+            follower.kill()
+            follower.wait()
         for user in ("alice", "bob"):
             wait_for(lambda u=user: _listed(users[u])[2] == "done", timeout=120, what=f"{user}'s half to end")
         row_a, row_b = _listed(users["alice"]), _listed(users["bob"])
