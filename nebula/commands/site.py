@@ -126,7 +126,7 @@ def _start_detached(site, config: Path, args) -> int:
     try:
         wait_started(site, state, ProcessId.of(proc.pid), args.wait_healthy or READY_S, args.wait_healthy is not None)
     except ConfigError as exc:
-        take_down(site, timeout=10)
+        take_down(site, timeout=10, jobs=False)  # what this start began; users' jobs are not its to stop
         raise ConfigError(f"site {site.name} did not come up, and is down again: {exc}\nfix it, then `nebula site "
                           f"up {config}` again") from exc
     print(f"site {site.name} up (supervisor pid {proc.pid}); `nebula site status {config}`, "

@@ -8,8 +8,8 @@ with SIGKILL leaves its services running and its records behind; reading the rec
 supervisor, is what keeps `site status`, `site down` and `site up` in agreement with the process table:
 
     site_groups(site)             every supervisor of the site and what it started, as far as it still runs
-    refuse_second_set(site, only) `site up` while any of them runs: refused, naming them
-    take_down(site, timeout)      `site down`: user jobs first, then the site's own services; -> what stopped
+    refuse_second_set(site, path) `site up` while any of the site's own runs: refused, naming them
+    take_down(site, timeout)      `site down`: every supervisor, users' jobs' too, and orphans; -> what stopped
     wait_started(...)             `site up`: back once every service started (or is healthy), else why not
     ask_restart(site, service)    `site restart`: a request file the site's supervisor acts on
 """
@@ -84,10 +84,10 @@ def refuse_second_set(site: SiteConfig, config: Path) -> None:
                           f"`nebula site down {config}` stops it")
 
 
-def take_down(site: SiteConfig, timeout: float) -> list[str]:
-    """SIGTERM every supervisor of the site, user jobs' included, and every service whose supervisor
-    died; SIGKILL what is left after `timeout`. -> one line per group stopped."""
-    groups = site_groups(site)
+def take_down(site: SiteConfig, timeout: float, jobs: bool = True) -> list[str]:
+    """SIGTERM every supervisor of the site, user jobs' included (unless not `jobs`), and every service
+    whose supervisor died; SIGKILL what is left after `timeout`. -> one line per group stopped."""
+    groups = [g for g in site_groups(site) if jobs or g.job is None]
     for group in groups:
         targets = [group.supervisor] if group.supervisor is not None else [r.process for r in group.services]
         for process in targets:
