@@ -40,6 +40,8 @@ def test_shipped_job_files_load_and_their_stages_resolve():
         elif path.name.startswith(("abnet", "transformer")):
             assert config.stage("encoder").site == "a" and config.stage("decoder").site == "b"
             assert [link.name for link in config.links] == ["encoder->decoder"] and config.links[0].backward
+        elif path.name.startswith("gpt"):  # a chain of pipeline stages: activations forward, gradients back
+            assert len(config.links) == len(config.stages) - 1 and all(link.backward for link in config.links)
         else:  # ELECTRA-Cloud: generators send ids one way to the discriminator
             assert path.name.startswith("electra") and config.schedule.name == "forward-only"
             assert all(not link.backward and link.dst == "disc" for link in config.links)
