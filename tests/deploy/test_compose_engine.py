@@ -21,7 +21,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.compose import COMPOSE, SITES, compose_binary, compose_env, nebula_cli, prepare_sites, stage_states
+from tests.support.compose import (
+    COMPOSE,
+    REPO,
+    SITES,
+    compose_binary,
+    compose_env,
+    nebula_cli,
+    prepare_sites,
+    stage_states,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a test waits on a job's steps
 
@@ -332,6 +341,8 @@ def site_up_step_seconds(root: Path) -> float:
     from tests.support.compose import tiny_job
 
     job, lines, configs = tiny_job(root / "jobs", STEPS), {}, {}
+    # the containers' ../../data is their mount; on the host, the same corpus where it is
+    job.write_text(job.read_text().replace('"../../data/es-en"', f'"{REPO / "tests" / "e2e" / "data" / "es-en"}"'))
     for site, port in (("a", 5610), ("b", 5710)):
         public = f"tcp://127.0.0.1:{port}"
         out = nebula_cli("site", "init", site, "--dir", root / site, "--public", public, "--internal",
