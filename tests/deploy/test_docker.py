@@ -90,8 +90,10 @@ def command_problems(project: dict, name: str) -> list[str]:
     health = service.get("healthcheck") or {}
     if health.get("disable") or health.get("test") != ["CMD", "nebula", "health", CONFIG, "--service", name]:
         problems.append(f"{name} has no `nebula health` healthcheck: {health}")
-    if service.get("restart") != "unless-stopped":
-        problems.append(f"{name} restart = {service.get('restart')!r}: the supervisor must stay up")
+    if service.get("restart") != "on-failure:3":
+        # the supervisor decides a service's restarts; Docker restarts the supervisor a few times, never forever
+        problems.append(f"{name} restart = {service.get('restart')!r}, not on-failure:3: a supervisor that exits 3 "
+                        "at its start must not be retried forever, nor one that crashed left down")
     if str(service.get("user", "root")).split(":")[0] in ("", "0", "root"):
         problems.append(f"{name} runs as root")
     return problems
@@ -238,8 +240,8 @@ def _no_healthcheck(p):
     del p["services"]["encoder"]["healthcheck"]
 
 
-def _restart_on_failure(p):
-    p["services"]["gateway"]["restart"] = "on-failure"
+def _restart_forever(p):
+    p["services"]["gateway"]["restart"] = "unless-stopped"
 
 
 def _data_on_gateway(p):
@@ -265,7 +267,7 @@ MUTATIONS = [
     (_mount_ca_key, "a CA secret or the CA store"),
     (_mount_ca_store, f"encoder mounts {REPO / 'keys'}: a CA secret"),
     (_no_healthcheck, "encoder has no `nebula health` healthcheck"),
-    (_restart_on_failure, "gateway restart = 'on-failure'"),
+    (_restart_forever, "gateway restart = 'unless-stopped'"),
     (_data_on_gateway, "the gateway mounts data"),
     (_writable_data, "encoder must mount data /opt/nebula/data read-only"),
     (_root, "encoder runs as root"),
