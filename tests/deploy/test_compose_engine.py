@@ -11,11 +11,11 @@ The tests run in file order on one module-scoped pair of projects: each looks at
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,13 +23,13 @@ import pytest
 
 from tests.support.compose import (
     COMPOSE,
-    REPO,
     SITES,
     compose_binary,
     compose_env,
     nebula_cli,
     prepare_sites,
     stage_states,
+    step_seconds,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a test waits on a job's steps
@@ -328,52 +328,10 @@ def test_compose_down_leaves_nothing_behind_and_the_audit_logs_verify(sites):
         assert "ok" in nebula_cli("audit", "verify", log).lower(), site
 
 
-# -- the benchmark: the same job under `nebula site up` on this host ----------------------------------------------
-def step_seconds(metrics: Path) -> float:
-    """The median of the stage's own step times (a restart's gap and the start-up are no step)."""
-    times = sorted(r["step_s"] for r in map(json.loads, metrics.read_text().splitlines()) if r.get("kind") == "step")
-    assert len(times) >= 5, f"too few steps in {metrics}"
-    return times[len(times) // 2]
-
-
-def site_up_step_seconds(root: Path) -> float:
-    """The job under `nebula site up` (both sites' processes on this host, loopback): its median step."""
-    from tests.support.compose import tiny_job
-
-    job, lines, configs = tiny_job(root / "jobs", STEPS), {}, {}
-    # the containers' ../../data is their mount; on the host, the same corpus where it is
-    job.write_text(job.read_text().replace('"../../data/es-en"', f'"{REPO / "tests" / "e2e" / "data" / "es-en"}"'))
-    for site, port in (("a", 5610), ("b", 5710)):
-        public = f"tcp://127.0.0.1:{port}"
-        out = nebula_cli("site", "init", site, "--dir", root / site, "--public", public, "--internal",
-                         f"tcp://127.0.0.1:{port + 1}", "--job", job, "--days", 1)
-        lines[site] = next(ln.split()[4:] for ln in out.splitlines() if ln.strip().startswith("nebula site trust"))
-        configs[site] = root / site / "site.toml"
-    for site, other in (("a", "b"), ("b", "a")):
-        nebula_cli("site", "trust", configs[site], root / other / lines[other][0], *lines[other][1:])
-    try:
-        for site in SITES:
-            nebula_cli("site", "up", configs[site])
-        wait("the job under site up", lambda: all(
-            '"state": "done"' in _read(root / site / "run" / "status" / f"{SITES[site]}.json") for site in SITES),
-             timeout=600, every=2)
-    finally:
-        for site in SITES:
-            subprocess.run([sys.executable, "-m", "nebula.cli", "site", "down", configs[site]], capture_output=True)
-    return step_seconds(root / "a" / "run" / SITES["a"] / "metrics.jsonl")
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text()
-    except OSError:
-        return ""
-
-
-def test_throughput_under_compose_is_within_0_9_of_site_up(sites, tmp_path):
-    compose = step_seconds(sites.run_dir("a") / SITES["a"] / "metrics.jsonl")
-    host = site_up_step_seconds(tmp_path)
-    ratio = host / compose  # throughput ratio: steps/s under compose over steps/s under site up
-    print(f"\n{'run':<22}{'median step s':>14}{'steps/s':>10}\n{'nebula site up':<22}{host:>14.3f}{1 / host:>10.2f}"
-          f"\n{'docker compose':<22}{compose:>14.3f}{1 / compose:>10.2f}\nratio (compose / site up): {ratio:.3f}")
-    assert ratio >= 0.9, f"compose runs the tiny job at {ratio:.2f} of site up's throughput"
+# -- the step time, reported: the ratio to `nebula site up` is the benchmark's (scripts/compose-check --bench, the
+# same job both ways in one run; a table, or --json). Running site up here too cost 5 of the check's 18 minutes,
+# and on a shared 2-core host the load moves one run's number more than the difference sought.
+def test_the_step_time_under_compose_is_reported(sites):
+    step = step_seconds(sites.run_dir("a") / SITES["a"] / "metrics.jsonl")
+    print(f"\nmedian step under compose: {step:.3f} s ({STEPS} steps, a crash and a stop among them); load "
+          f"average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; the ratio: scripts/compose-check --bench")

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,69 @@ def stage_states(envs: dict[str, dict[str, str]]) -> dict[str, str]:
         except (OSError, ValueError, KeyError):
             states[stage] = "absent"
     return states
+
+
+# -- the throughput benchmark (tests.support.compose_bench, and the engine test that reports it) ------------------
+def step_seconds(metrics: Path) -> float:
+    """The median of the stage's own step times (a restart's gap and the start-up are no step)."""
+    times = sorted(r["step_s"] for r in map(json.loads, metrics.read_text().splitlines()) if r.get("kind") == "step")
+    if len(times) < 5:
+        raise AssertionError(f"too few steps in {metrics}: {len(times)}")
+    return times[len(times) // 2]
+
+
+def wait_until(what: str, predicate, timeout: float, every: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+
+
+def site_up_step_seconds(root: Path, steps: int) -> float:
+    """The tiny job under `nebula site up` (both sites' processes on this host, loopback): a's median step."""
+    job, lines, configs = tiny_job(root / "jobs", steps), {}, {}
+    # the containers' ../../data is their mount; on the host, the same corpus where it is
+    job.write_text(job.read_text().replace('"../../data/es-en"', f'"{REPO / "tests" / "e2e" / "data" / "es-en"}"'))
+    for site, port in (("a", 5610), ("b", 5710)):
+        out = nebula_cli("site", "init", site, "--dir", root / site, "--public", f"tcp://127.0.0.1:{port}",
+                         "--internal", f"tcp://127.0.0.1:{port + 1}", "--job", job, "--days", 1)
+        lines[site] = next(ln.split()[4:] for ln in out.splitlines() if ln.strip().startswith("nebula site trust"))
+        configs[site] = root / site / "site.toml"
+    for site, other in (("a", "b"), ("b", "a")):
+        nebula_cli("site", "trust", configs[site], root / other / lines[other][0], *lines[other][1:])
+    try:
+        for site in SITES:
+            nebula_cli("site", "up", configs[site])
+        wait_until("the job under site up", lambda: stage_states(
+            {s: {"NEBULA_COMPOSE_RUN": str(root / s / "run")} for s in SITES}) == dict.fromkeys(SITES.values(), "done"),
+            timeout=900)
+    finally:
+        for site in SITES:
+            subprocess.run([sys.executable, "-m", "nebula.cli", "site", "down", configs[site]], capture_output=True)
+    return step_seconds(root / "a" / "run" / SITES["a"] / "metrics.jsonl")
+
+
+def compose(envs: dict[str, dict[str, str]], site: str, *args: str, files: tuple[str, ...] = ()) -> str:
+    """`docker compose` on site's project (site-SITE.yaml, then `files` layered on it); fails with its stderr."""
+    paths = [arg for name in (f"site-{site}.yaml", *files) for arg in ("-f", str(COMPOSE / name))]
+    done = subprocess.run([str(compose_binary()), *paths, *args], env=compose_env(envs[site]),
+                          capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise AssertionError(f"compose {site} {' '.join(args)} (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return done.stdout
+
+
+def compose_step_seconds(root: Path, steps: int, uid: int) -> float:
+    """The tiny job under both sites' compose projects on this Docker host: a's median step."""
+    envs = prepare_sites(root, steps=steps, uid=uid)
+    try:
+        for site in SITES:
+            compose(envs, site, "up", "-d", "--no-build", "--wait", "--wait-timeout", "300")
+        wait_until("the job under compose", lambda: stage_states(envs) == dict.fromkeys(SITES.values(), "done"),
+                   timeout=900)
+    finally:
+        for site in SITES:
+            subprocess.run([str(compose_binary()), "-f", str(COMPOSE / f"site-{site}.yaml"), "down", "--timeout",
+                            "60"], env=compose_env(envs[site]), capture_output=True, timeout=300)
+    return step_seconds(Path(envs["a"]["NEBULA_COMPOSE_RUN"]) / SITES["a"] / "metrics.jsonl")
