@@ -16,7 +16,7 @@ import pytest
 from tests.deploy.test_compose_engine import CONNECT, PORTS, UID, docker, engine_or_skip, port_taken, wait
 from tests.support.compose import COMPOSE, REPO, compose_binary, compose_env, prepare_sites
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # two projects up, then a job's steps
 
 STEPS = 8
 FILES = {"a": ["site-a.yaml", "electra-a.yaml"], "b": ["site-b.yaml", "electra-b.yaml"]}
@@ -66,11 +66,17 @@ def test_the_discriminator_trains_with_its_ranks_on_two_hosts(tmp_path):
     try:
         for site in ("a", "b"):
             compose(envs, site, "up", "-d", "--no-build", "--wait", "--wait-timeout", "300")
-        state = wait("the discriminator to finish", lambda: _state(status) in ("done", "failed") and _state(status),
-                     timeout=600, every=2)
+        peers: dict[str, set[str]] = {name: set() for name in STAGES["b"]}
+
+        def finished() -> str | None:  # samples each disc host's TCP peers while the job runs
+            for name in peers:
+                peers[name] |= tcp_peers(container("b", name)["Id"])
+            return _state(status) in ("done", "failed") and _state(status)
+        state = wait("the discriminator to finish", finished, timeout=600, every=2)
         logs = {name: docker("logs", container("b", name)["Id"], check=False).stderr for name in STAGES["b"]}
         assert state == "done", logs
         check_hosts(envs)
+        check_traffic(peers)
     finally:
         for site in ("a", "b"):
             compose(envs, site, "down", "--timeout", "60", check=False)
@@ -93,6 +99,34 @@ def check_hosts(envs) -> None:
     targets = [f"{n['IPAddress']}:{PORTS['a']}" for n in gateway_a["NetworkSettings"]["Networks"].values()]
     done = docker("exec", disc1["Id"], "python3", "-c", CONNECT, *targets, check=False)
     assert "open" not in json.loads(done.stdout or "{}").values(), done.stdout + done.stderr
+
+
+def tcp_peers(container_id: str) -> set[str]:
+    """The addresses this container's established TCP connections go to (its own /proc/net/tcp)."""
+    done = docker("exec", container_id, "cat", "/proc/net/tcp", check=False)
+    peers = set()
+    for line in done.stdout.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 3 and fields[3] == "01":  # ESTABLISHED
+            remote = bytes.fromhex(fields[2].split(":")[0])[::-1]  # little-endian IPv4
+            peers.add(".".join(map(str, remote)))
+    return peers - {"127.0.0.1"}
+
+
+def check_traffic(peers: dict[str, set[str]]) -> None:
+    """The gradients cross the hosts: each rank held a connection to the other (gloo's all_reduce and the
+    scatter/gather groups; with micro_batches = 2 each rank computes one of a step's two micro-batches, so
+    every step's update needs the other host's gradient). And the stage's traffic to other sites goes only
+    through its gateway: rank 0's peers are rank 1 and b's gateway, rank 1's only rank 0."""
+    ip = {name: _ips(container("b", name)) for name in ("disc-0", "disc-1", "gateway")}
+    print("TCP peers seen:", {k: sorted(v) for k, v in peers.items()}, "addresses:", ip)
+    assert peers["disc-0"] & ip["disc-1"] and peers["disc-1"] & ip["disc-0"], (peers, ip)
+    assert peers["disc-0"] <= ip["disc-1"] | ip["gateway"], (peers, ip)
+    assert peers["disc-1"] <= ip["disc-0"], (peers, ip)
+
+
+def _ips(info: dict) -> set[str]:
+    return {n["IPAddress"] for n in info["NetworkSettings"]["Networks"].values() if n["IPAddress"]}
 
 
 def _state(path: Path) -> str | None:
