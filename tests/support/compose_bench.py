@@ -22,10 +22,13 @@ TARGET = 0.9
 def measure(steps: int) -> dict:
     """Both runs, compose first (its image's page cache then warms nothing site up uses)."""
     with tempfile.TemporaryDirectory(prefix="compose-bench-") as tmp:
+        roots = {run: Path(tmp) / run for run in ("compose", "site-up")}
+        for root in roots.values():
+            root.mkdir()
         load_before = os.getloadavg()
-        compose = compose_step_seconds(Path(tmp) / "compose", steps, UID)
+        compose = compose_step_seconds(roots["compose"], steps, UID)
         load_between = os.getloadavg()
-        host = site_up_step_seconds(Path(tmp) / "site-up", steps)
+        host = site_up_step_seconds(roots["site-up"], steps)
         load_after = os.getloadavg()
     return {"steps": steps, "cpus": os.cpu_count(), "site_up_step_s": host, "compose_step_s": compose,
             "ratio": host / compose, "target": TARGET,
