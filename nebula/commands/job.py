@@ -16,6 +16,8 @@ def register(sub) -> None:
     p.add_argument("job", type=Path, help="the job file (TOML); [job].data, if any, names \"dataset:NAME\"")
     p.add_argument("--user", required=True, help="the user the job runs for (authenticates with their secret)")
     p.add_argument("--cert-days", type=float, default=1.0, help="validity of the job's certificates (default 1)")
+    p.add_argument("--join", metavar="ID", help="submit this site's half of a job another site's user submitted "
+                   "first, under the id it printed (the halves find each other by it)")
     p.set_defaults(func=_submit)
     p = job_sub.add_parser("list", parents=[common], help="your jobs (--user), or every job's record (operator)")
     p.add_argument("--user", help="only this user's jobs; they authenticate")
@@ -28,6 +30,7 @@ def register(sub) -> None:
         p.set_defaults(func=func)
     p.add_argument("--stage", help="only this stage's log (default: the supervisor's and every stage's)")
     p.add_argument("-n", "--lines", type=int, default=40)
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines (Ctrl-C ends)")
 
 
 def _site(args):
@@ -49,26 +52,31 @@ def _submit(args) -> int:
     from nebula.site.submit import submit
 
     site = _site(args)
-    record = submit(site, args.job, args.user, _secret(args), args.cert_days)
+    record = submit(site, args.job, args.user, _secret(args), args.cert_days, args.join)
     print(f"job {record['id']} {record['state']} for {record['owner']}: stages "
           f"{', '.join(f'{n} ({a})' for n, a in record['stages'].items())}; workspace {record['dir']}")
-    print(f"watch it: nebula job logs {record['id']} --user {args.user} --site-config {args.site_config}")
+    others = [s for s in record["sites"] if s != record["site"]]
+    if others and not args.join:
+        print(f"its other half at site(s) {', '.join(others)}: there, a user submits the same file with "
+              f"`nebula job submit {args.job.name} --join {record['id']} --user USER --site-config SITE.toml`")
+    print(f"watch it: nebula job logs {record['id']} --user {args.user} -f --site-config {args.site_config}")
     return 0
 
 
 def _list(args) -> int:
     # why here: pynacl, kept off `nebula --help`
     from nebula.security.accounts import Accounts
+    from nebula.site.jobs import whole_job
 
     site = _site(args)
     records = site.records()
     if args.user:
         Accounts(site.ca).authenticate(args.user, _secret(args), "job.list")
         records = [r for r in records if r["owner"] == args.user]
-    rows = [("ID", "OWNER", "STATE", "SUBMITTED", "STAGES")]
+    rows = [("ID", "OWNER", "STATE", "SUBMITTED", "STAGES (the whole job: this site's and the others')")]
     for r in records:
         rows.append((r["id"], r["owner"], r["state"], time.strftime("%Y-%m-%d %H:%M", time.gmtime(r["submitted"])),
-                     ", ".join(r["stages"].values())))
+                     "; ".join(whole_job(r))))
     print(table(rows))
     return 0
 
@@ -84,7 +92,11 @@ def _stop(args) -> int:
 
 def _logs(args) -> int:
     # why here: pynacl, kept off `nebula --help`
-    from nebula.site.jobs import logs
+    from nebula.site.jobs import log_files, logs
+    from nebula.site.service import follow
 
-    print(logs(_site(args), args.id, args.user, _secret(args), args.stage, args.lines))
+    site, secret = _site(args), _secret(args)
+    print(logs(site, args.id, args.user, secret, args.stage, args.lines))
+    if args.follow:  # the owner was checked above; following reads the same files on
+        follow(log_files(site, args.id, args.stage))
     return 0

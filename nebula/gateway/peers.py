@@ -7,12 +7,23 @@ re-opens it with the new key; a peer with no valid certificate is isolated, neve
 still starts and serves its own site and its other peers, and links to the peer once its bundle is
 fixed (issue 12, finding 3). The gateway audits each change (`gateway.peer_linked`,
 `gateway.peer_isolated`) and re-registers its poller when `generation` moves.
+
+A link the peer refuses heals (issue 42, class 1). The peer's ZAP handler refuses our handshake while it
+does not trust our current key (we rotated it, and the peer has not imported our new bundle yet), and
+libzmq 4.3.5 never dials a CURVE client again after a refusal (measured: one attempt, then nothing), so
+the link stayed dead after the peer imported the bundle, and after the peer restarted too. `heal` reads
+each link's handshake events and dials a refused link again on a fresh socket, after 1, 2, 4, then
+every 8 s (`redial_delay`), until a handshake succeeds: a link works again within seconds of the
+peer's import, in either order of rotation and import. A wrong server key on our side (the peer
+rotated, we have not imported) is no refusal: libzmq dials again by itself, and `refresh` re-keys the
+link once the bundle is imported.
 """
 from __future__ import annotations
 
 import logging
 import socket
 import time
+from dataclasses import dataclass
 
 import zmq
 from zmq.utils import z85
@@ -25,12 +36,33 @@ from nebula.transport import sockets
 from nebula.transport.routing_id import stage_routing_id
 
 log = logging.getLogger("nebula.gateway")
+REDIAL_FIRST, REDIAL_MAX = 1.0, 8.0  # seconds before dialling a refusing peer again: doubling, then steady
+# Handshake outcomes after which libzmq gives a client up for good (a protocol error, a ZAP refusal).
+GIVEN_UP: dict[int, str] = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused by its authenticator",
+            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "a CURVE protocol error"}
+
+
+def redial_delay(refusals: int) -> float:
+    """Seconds before dialling a peer again after `refusals` (>= 1) refused handshakes in a row: soon
+    after the first (the peer's operator may be importing our bundle right now), then every few seconds,
+    which costs the peer a handshake and a summarised audit entry each (docs/security.md, "Under a flood")."""
+    return min(REDIAL_MAX, REDIAL_FIRST * 2 ** min(refusals - 1, 16))
+
+
+@dataclass
+class Refused:
+    """A link whose last handshake the peer refused."""
+    refusals: int  # in a row
+    redial_at: float  # monotonic; inf while a dial is under way
+    why: str
 
 
 class PeerLinks:
     def __init__(self, ctx: zmq.Context, identity: Identity, site: SiteConfig, store: TrustStore, audit) -> None:
         self.ctx, self.identity, self.site, self.store, self.audit = ctx, identity, site, store, audit
         self.sockets: dict[str, zmq.Socket] = {}  # peer site -> its live link
+        self.monitors: dict[str, zmq.Socket] = {}  # peer site -> its link's handshake events
+        self.refused: dict[str, Refused] = {}  # peer site -> the refusal its link waits to dial again after
         self.certs: dict[str, Certificate] = {}  # peer site -> the certificate its link's server key comes from
         self.isolated: dict[str, str] = {}  # peer site -> why it has no link
         self.generation = 0
@@ -62,6 +94,36 @@ class PeerLinks:
     def link(self, site: str) -> zmq.Socket | None:
         return self.sockets.get(site)
 
+    def heal(self, now: float | None = None) -> None:
+        """Dial again, on a fresh socket, each link whose handshake the peer refused, once its delay is up."""
+        now = time.monotonic() if now is None else now
+        for name, monitor in list(self.monitors.items()):
+            while monitor.poll(0):
+                self._on_handshake(name, sockets.read_event(monitor)["event"], now)
+        for name, refused in list(self.refused.items()):
+            if now >= refused.redial_at:
+                refused.redial_at = float("inf")  # until this dial's handshake tells how it went
+                self._dial(name, self.certs[name])
+
+    def _on_handshake(self, name: str, event: int, now: float) -> None:
+        peer = self.site.peers[name]
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            if (refused := self.refused.pop(name, None)) is not None:
+                log.info("gateway %s: %s accepted our handshake again after %d refusals", self.identity.address,
+                         peer.address, refused.refusals)
+            return
+        if event not in GIVEN_UP:
+            return
+        refusals = self.refused[name].refusals + 1 if name in self.refused else 1
+        why = GIVEN_UP[event]
+        self.refused[name] = Refused(refusals, now + redial_delay(refusals), why)
+        if refusals == 1:  # one line per episode: a peer may refuse us for hours
+            log.warning("gateway %s: %s at %s refused our handshake (%s): it does not trust our gateway "
+                        "certificate (serial %d), e.g. it has not imported our bundle since our key changed; "
+                        "send it `nebula keys export` (docs/operate.md). Dialling again every %g s at most",
+                        self.identity.address, peer.address, peer.endpoint, why,
+                        self.identity.certificate.serial, REDIAL_MAX)
+
     def close(self) -> None:
         for name in list(self.sockets):
             self._drop(name)
@@ -69,13 +131,8 @@ class PeerLinks:
     def _open(self, name: str, cert: Certificate) -> None:
         peer = self.site.peers[name]
         self._drop(name)
-        sock = sockets.client_socket(self.ctx, zmq.DEALER, self.identity, z85.encode(cert.curve_key_raw),
-                                     self.site.gateway.hwm, routing_id=self.routing_id)
-        sock.immediate = True  # never queue for a peer that is down: senders resend end to end
-        sock.connect(peer.endpoint)
-        self.sockets[name], self.certs[name] = sock, cert
+        self._dial(name, cert)
         self.isolated.pop(name, None)
-        self.generation += 1
         log.info("gateway %s: linked to %s at %s (serial %d)", self.identity.address, peer.address,
                  peer.endpoint, cert.serial)
         if (why := unresolved(peer.endpoint)) is not None:
@@ -88,6 +145,30 @@ class PeerLinks:
         self.audit.append("gateway.peer_linked", site=name, address=peer.address, endpoint=peer.endpoint,
                           serial=cert.serial, not_after=cert.not_after)
 
+    def _dial(self, name: str, cert: Certificate) -> None:
+        """A fresh DEALER to `name`'s gateway, pinned to `cert`'s key, with its handshake events watched."""
+        self._close(name)
+        sock = sockets.client_socket(self.ctx, zmq.DEALER, self.identity, z85.encode(cert.curve_key_raw),
+                                     self.site.gateway.hwm, routing_id=self.routing_id)
+        sock.immediate = True  # never queue for a peer that is down: senders resend end to end
+        self.monitors[name] = sock.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
+        sock.connect(self.site.peers[name].endpoint)
+        self.sockets[name], self.certs[name] = sock, cert
+        self.generation += 1
+
+    def _close(self, name: str) -> bool:
+        sock, monitor = self.sockets.pop(name, None), self.monitors.pop(name, None)
+        if monitor is not None:
+            assert sock is not None  # a monitor lives as long as its link
+            sock.disable_monitor()
+            monitor.close(linger=0)
+        if sock is None:
+            return False
+        sock.close(linger=0)
+        self.generation += 1
+        return True
+
     def _isolate(self, name: str, why: str) -> None:
         had_link = self._drop(name)
         if self.isolated.get(name) == why and not had_link:
@@ -98,13 +179,10 @@ class PeerLinks:
         self.audit.append("gateway.peer_isolated", site=name, address=address, reason=why, had_link=had_link)
 
     def _drop(self, name: str) -> bool:
-        sock = self.sockets.pop(name, None)
+        """Close the link to `name` and forget its certificate and refusals; -> whether there was one."""
         self.certs.pop(name, None)
-        if sock is None:
-            return False
-        sock.close(linger=0)
-        self.generation += 1
-        return True
+        self.refused.pop(name, None)
+        return self._close(name)
 
 
 def _pin(curve_key: str | None) -> bytes | None:

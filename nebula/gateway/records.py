@@ -40,6 +40,17 @@ def transfer_fields(env: pb.Envelope, nbytes: int) -> dict:
             "codecs": sorted({clip(t.codec, CODEC_CLIP) for t in env.tensors})[:CODECS]}
 
 
+def refusal_key(env: pb.Envelope) -> dict:
+    """The key under which a refusal a peer gateway sends as itself is a repeated `transfer.in` (§6.3)."""
+    return {"src": clip(env.src), "dst": clip(env.dst), "kind": Kind(env.kind).name}
+
+
+def refusal_fields(env: pb.Envelope, nbytes: int) -> dict:
+    """The other fields of that `transfer.in` record: with `refusal_key`, those of `transfer_fields`."""
+    return {"job": clip(env.job), "bytes": nbytes, "msg_seq": env.seq,
+            "codecs": sorted({clip(t.codec, CODEC_CLIP) for t in env.tensors})[:CODECS]}
+
+
 def tally_key(direction: str, env: pb.Envelope) -> dict:
     """The key an ACK or HEARTBEAT is counted under in `transfer.summary` records."""
     return {"direction": direction, "job": clip(env.job), "src": clip(env.src), "dst": clip(env.dst),

@@ -22,12 +22,12 @@ import zmq
 
 from nebula.errors import ConfigError, NebulaError
 from nebula.gateway.admission import EXTERNAL, INTERNAL, PEER, Admission, Inbound, Refusal
-from nebula.gateway.live import Credential, LiveConnections, credential_problem
+from nebula.gateway.live import Credential, LiveConnections, connection_of, credential_problem
 from nebula.gateway.meter import Meter
 from nebula.gateway.peers import PeerLinks
 from nebula.gateway.queues import HopQueues
 from nebula.gateway.rates import SenderRates
-from nebula.gateway.records import clip, tally_key, transfer_fields
+from nebula.gateway.records import clip, refusal_fields, refusal_key, tally_key, transfer_fields
 from nebula.observe.observer import Observer
 from nebula.security.audit import DEFAULT_MAX_BYTES, DEFAULT_SUMMARY_INTERVAL, AuditLog
 from nebula.security.trust import TrustSnapshot, TrustStore, load_identity
@@ -41,6 +41,7 @@ BATCH = 64  # messages taken from one socket before the others get their turn
 SUMMARISED = (Kind.ACK, Kind.HEARTBEAT)  # audited as per-interval counts, not one record each
 TRUST_RECHECK = 1.0  # seconds between re-checks of live connections against trust (and the clock)
 AUDIT_RETRY = 2.0  # seconds between attempts to write the audit log again while it cannot be written
+CODE_CLIP = 64  # bytes of a peer's error code kept as a summary's reason (a code is the sender's string)
 
 
 class Gateway:
@@ -71,6 +72,7 @@ class Gateway:
         self._next_recheck, self._reload_error = 0.0, ""
         self._rechecked: TrustSnapshot | None = None
         self.internal: zmq.Socket | None = None  # bound by start()
+        self.internal_ends: zmq.Socket | None = None  # the internal socket's DISCONNECTED events (live.py)
         self.external: zmq.Socket | None = None
         self._last_stats = time.monotonic()
         self.observer = observer
@@ -84,6 +86,7 @@ class Gateway:
             self.zap = ZapHandler(self.ctx, self.store, policies, self.audit).start()
             self.meter.handshakes = self.zap.decisions
             self.internal = self._server(INTERNAL, self.site.gateway.internal)
+            self.internal_ends = sockets.event_socket(self.internal, zmq.EVENT_DISCONNECTED)
             self.external = self._server(EXTERNAL, self.site.gateway.external)
             # A peer without a valid gateway certificate is isolated (audited), never fatal (issue 12, 3).
             self.links.refresh()
@@ -109,11 +112,15 @@ class Gateway:
         # waits in TCP, instead of filling this process (10,000 x 256 KiB messages was 2.5 GB).
         sock.rcvhwm = self.site.gateway.inbound_hwm
         sock.router_mandatory = True  # an unknown destination is an error we report, not a silent drop
-        # A connection that presents a routing id already held takes it over. Ids carry their socket's
-        # secret (routing_id.py), so only that socket can: a stage reconnecting over a half-open
-        # connection is heard at once. Without it libzmq ignores the newcomer for good (it read a
-        # squatter's victim as a duplicate and never looked at its messages again).
-        sock.router_handover = True
+        # The internal ROUTER delivers a stage's messages: it never hands a routing id held by one
+        # connection over to another that presents it (libzmq ignores the newcomer while the id is held).
+        # With handover, a connection with its own valid key and a stage's leaked id took the id, and the
+        # stage's messages, without a message that could be checked (issue 42, class 2). A bound id
+        # changes hands only once its connection has ended, which ends its binding too (live.py). A
+        # stage whose new connection is ignored behind its old one dials again with a fresh id
+        # (ChannelIO). The external ROUTER only answers on the connection a message came in on, so it
+        # keeps handover: a peer gateway reconnecting over a half-open WAN connection is heard at once.
+        sock.router_handover = domain == EXTERNAL
         try:
             sock.bind(endpoint)
         except zmq.ZMQError as exc:
@@ -135,6 +142,7 @@ class Gateway:
                 for sock, _ in poller.poll(100):
                     origin, peer_gateway = origins[sock]
                     self.meter.queues[names[sock]] = self._drain(sock, origin, peer_gateway)
+                self._connections_ended()
                 self.queues.settle()  # what the next hops took since the last turn
                 self.meter.queued_bytes = self.queues.status()
                 self._maybe_log_stats()
@@ -180,7 +188,8 @@ class Gateway:
     def _recheck_trust(self) -> None:
         """Revocation and expiry reach live connections (ZAP ran only at their handshake): at most once
         per TRUST_RECHECK, reload the trust store if a file changed, cut the connections whose
-        certificate no longer admits them, and relink peers when trust changed or a link expired."""
+        certificate no longer admits them, relink peers when trust changed or a link expired, and
+        dial again the links whose peer refused our handshake."""
         now = time.monotonic()
         if now < self._next_recheck:
             return
@@ -197,11 +206,22 @@ class Gateway:
         if self.store.snapshot is not self._rechecked or self.links.due():
             self._rechecked = self.store.snapshot
             self.links.refresh()
+        self.links.heal()  # a link the peer refused is dialled again (peers.py): it may trust us by now
 
     def _sweep(self) -> None:
         for origin, cred, why in self.live.sweep(self.store):
             log.warning("gateway %s: cut the %s connection of %s: %s", self.address, origin, cred.address, why)
             self.audit.append("gateway.cut", origin=origin, address=cred.address, serial=cred.serial, reason=why)
+
+    def _connections_ended(self) -> None:
+        """Forget the stage bindings of the internal connections that ended (live.py). Called before
+        every delivery to a stage: libzmq lets a routing id change hands only after its connection's
+        DISCONNECTED event was queued here, so a binding never outlives the connection it was made on."""
+        assert self.internal_ends is not None  # start() opened it
+        while self.internal_ends.poll(0):
+            event = sockets.read_event(self.internal_ends)
+            for cred in self.live.disconnected(event["value"]):
+                log.debug("gateway %s: the connection of %s ended", self.address, cred.address)
 
     def _note_sender(self, msg: Inbound) -> None:
         """Which certificate each live connection speaks with; a stage's messages go to the connection
@@ -211,12 +231,15 @@ class Gateway:
         cred = Credential.of(msg.frames[0])
         if msg.origin == EXTERNAL:
             self.live.saw_gateway(cred)
-        elif self.live.bind(msg.reply_prefix[0].bytes, cred):
+            return
+        self._connections_ended()  # an ended connection's descriptor may be this message's already
+        if self.live.bind(msg.reply_prefix[0].bytes, connection_of(msg.frames[0]), cred):
             log.info("gateway %s: %s speaks on a new connection (serial %d)", self.address, cred.address, cred.serial)
             self.audit.append("gateway.bound", address=cred.address, serial=cred.serial)
 
     def _stage_route(self, msg: Inbound) -> bytes:
-        """The routing id of the connection that proved it is msg.env.dst (see _note_sender)."""
+        """The routing id of the connection that proved it is msg.env.dst, while it lasts (see _note_sender)."""
+        self._connections_ended()
         binding = self.live.stages.get(msg.env.dst)
         if binding is not None and credential_problem(self.store, binding.cred) is not None:
             self._sweep()  # revoked or expired since the last sweep: cut now, audited
@@ -343,10 +366,18 @@ class Gateway:
 
     def _audit_transfer(self, direction: str, msg: Inbound) -> None:
         """TENSORS, CONTROL and ERROR: one record each; ACK and HEARTBEAT: a `transfer.summary` per
-        interval and (direction, job, src, dst, kind), with its message and byte counts."""
+        interval and (direction, job, src, dst, kind), with its message and byte counts. A peer gateway's
+        own refusals coming back are recorded as this gateway's refusals going out are: the first few
+        per (gateway, stage) and interval in full, the rest counted into a `transfer.in.summary` by code.
+        Each forwarded message can draw one, and a peer gateway can send them at will: recorded one by
+        one they were half of what a flood into a full stage of the peer site wrote (issue 42, class 5)."""
         env = msg.env
         if env.kind in SUMMARISED:
             self.audit.tally("transfer.summary", msg.nbytes, **tally_key(direction, env))
+            return
+        if env.kind == Kind.ERROR and msg.origin != INTERNAL and env.src == msg.sender:  # arriving: "in"
+            self.audit.repeated("transfer.in", refusal_key(env), refusal_fields(env, msg.nbytes),
+                                reason=clip(env.error.code, CODE_CLIP))
             return
         self.audit.append(f"transfer.{direction}", **transfer_fields(env, msg.nbytes))
 
@@ -358,6 +389,10 @@ class Gateway:
 
     # --- shutdown --------------------------------------------------------------------------
     def close(self) -> None:
+        if self.internal_ends is not None:
+            assert self.internal is not None  # its events come from it
+            self.internal.disable_monitor()
+            self.internal_ends.close(linger=0)
         for sock in [self.internal, self.external]:
             if sock is not None:
                 sock.close(linger=0)

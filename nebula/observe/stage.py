@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter, defaultdict
 from contextlib import contextmanager
 from pathlib import Path
@@ -71,7 +72,11 @@ class LinkTail:
         return {"delta_cache": {f: sum(int(c.get(f, 0)) for c in self.caches[key].values()) for f in fields}}
 
     def _now(self, key: str) -> dict[str, Any]:
-        codecs = self.latest[key][1]
+        # A link that has carried only an evaluation's tensors (a stage started after its last step) has
+        # no training step yet to name a codec for.
+        codecs = self.latest.get(key, (0, {}))[1]
+        if not codecs:
+            return {}
         raw, wire = sum(c["raw"] for c in codecs.values()), sum(c["wire"] for c in codecs.values())
         return {"codec": max(codecs, key=lambda c: codecs[c]["wire"]), "ratio": round(raw / wire, 3) if wire else 0.0}
 
@@ -103,6 +108,9 @@ class MeteredChannel(Channel):
         self.inner, self.address = inner, inner.address
         self._lock = threading.Lock()  # the sender thread sends while the runner receives
         self._counts = dict.fromkeys(("messages_in", "bytes_in", "messages_out", "bytes_out"), 0)
+        # per sender: when it was last heard from and the step its message was for; what `job list` at
+        # this site says of the stages at other sites, which it cannot see otherwise
+        self._heard: dict[str, dict[str, float | int]] = {}
 
     def send(self, msg: Message, timeout: float | None = None) -> None:
         self.inner.send(msg, timeout)
@@ -127,10 +135,12 @@ class MeteredChannel(Channel):
         with self._lock:
             self._counts[f"messages_{direction}"] += 1
             self._counts[f"bytes_{direction}"] += msg.payload_bytes + len(msg.body)
+            if direction == "in":
+                self._heard[msg.src] = {"t": round(time.time(), 3), "step": msg.step}
 
-    def counts(self) -> dict[str, int]:
+    def counts(self) -> dict[str, Any]:
         with self._lock:
-            counts = dict(self._counts)
+            counts: dict[str, Any] = {**self._counts, "peers": {k: dict(v) for k, v in self._heard.items()}}
         stats = getattr(self.inner, "stats", {})  # a ReliableChannel's resends and window
         return {**counts, **{key: stats[key] for key in ("resent", "in_flight") if key in stats}}
 

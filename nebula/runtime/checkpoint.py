@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import os
 import re
 from pathlib import Path
@@ -121,3 +122,20 @@ def _atomic_write(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+FINISHED = "finished.json"  # in a stage's workdir: the job ran to its last step there
+
+
+def mark_finished(workdir: Path, steps: int) -> None:
+    """Written once a stage has trained to `steps` and ended the job with the others (final checkpoint,
+    evaluation, inference): a start after that has nothing left to do."""
+    _atomic_write(Path(workdir) / FINISHED, json.dumps({"steps": steps}).encode())
+
+
+def finished_steps(workdir: Path) -> int | None:
+    """The steps a stage finished a job at in `workdir`, or None (never finished, or not readable)."""
+    try:
+        return int(json.loads((Path(workdir) / FINISHED).read_text())["steps"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

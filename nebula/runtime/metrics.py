@@ -36,6 +36,20 @@ class Watch(Protocol):
 WatchFactory = Callable[[str, str, Path], Watch]
 
 
+def _with_rates(fields: dict[str, Any]) -> dict[str, Any]:
+    """A step record as its log line shows it: what the stage sent, as a rate (what a user watching a
+    WAN link wants to see), instead of per-link byte counts."""
+    shown = {k: v for k, v in fields.items() if k not in ("sent", "bytes_per_token")}
+    sent, step_s = sum(fields.get("sent", {}).values()), fields.get("step_s")
+    if sent and step_s:
+        shown["sent_mb_s"] = sent / step_s / 1e6
+    return shown
+
+
+def _shown(fields: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
+
+
 class MetricsLog:
     def __init__(self, path: str | Path | None, label: str, log_every: int = 10, quiet: bool = False, *,
                  tensorboard: bool = False, watch: Watch | None = None):
@@ -70,14 +84,13 @@ class MetricsLog:
             fields["wire_s"] = max(0.0, fields["step_s"] - fields["compute_s"])
         self._write({"kind": "step", **fields})
         if not self.quiet and fields.get("step", 0) % self.log_every == 0:
-            shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
-            print(f"[{self.label}] {shown}", file=sys.stderr, flush=True)
+            print(f"[{self.label}] {_shown(_with_rates(fields))}", file=sys.stderr, flush=True)
 
     def event(self, name: str, echo: bool = True, **fields: Any) -> None:
         """A record; also a line on stderr unless quiet (or echo=False: the caller prints its own)."""
         self._write({"kind": "event", "event": name, **fields})
         if echo and not self.quiet:
-            print(f"[{self.label}] {name} {fields}", file=sys.stderr, flush=True)
+            print(f"[{self.label}] {name} {_shown(fields)}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         if self._file:

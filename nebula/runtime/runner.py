@@ -28,7 +28,13 @@ import torch
 
 from nebula.errors import DataError, LinkDown, RecvTimeout, RemoteError, StageError, TransportError
 from nebula.runtime import control as ctl
-from nebula.runtime.checkpoint import CheckpointDir, checkpoints_to_keep, rng_state, set_rng_state
+from nebula.runtime.checkpoint import (
+    CheckpointDir,
+    checkpoints_to_keep,
+    mark_finished,
+    rng_state,
+    set_rng_state,
+)
 from nebula.runtime.compression import LinkMeter
 from nebula.runtime.control import DataKind, DataTopic, Topic
 from nebula.runtime.coordinator import PROTOCOL, Role
@@ -128,6 +134,8 @@ class StageRunner:
                 except Resync as resync:
                     self.role.recover(resync)
             self._final()
+            if train:
+                mark_finished(self.workdir, self.train.steps)
             return result
         except LinkDown as exc:  # another site stayed unreachable: say where the job resumes from
             raise LinkDown(f"{exc}; the job stops. Once the link is back, start its stages again: they resume "
@@ -307,6 +315,10 @@ class StageRunner:
         sender = self.names.get(msg.src)
         if sender is None:
             raise StageError(f"{msg.src} sent a {msg.kind.name} message but is not a stage of job {self.job.name}")
+        if msg.job and msg.job != self.job.name:  # every stage names its job; a bare test message may not
+            raise StageError(f"{msg.src} sent a message of job {msg.job!r} to a stage of job {self.job.name!r}: "
+                             "submit every site's half of a job under the id the first site issued "
+                             "(`nebula job submit JOB.toml --join ID`)")
         if msg.kind == Kind.CONTROL:
             topic, body = ctl.parse_control(msg)
             if topic in PROTOCOL:  # the resume protocol crosses generations
@@ -401,10 +413,11 @@ class StageRunner:
     # -- checkpoints ---------------------------------------------------------------------------------
     def save(self) -> None:
         self.sender.settle()  # the codec state then covers exactly the messages sent so far
-        self.checkpoints.save(self.step, {
+        path = self.checkpoints.save(self.step, {
             "stage": self.stage.state_dict(), "step": self.step, "ledger": self.ledger,
             "codecs": {name: link.compression.state_dict() for name, link in self.links.items()},
             **rng_state(self.stage.device), "seed": self.train.seed})
+        self.metrics.event("checkpoint", step=self.step, file=str(path))
 
     def restore(self, step: int) -> None:
         """Load checkpoint `step` (0: the initial state saved at the first start)."""

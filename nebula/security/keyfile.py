@@ -50,11 +50,12 @@ def write_json(path: Path, obj: Any, secret: bool = False) -> None:
     write_atomic(path, text.encode(), SECRET_MODE if secret else 0o644)
 
 
-def read_json(path: Path) -> Any:
+def read_json(path: Path, missing: str = "check --dir or run `nebula keys init-site`") -> Any:
+    """A JSON file of a key store (or `missing`: what the operator does when it is not there)."""
     try:
         return json.loads(path.read_text())
     except FileNotFoundError as exc:
-        raise ConfigError(f"{path} does not exist; check --dir or run `nebula keys init-site`") from exc
+        raise ConfigError(f"{path} does not exist; {missing}") from exc
     except (OSError, ValueError) as exc:
         raise ConfigError(f"{path} is not readable JSON ({exc}); restore it from a backup") from exc
 

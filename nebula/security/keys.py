@@ -6,12 +6,13 @@ names the Ed25519 public key also pins the CURVE key the service presents in its
 from __future__ import annotations
 
 import hashlib
+import re
 
 from nacl.exceptions import CryptoError
 from nacl.signing import SigningKey, VerifyKey
 from zmq.utils import z85
 
-from nebula.errors import AuthError
+from nebula.errors import AuthError, ConfigError
 
 
 def generate_identity() -> SigningKey:
@@ -35,6 +36,17 @@ def verify_key_from_hex(text: str) -> VerifyKey:
 def fingerprint(verify_key: VerifyKey) -> str:
     """Short, stable name of a public key, for issuers and for comparing out of band."""
     return "sha256:" + hashlib.sha256(bytes(verify_key)).hexdigest()[:32]
+
+
+def parse_fingerprint(text: str, where: str = "--fingerprint") -> str:
+    """A fingerprint as an operator types what another read aloud: any case, with or without the
+    `sha256:` prefix, spaces or colons between groups; -> the form fingerprint() writes. The value is
+    what is compared, so nothing but spelling is forgiven."""
+    digits = re.sub(r"[\s:]", "", text.strip().lower().removeprefix("sha256:"))
+    if not re.fullmatch(r"[0-9a-f]{32}", digits):
+        raise ConfigError(f"{where} {text!r} is not a CA fingerprint: 32 hex digits, as `nebula site init` prints "
+                          "them (sha256:9f2c...; case, the sha256: prefix, spaces and colons do not matter)")
+    return "sha256:" + digits
 
 
 def curve_public_raw(verify_key: VerifyKey) -> bytes:

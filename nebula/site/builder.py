@@ -24,9 +24,10 @@ from nebula.security.bundle import parse_bundle
 from nebula.security.certs import Certificate, address_filename, check_site_name, parse_address
 from nebula.security.credentials import publish_site
 from nebula.security.keyfile import read_json, write_atomic, write_json
-from nebula.security.keys import fingerprint
+from nebula.security.keys import fingerprint, parse_fingerprint
 from nebula.security.keystore import SiteKeyStore
 from nebula.site.config import (
+    MetricsConfig,
     SiteConfig,
     StagesConfig,
     gateway_config,
@@ -54,7 +55,8 @@ def build_site(path: Path, config: SiteConfig, stages: Iterable[str] = (), days:
 
 
 def init_site(name: str, out: Path, public: str, external: str | None, internal: str, job: Path | None,
-              days: float, stage_addresses: Sequence[str] = ()) -> str:
+              days: float, stage_addresses: Sequence[str] = (), *, data: Sequence[Path] = (),
+              metrics_port: int = 0) -> str:
     """`nebula site init`: under `out`, site.toml, keys/<name>/ (the CA store: keep it off service hosts),
     credentials/<address>/ per service, run/ and <name>.bundle.json (what other sites import); -> the
     line another site's operator runs to trust this one. `stage_addresses`: those of `job`'s stages at
@@ -69,8 +71,14 @@ def init_site(name: str, out: Path, public: str, external: str | None, internal:
     port = public.rsplit(":", 1)[-1]
     gateway = gateway_config(name, {"internal": internal, "external": external or f"tcp://0.0.0.0:{port}",
                                     "public": public}, f"{path} [gateway]")  # mistakes before any key exists
+    roots = tuple(Path(d).resolve() for d in data)
+    missing = [str(d) for d in roots if not d.is_dir()]
+    if missing:
+        raise ConfigError(f"--data {missing[0]} is not a directory; create it (data sets are registered under it) "
+                          "or name another")
+    metrics = build(MetricsConfig, {"port": metrics_port}, "--metrics-port")
     config = SiteConfig(name=name, ca=out / "keys" / name, credentials=out / "credentials", run=out / "run",
-                        audit=out / "run" / "audit" / "gateway.jsonl", gateway=gateway,
+                        audit=out / "run" / "audit" / "gateway.jsonl", gateway=gateway, data=roots, metrics=metrics,
                         stages=StagesConfig(job=Path(job).resolve()) if job is not None else StagesConfig())
     store = build_site(path, config, stage_addresses, days)
     bundle = export_bundle(store, out / f"{name}.bundle.json")
@@ -84,14 +92,17 @@ def export_bundle(store: SiteKeyStore, out: Path) -> Path:
     return out
 
 
-def trust_site(path: Path, bundle_path: Path, endpoint: str, expected: str, replace: bool = False) -> str:
+def trust_site(path: Path, bundle_path: Path, endpoint: str, expected: str, replace: bool = False,
+               force: bool = False) -> str:
     """Import a peer's bundle into this site's CA store (checking the fingerprint the operators
-    compared), add its [peers.X] to the config, refresh the services' credentials; -> the peer's name."""
+    compared), add its [peers.X] to the config (a changed endpoint only with `force`), refresh the
+    services' credentials; -> the peer's name."""
     site = load_site_config(path)
     check_endpoint(endpoint, "--endpoint")
+    expected = parse_fingerprint(expected)
     if site.ca is None:
         raise ConfigError(f"{path}: [site].ca is not set; trust is imported into the CA store on the operator's host")
-    data = read_json(Path(bundle_path))
+    data = read_json(Path(bundle_path), missing="the bundle file the other site's operator sent you: check its path")
     bundle = parse_bundle(data, str(bundle_path))
     if bundle.fingerprint != expected:
         raise AuthError(f"{bundle_path}: CA fingerprint {bundle.fingerprint}, not {expected} as confirmed with "
@@ -99,9 +110,14 @@ def trust_site(path: Path, bundle_path: Path, endpoint: str, expected: str, repl
     if bundle.site == site.name:
         raise ConfigError(f"{bundle_path} claims site {site.name}, this site's own name: two sites cannot share "
                           "a name; one of them must `site init` under another")
+    known = site.peers.get(bundle.site)
+    if known is not None and known.endpoint != endpoint and not force:  # the operator's value: never silently
+        raise ConfigError(f"{path}: [peers.{bundle.site}] endpoint is {known.endpoint!r}, not {endpoint!r}; "
+                          f"if site {bundle.site} moved, run this again with --force to change it")
     SiteKeyStore(site.ca).trust(data, str(bundle_path), replace=replace)
-    if bundle.site not in site.peers:
-        peer = peer_config(bundle.site, {"endpoint": endpoint}, str(path))
+    if known is None or known.endpoint != endpoint:
+        peer = (peer_config(bundle.site, {"endpoint": endpoint}, str(path)) if known is None
+                else dataclasses.replace(known, endpoint=endpoint))
         write_site_config(path, dataclasses.replace(site, peers={**site.peers, bundle.site: peer}))
     publish_site(site.ca, site.credentials)
     return bundle.site

@@ -29,6 +29,7 @@ from nebula.security.accounts import Accounts, audit, check_store
 from nebula.security.job_record import job_dir, job_owner, record_file
 from nebula.security.keystore import SiteKeyStore
 from nebula.site.config import SiteConfig, load_site_config
+from nebula.site.pidfile import read_json_or_empty
 from nebula.site.process import ProcessId
 from nebula.site.service import tail
 
@@ -73,6 +74,30 @@ def supervising(record: dict) -> bool:
 def supervisor_of(record: dict) -> ProcessId | None:
     """The job's supervisor as its record names it (records written before start times were kept: the pid)."""
     return ProcessId(record["pid"], record.get("pid_start")) if record.get("pid") else None
+
+
+def whole_job(record: dict) -> list[str]:
+    """Every stage of the job, this site's and the other sites', as this site sees it: its own stages
+    from their status files; another site's from what this site's stages last heard from it (the
+    step its latest message was for, and when), since nothing else of that site is visible here."""
+    status = Path(record["dir"]) / "status"
+    mine = {name: read_json_or_empty(status / f"{name}.json") for name in record["stages"]}
+    heard: dict[str, dict] = {}
+    for seen in mine.values():
+        for address, last in seen.get("peers", {}).items():
+            if last["t"] > heard.get(address, {}).get("t", 0):
+                heard[address] = last
+    lines = []
+    for name, address in record.get("job_stages", record["stages"]).items():
+        if name in mine:
+            step = mine[name].get("step")
+            lines.append(f"{address} {mine[name].get('state', 'not started')}" + (f" step {step}" if step else ""))
+        elif address in heard:
+            ago = time.time() - heard[address]["t"]
+            lines.append(f"{address} step {heard[address]['step']} (heard {ago:.0f} s ago)")
+        else:
+            lines.append(f"{address} not heard from")
+    return lines
 
 
 # -- the owner's commands ---------------------------------------------------------------------------
@@ -123,11 +148,16 @@ def kill_all(directory: Path, supervisor: ProcessId | None) -> None:
 
 def logs(site: Site, job_id: str, user: str, secret: str, stage: str | None = None, lines: int = 40) -> str:
     record = owned(site, job_id, user, secret, "logs")
-    names = [stage] if stage else ["supervisor", *record["stages"]]
     if stage and stage not in record["stages"]:
         raise ConfigError(f"job {job_id} has no stage {stage!r} here (it runs {', '.join(record['stages'])})")
-    log_dir = Path(record["dir"]) / "logs"
-    return "\n".join(f"== {name} ==\n{tail(log_dir / f'{name}.log', lines)}" for name in names)
+    return "\n".join(f"== {path.stem} ==\n{tail(path, lines)}" for path in log_files(site, job_id, stage))
+
+
+def log_files(site: Site, job_id: str, stage: str | None = None) -> list[Path]:
+    """The logs of a job the caller has checked the owner of (`logs`): its supervisor's and its stages'."""
+    record = record_file(job_dir(site.config.run, job_id)).read()
+    names = [stage] if stage else ["supervisor", *record["stages"]]
+    return [Path(record["dir"]) / "logs" / f"{name}.log" for name in names]
 
 
 def refuse(site: Site, job_id: str | None, user: str, action: str, reason: str, error: type, message: str) -> None:

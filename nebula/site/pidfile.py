@@ -4,11 +4,14 @@
     <run>/status/supervisor.json  per service: state, pids and their start times, restarts, exit code, log
 
 A file left by a killed supervisor is stale even when its pid came back, as it does for PID 1 in a
-restarted container: the start time tells them apart.
+restarted container: the start time tells them apart. The state file outlives its supervisor on
+purpose: the services it names may outlive it too (recorded_services finds them).
 """
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from nebula.errors import ConfigError
@@ -41,3 +44,36 @@ def read_pid(path: Path) -> ProcessId | None:
     except OSError:
         return None
     return holder if holder is not None and holder.alive() else None
+
+
+@dataclass(frozen=True)
+class Running:
+    """One live process a supervisor recorded: what it is (`gateway`, `encoder rank 1`) and which it is."""
+
+    what: str
+    process: ProcessId
+
+    def __str__(self) -> str:
+        return f"{self.what} (pid {self.process.pid})"
+
+
+def recorded_services(status_dir: Path, pattern: str = "supervisor*.json") -> list[Running]:
+    """The service processes that the supervisors' state files under `status_dir` name and that are
+    still those processes (a pid reused since names another process: its start time differs)."""
+    found = []
+    for path in sorted(status_dir.glob(pattern)):
+        for s in read_json_or_empty(path).get("services", []):
+            pids = s.get("pids", [])
+            for rank, (pid, started) in enumerate(zip(pids, s.get("pid_starts") or [None] * len(pids))):
+                process = ProcessId(pid, started)
+                if process.alive():
+                    found.append(Running(s["name"] if rank == 0 else f"{s['name']} rank {rank}", process))
+    return found
+
+
+def read_json_or_empty(path: Path) -> dict:
+    """A state or status file's record; {} while it is missing or being replaced."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}

@@ -11,6 +11,7 @@ nebula.site.site makes the specs of a site's gateway and stages; nebula.site.sup
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +56,26 @@ class ServiceSpec:
 def tail(path: Path, lines: int = 20) -> str:
     """The last `lines` lines of a log, or "(no log)"."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:] if lines > 0 else [])  # -0: all
     except OSError:
         return "(no log)"
+
+
+def follow(paths: list[Path], interval: float = 0.5) -> None:
+    """Print what `paths` gain from now on, each line prefixed with its log's name when there are
+    several (`site logs -f`, `job logs -f`); until interrupted. A log that appears later (a stage
+    not started yet) is followed from its first line."""
+    offsets = {p: p.stat().st_size if p.exists() else 0 for p in paths}
+    while True:
+        for p in paths:
+            if not p.exists():
+                continue
+            with open(p, "rb") as f:
+                f.seek(offsets[p])
+                chunk = f.read()
+            complete = chunk[:chunk.rfind(b"\n") + 1]  # a line being written waits for the next round
+            offsets[p] += len(complete)
+            prefix = f"{p.stem}: " if len(paths) > 1 else ""
+            for line in complete.decode(errors="replace").splitlines():
+                print(prefix + line, flush=True)
+        time.sleep(interval)

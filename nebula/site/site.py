@@ -18,10 +18,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from nebula.errors import ConfigError
+from nebula.runtime.checkpoint import finished_steps
 from nebula.runtime.job import StageConfig, load_job
 from nebula.security.credentials import publish_site, refuse_ca_key
 from nebula.security.grants import Principal
 from nebula.site.config import SiteConfig, load_site_config
+from nebula.site.control import refuse_second_set, restart_request
 from nebula.site.pidfile import claim_pid_file, pid_file, state_file
 from nebula.site.service import ServiceSpec, nebula_argv
 from nebula.site.supervisor import Supervisor, stop_signals
@@ -30,17 +32,22 @@ REFRESH_S = 2.0  # credential refresh from the CA store
 
 
 def site_services(site: SiteConfig, config_path: Path, only: str | None = None,
-                  principal: Principal | None = None) -> list[ServiceSpec]:
+                  principal: Principal | None = None, steps: int | None = None) -> list[ServiceSpec]:
     """The gateway and the stages of [stages] job at this site (all, or the one named `only`); with
-    `principal` (a submitted job's supervisor), the stages are told the job they run for."""
+    `principal` (a submitted job's supervisor), the stages are told the job they run for; `steps`
+    replaces the job's [train].steps (`site up --steps`, to shorten a job). No --quiet: a stage's
+    log shows its steps, loss, rates and checkpoints every [train].log_every steps, which is what an
+    operator's `site logs` and a user's `job logs` follow."""
     gateway = ServiceSpec(name="gateway", argv=nebula_argv("gateway", "run", "--site-config", str(config_path)),
                           run=site.run, env={"NEBULA_ADDRESS": site.gateway.address}, restart=True,
                           ready=f"gateway {site.gateway.address} up")
     specs = [gateway]
-    job_args = ("--job-id", principal.job, "--user", principal.user) if principal and principal.job else ()
+    job_args: tuple[str, ...] = ("--steps", str(steps)) if steps is not None else ()
+    if principal is not None and principal.job:
+        job_args += ("--job-id", principal.job, "--user", principal.user)
     for name, stage in _stages(site).items():
         argv = nebula_argv("stage", "run", "--job", str(site.stages.job), "--stage", name, "--site", str(config_path),
-                           "--workdir", str(site.run / name), "--quiet", *job_args)
+                           "--workdir", str(site.run / name), *job_args)
         specs.append(ServiceSpec(name=name, argv=argv, run=site.run, env={"NEBULA_ADDRESS": stage.address},
                                  ranks=stage.ranks, restart=True))
     if only is not None and only not in [s.name for s in specs]:
@@ -72,6 +79,15 @@ def _stages(site: SiteConfig) -> dict[str, StageConfig]:
     return {name: job.stage(name) for name in names}
 
 
+def finished_stages(site: SiteConfig, steps: int | None = None) -> dict[str, int]:
+    """name -> step, of this site's stages that ran the job to its last step (or to `steps`) already."""
+    if site.stages.job is None:
+        return {}
+    last = steps if steps is not None else load_job(site.stages.job).train.steps
+    done = {name: finished_steps(site.run / name) for name in _stages(site)}
+    return {name: step for name, step in done.items() if step is not None and step >= last}
+
+
 def check_credentials(site: SiteConfig, services: list[ServiceSpec]) -> None:
     """Refresh service credentials from the CA store when this host has it; refuse a missing one."""
     if site.ca is not None and (site.ca / "ca.pub").exists():
@@ -86,19 +102,27 @@ def check_credentials(site: SiteConfig, services: list[ServiceSpec]) -> None:
         refuse_ca_key(where)
 
 
-def run_site(config_path: Path, only: str | None = None) -> int:
+def run_site(config_path: Path, only: str | None = None, steps: int | None = None) -> int:
     """Supervise the site's services until SIGTERM / SIGINT; then stop them all and return 0."""
     site = load_site_config(config_path)
-    services = site_services(site, Path(config_path).resolve(), only)
+    services = site_services(site, Path(config_path).resolve(), only, steps=steps)
     check_credentials(site, services)
     supervisor = Supervisor(strict=False, state_file=state_file(site, only))
     with stop_signals() as stopped:
+        if only is None:  # a container's one service (--service) cannot see the others' processes
+            refuse_second_set(site, Path(config_path))
         claim_pid_file(pid_file(site, only))
         try:
+            finished = finished_stages(site, steps)
             for spec in services:
-                supervisor.start(spec)
+                if spec.name in finished:  # started again, it would evaluate again and wait for the other sites
+                    supervisor.finished(spec)
+                    print(f"site {site.name}: {spec.name} finished the job at step {finished[spec.name]} already; "
+                          "not started (`nebula site up --steps N` trains on to step N)", flush=True)
+                else:
+                    supervisor.start(spec)
             print(f"site {site.name}: {', '.join(s.name for s in services)} started", flush=True)
-            supervisor.run(lambda: bool(stopped), each=refresher(site))
+            supervisor.run(lambda: bool(stopped), each=refresher(site, supervisor))
         finally:
             supervisor.stop()
             pid_file(site, only).unlink(missing_ok=True)
@@ -106,11 +130,14 @@ def run_site(config_path: Path, only: str | None = None) -> int:
     return 0
 
 
-def refresher(site: SiteConfig) -> Callable[[], None]:
-    """What a site's supervisor does every REFRESH_S besides watching: refresh the credentials."""
+def refresher(site: SiteConfig, supervisor: Supervisor | None = None) -> Callable[[], None]:
+    """What a site's supervisor does besides watching: restart what `nebula site restart` asks for
+    (every round) and refresh the credentials (every REFRESH_S)."""
     last = [time.monotonic()]
 
     def each() -> None:
+        if supervisor is not None:
+            _restart_requested(site, supervisor)
         if time.monotonic() - last[0] > REFRESH_S:
             _refresh(site)
             last[0] = time.monotonic()
@@ -124,3 +151,14 @@ def _refresh(site: SiteConfig) -> None:
             publish_site(site.ca, site.credentials)
         except (ConfigError, OSError) as exc:  # a half-edited store: keep the last good copy, say why
             print(f"credentials not refreshed: {exc}", flush=True)
+
+
+def _restart_requested(site: SiteConfig, supervisor: Supervisor) -> None:
+    """A request file per service (nebula.site.control.ask_restart): a file, not a signal, so that the
+    request names its service and survives until this loop has acted on it."""
+    for name in list(supervisor.services):
+        request = restart_request(site, name)
+        if request.exists():
+            print(f"site {site.name}: restarting {name}, as `nebula site restart` asked", flush=True)
+            supervisor.restart(name)
+            request.unlink(missing_ok=True)

@@ -9,6 +9,7 @@ channel, the other ranks only talk to rank 0 (nebula.runtime.ranks).
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from nebula.errors import ConfigError
@@ -25,6 +26,10 @@ def run_stage(job: JobConfig, name: str, workdir: Path, site_path: Path, quiet: 
               principal: Principal | None = None, observe: WatchFactory | None = None) -> None:
     """`nebula stage run`: this process's rank of stage `name`, until the job is done. `principal`: the
     job it runs for, as its entry point was told; `observe`: how rank 0 gets its watch (status, metrics)."""
+    if principal is not None and principal.job:
+        # A submitted job's messages carry its id, which every site's half shares (`job submit --join`):
+        # a stage refuses messages of another job, such as a half submitted under another id.
+        job = dataclasses.replace(job, name=principal.job)
     config = job.stage(name)
     if config.auto_ranks:
         raise ConfigError(f"stage {name} has ranks = \"auto\": resolve it first with `nebula stage resolve --job "

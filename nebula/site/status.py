@@ -5,14 +5,13 @@ their Prometheus endpoints serve); a service that has not written one yet shows 
 """
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 from nebula.site.config import SiteConfig
-from nebula.site.pidfile import pid_file, read_pid
+from nebula.site.pidfile import pid_file, read_json_or_empty, read_pid, recorded_services
 
 STALE_S = 10.0  # a status file not rewritten for this long (services rewrite theirs every 2 s) is stale
+LIVE = ("running", "orphaned")  # states whose process runs: its pid and uptime are shown
 COLUMNS = ("service", "state", "pid", "uptime", "restarts", "bytes_in", "bytes_out", "step", "loss", "step_s")
 
 
@@ -25,15 +24,17 @@ def site_status(site: SiteConfig) -> dict:
     up = supervisor is not None
     files = sorted((site.run / "status").glob("supervisor*.json"))
     records = [r for f in files for r in read_json_or_empty(f).get("services", [])]
+    # a service whose recorded process still runs while no supervisor does: orphaned, not down
+    orphans = set() if up else {r.what for r in recorded_services(site.run / "status")}
     services = []
     for s in records:
         reported = read_json_or_empty(site.run / "status" / f"{s['name']}.json")
         fresh = time.time() - reported.get("updated", 0) < STALE_S
-        state = (s["state"] if up or s["state"] in ("done", "failed")
+        state = (s["state"] if up or s["state"] in ("done", "failed") else "orphaned" if s["name"] in orphans
                  else reported.get("state", "down") if fresh else "down")
         services.append({
-            "service": s["name"], "state": state, "pid": s["pid"] if state == "running" else None,
-            "uptime": time.time() - s["started"] if state == "running" else None, "restarts": s["restarts"],
+            "service": s["name"], "state": state, "pid": s["pid"] if state in LIVE else None,
+            "uptime": time.time() - s["started"] if state in LIVE else None, "restarts": s["restarts"],
             "exit_code": s["exit_code"], "log": s["log"],
             "bytes_in": reported.get("bytes_in"), "bytes_out": reported.get("bytes_out"),
             "step": reported.get("step"), "loss": reported.get("loss"), "step_s": reported.get("step_s"),
@@ -43,8 +44,10 @@ def site_status(site: SiteConfig) -> dict:
 
 
 def format_status(status: dict) -> str:
-    head = f"site {status['site']}: " + (f"up (supervisor pid {status['supervisor_pid']})" if status["up"]
-                                         else "down")
+    orphaned = [s["service"] for s in status["services"] if s["state"] == "orphaned"]
+    head = f"site {status['site']}: " + (f"up (supervisor pid {status['supervisor_pid']})" if status["up"] else
+                                         f"down, but its supervisor died and left {', '.join(orphaned)} running: "
+                                         "`nebula site down` stops them" if orphaned else "down")
     if not status["services"]:
         return head + f"\n(no services have run from {status['run']})"
     rows = [COLUMNS] + [tuple(_cell(k, s.get(k)) for k in COLUMNS) for s in status["services"]]
@@ -72,11 +75,3 @@ def _bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"
-
-
-def read_json_or_empty(path: Path) -> dict:
-    """A state or status file's record; {} while it is missing or being replaced."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}

@@ -28,9 +28,12 @@ from nebula.site.jobs import ACTIVE, START_TIMEOUT_S, Site, finish, kill_all, re
 from nebula.site.service import ServiceSpec
 from nebula.site.supervisor import detach
 
+HASHED = 8  # hex digits of the job file's sha256 that end its id
 
-def submit(site: Site, job_file: Path, user: str, secret: str, cert_days: float = 1.0) -> dict:
-    """Authenticate, check, make the workspace and certificates, start the supervisor; the record."""
+
+def submit(site: Site, job_file: Path, user: str, secret: str, cert_days: float = 1.0, join: str | None = None) -> dict:
+    """Authenticate, check, make the workspace and certificates, start the supervisor; the record.
+    `join`: the id the first site issued for this job file (its other halves are submitted with it)."""
     if not 0 < cert_days <= 30:
         raise ConfigError(f"--cert-days {cert_days}: a job's certificates live more than 0 and at most 30 days")
     Accounts(site.ca).authenticate(user, secret, "job.submit")
@@ -39,12 +42,14 @@ def submit(site: Site, job_file: Path, user: str, secret: str, cert_days: float 
     text = job_file.read_bytes()  # what is hashed is what is copied, and so what runs
     stages = _stages_here(site, job, job_file)
     _check_data(site, job, user)
+    digest = hashlib.sha256(text).hexdigest()
     with _jobs_lock(site):
         _check_addresses(site, user, stages)
-        directory = _new_workspace(site)
+        directory = _new_workspace(site, digest) if join is None else _joined_workspace(site, join, digest, user)
         record = {"id": directory.name, "owner": user, "site": site.config.name, "dir": str(directory),
                   "submitted": time.time(), "state": "starting", "pid": None, "job_file": str(job_file.resolve()),
-                  "config_sha256": hashlib.sha256(text).hexdigest(),
+                  "sites": list(job.sites), "job_stages": {n: s.address for n, s in job.stages.items()},
+                  "config_sha256": digest,
                   "code_sha256": _code_hash(job, stages), "stages": stages, "serials": []}
         with record_file(directory).update() as entries:
             entries.update(record)
@@ -89,8 +94,9 @@ def _check_addresses(site: Site, user: str, stages: dict[str, str]) -> None:
     for name, address in stages.items():
         if (site.ca / "keys" / f"{address_filename(address)}.key").exists():
             refuse(site, None, user, "submit", f"address {address} is a service of the site", ConfigError,
-                   f"stage {name}'s address {address} belongs to one of site {site.config.name}'s own services; "
-                   "give the stage another address in the job file")
+                   f"stage {name}'s address {address} belongs to one of site {site.config.name}'s own services "
+                   "(its operator's `site init --job`, run by `site up`); give the stage another address in the "
+                   "job file, or ask the operator to run this job with `nebula site up`")
         for other in site.records():
             if other["state"] in ACTIVE and address in other["stages"].values():
                 refuse(site, None, user, "submit", f"address {address} is held by job {other['id']}",
@@ -99,15 +105,33 @@ def _check_addresses(site: Site, user: str, stages: dict[str, str]) -> None:
                        "address")
 
 
-def _new_workspace(site: Site) -> Path:
+def _new_workspace(site: Site, digest: str) -> Path:
+    """A fresh job id, DATE-RANDOM-HASH: unique per run (the same file submitted again is a new run),
+    and ending in the job file's hash, so that the other sites' halves can be checked against it."""
     while True:
-        directory = job_dir(site.config.run, f"{time.strftime('%Y%m%d')}-{secrets.token_hex(3)}")
+        directory = job_dir(site.config.run, f"{time.strftime('%Y%m%d')}-{secrets.token_hex(3)}-{digest[:HASHED]}")
         try:
             directory.mkdir(mode=0o700)
         except FileExistsError:
             continue
         directory.chmod(0o700)  # the umask may have narrowed it; never widened
         return directory
+
+
+def _joined_workspace(site: Site, job_id: str, digest: str, user: str) -> Path:
+    """The workspace of a half of a job whose id another site issued: the id names the same job file."""
+    directory = job_dir(site.config.run, job_id)
+    if not job_id.endswith(f"-{digest[:HASHED]}"):
+        refuse(site, job_id, user, "submit", "another job file", ConfigError,
+               f"--join {job_id}: that id was issued for another job file (this file's sha256 starts "
+               f"{digest[:HASHED]}); submit the very file the first site's user submitted")
+    try:
+        directory.mkdir(mode=0o700)
+    except FileExistsError:
+        refuse(site, job_id, user, "submit", "id taken", ConfigError,
+               f"--join {job_id}: this site has a job {job_id} already (`nebula job list`); each site runs one half")
+    directory.chmod(0o700)
+    return directory
 
 
 def _jobs_lock(site: Site) -> AbstractContextManager[None]:

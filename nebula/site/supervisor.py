@@ -111,6 +111,12 @@ class Supervisor:
         self._launch(service)
         return service
 
+    def finished(self, spec: ServiceSpec) -> Service:
+        """Record `spec` as done without starting it (a stage whose job ended before this start)."""
+        service = self.services[spec.name] = Service(spec, state="done", exit_code=0)
+        self.save()
+        return service
+
     def _launch(self, service: Service) -> None:
         spec = service.spec
         spec.log.parent.mkdir(parents=True, exist_ok=True)
@@ -197,12 +203,26 @@ class Supervisor:
 
     def stop(self, timeout: float = 10) -> None:
         """SIGTERM every process group, SIGKILL what is left after `timeout`: nothing survives."""
-        for s in self.services.values():
+        self._stop(list(self.services.values()), timeout)
+        self.save()
+
+    def restart(self, name: str, timeout: float = 10) -> Service:
+        """Stop service `name` (whatever its state: an operator restarts a failed one once it is fixed) and
+        start it again at once, its crash count cleared (`nebula site restart`)."""
+        service = self.services[name]
+        self._stop([service], timeout)
+        service.restarts, service.streak = service.restarts + 1, 0
+        self._launch(service)
+        return service
+
+    @staticmethod
+    def _stop(services: list[Service], timeout: float) -> None:
+        for s in services:
             for proc in s.procs:
                 if proc.poll() is None:
                     _signal_group(proc.pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        for s in self.services.values():
+        for s in services:
             for proc in s.procs:
                 try:
                     proc.wait(max(0.1, deadline - time.monotonic()))
@@ -213,7 +233,6 @@ class Supervisor:
             if s.state in ("running", "backoff"):
                 s.state = "stopped"
                 _record_exit(s, s.proc.returncode if s.proc else 0, asked_to_stop=True)
-        self.save()
 
     def __enter__(self) -> Supervisor:
         return self

@@ -6,8 +6,11 @@ back N on a stall or when asked, and declares the gateway or a peer dead after a
 User threads wake it through a pipe (a zmq socket must not be shared between threads).
 
 Given the set of peers its job links it with, it refuses (drops, unanswered and unwatched) what
-anyone else sends, so a stranger's silence never fails it; an ERROR fails it only from an exact
-gateway address it was told (its own, and its site's peer gateways).
+anyone else sends. Without one it takes anyone's messages, but watches for silence only the peers
+it addressed itself (or, given a set, its peers): a stranger's message and silence never fail it.
+An ERROR fails it only from an exact gateway address it was told (its own, and its site's peer
+gateways), and from a peer gateway only as the refusal of a message in flight to that gateway's
+site (refusals.py).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import zmq
 from nebula.errors import LinkDown, RemoteError, TransportError, WireError
 from nebula.security.certs import role_name
 from nebula.transport import sockets
+from nebula.transport.refusals import TRANSIENT, stray_refusal
 from nebula.transport.streams import RecvStream, SendStream, Verdict
 from nebula.transport.window import Window
 from nebula.wire import Kind, Message, decode_message, encode_message, with_base
@@ -53,7 +57,7 @@ class ChannelIO(threading.Thread):
         self.next_tick = self.last_ping = 0.0
         self.pinged: dict[str, float] = {}  # peer -> when the last ping went, for the round trip at its pong
         self.stats = {"sent": 0, "resent": 0, "delivered": 0, "duplicates": 0, "gaps": 0, "dropped_full": 0,
-                      "bad": 0, "disconnects": 0, "refused": 0}
+                      "bad": 0, "disconnects": 0, "refused": 0, "unmatched_refusals": 0}
 
     def wake(self) -> None:
         try:
@@ -186,12 +190,17 @@ class ChannelIO(threading.Thread):
         else:
             why = f"a {msg.kind.name} from a stage it has no link with in its job"
         self.stats["refused"] += 1
-        now = time.monotonic()
-        if now - self.refusals_logged.get(msg.src, -REFUSAL_LOG_INTERVAL) >= REFUSAL_LOG_INTERVAL:
-            self.refusals_logged[msg.src] = now
-            log.warning("%s: refused %s: %s (%d refused so far; logged once per %.0f s per sender)",
-                        self.address, why, msg.src, self.stats["refused"], REFUSAL_LOG_INTERVAL)
+        self._log_refused(msg.src, f"{why}: {msg.src}")
         return True
+
+    def _log_refused(self, sender: str, what: str) -> None:
+        """One log line per sender and REFUSAL_LOG_INTERVAL: a sender may write in a loop."""
+        now = time.monotonic()
+        if now - self.refusals_logged.get(sender, -REFUSAL_LOG_INTERVAL) >= REFUSAL_LOG_INTERVAL:
+            self.refusals_logged[sender] = now
+            log.warning("%s: dropped %s (%d refused, %d unmatched refusals so far; logged once per %.0f s "
+                        "per sender)", self.address, what, self.stats["refused"], self.stats["unmatched_refusals"],
+                        REFUSAL_LOG_INTERVAL)
 
     def _on_message(self, msg: Message) -> None:
         if msg.kind == Kind.ACK:
@@ -221,7 +230,13 @@ class ChannelIO(threading.Thread):
 
     def _on_gateway_error(self, msg: Message) -> None:
         log.debug("%s: gateway error %s: %s", self.address, msg.error_code, msg.error_message)
-        if msg.error_code in ("unreachable", "rate-limited", "audit-unavailable"):
+        in_flight = msg.seq > 0 and self.window.in_flight_seq(msg.topic, msg.epoch, msg.seq)
+        if (why := stray_refusal(msg, self.gateway, in_flight)) is not None:
+            self.stats["unmatched_refusals"] += 1
+            if msg.error_code not in TRANSIENT:  # refusals of pings and acks are routine; these are not
+                self._log_refused(msg.src, f"a refusal [{msg.error_code}] that matches nothing it sent ({why})")
+            return
+        if msg.error_code in TRANSIENT:
             # The destination (msg.topic) is not connected yet, or its gateway is down, or this stage
             # sent faster than its gateway takes from one sender, or a gateway on the way cannot write
             # its audit log (a full disk) and forwards nothing meanwhile: try again soon.
@@ -238,7 +253,10 @@ class ChannelIO(threading.Thread):
 
     def _on_data(self, msg: Message) -> None:
         stream = self.recv_streams.get(msg.src) or self.recv_streams.setdefault(msg.src, RecvStream(msg.src))
-        self.heard.setdefault(msg.src, time.monotonic())
+        if self.peers is not None:  # a peer of its job: its silence is a death (_refused dropped strangers)
+            self.heard.setdefault(msg.src, time.monotonic())
+        # Without a set of peers the sender may be anyone: it is watched once this channel addresses it
+        # (_flush_outbox), never for having written once (a stranger's message and silence once failed it).
         verdict = stream.judge(msg.epoch, msg.seq, msg.base)
         if verdict is Verdict.DELIVER:
             try:

@@ -3,8 +3,10 @@
 Every socket Nebula opens is CURVE: servers (`server_socket`) are checked by the ZAP handler of their
 context (zap.py) under a domain that names the policy; clients (`client_socket`) pin the server's
 public key, so a stage can only ever complete a handshake with the gateway it was told about.
-ZeroMQ itself never reports a refused handshake to the caller: it reconnects forever. We watch the
-socket monitor for HANDSHAKE_FAILED_* events and turn them into errors with a bound on the wait.
+ZeroMQ itself never reports a refused handshake to the caller: after a ZAP refusal the socket stays
+disconnected for good (libzmq 4.3.5 never dials a refused CURVE client again), after a wrong server key
+it reconnects forever. We watch the socket monitor for HANDSHAKE_FAILED_* events and turn them into
+errors with a bound on the wait (a gateway's links dial again instead: nebula/gateway/peers.py).
 """
 from __future__ import annotations
 
@@ -87,6 +89,18 @@ class MonitorEvent(TypedDict):
     event: int
     value: int
     endpoint: bytes
+
+
+def event_socket(sock: zmq.Socket, events: int) -> zmq.Socket:
+    """A PAIR that receives `sock`'s monitor `events`, and never fills: libzmq's I/O thread sends monitor
+    events blocking, so a full monitor queue (1,000 events by default: one handshake flood) would stall
+    every connection of the context until the events are read. Read it with `read_event`."""
+    endpoint = f"inproc://nebula-events-{id(sock):x}-{time.monotonic_ns():x}"
+    sock.monitor(endpoint, events)
+    pair = sock.context.socket(zmq.PAIR)
+    pair.linger, pair.rcvhwm = 0, 0  # 0: no limit on the inproc pipe (the sum of both ends' HWMs, or none)
+    pair.connect(endpoint)
+    return pair
 
 
 def read_event(monitor: zmq.Socket) -> MonitorEvent:

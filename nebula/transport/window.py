@@ -120,6 +120,12 @@ class Window:
             self.outbox.extendleft((stream, p) for p in reversed(again))
             return len(again)
 
+    def in_flight_seq(self, dst: str, epoch: int, seq: int) -> bool:
+        """True while the message `seq` of this channel's incarnation `epoch` to `dst` is unacknowledged."""
+        with self.cond:
+            stream = self.streams.get(dst)
+            return stream is not None and stream.epoch == epoch and seq in stream.unacked
+
     def snapshot(self) -> list[SendStream]:
         with self.cond:
             return list(self.streams.values())

@@ -6,10 +6,11 @@ The policy decision is `nebula.security.trust.check_peer`; this file only speaks
 On admission the reply carries the certificate's address as User-Id (so a gateway can check that an
 envelope's `src` is its authenticated sender) and its serial, issuer and expiry as metadata (so revocation
 also cuts connections admitted before it). Every decision goes to the audit log and is counted
-(`decisions`); since a refused client retries every ~100 ms, and a stranger can bring a fresh key to
-every connection, decisions are audited per source address, domain and kind of refusal (for
-admissions, per certified address) and summary interval: the first few in full, the rest counted into
-an `auth.*.summary` record (nebula.security.audit, AuditLog.repeated).
+(`decisions`); since a client may dial again at will (libzmq 4.3.5 itself never re-dials a refused
+CURVE client, but a peer gateway's link does, every few seconds, nebula/gateway/peers.py), and a
+stranger can bring a fresh key to every connection, decisions are audited per source address, domain
+and kind of refusal (for admissions, per certified address) and summary interval: the first few in
+full, the rest counted into an `auth.*.summary` record (nebula.security.audit, AuditLog.repeated).
 
 The handler must be bound before any server socket of the context binds (libzmq admits everyone
 when no handler is listening), and must outlive them: `ZapHandler.start()` returns once bound.

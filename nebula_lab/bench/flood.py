@@ -7,7 +7,11 @@ scenario at a time, each on fresh sites, for `--seconds` (default 20):
               socket: it ignores the reliable channel's window); b/sink/0 reads everything;
 - garbage:    it sends frames that are no envelope;
 - handshakes: strangers: clients with a fresh random CURVE key per connection, on a's stage port;
-- stalled:    it sends 256 KiB TENSORS to a/stall/0, a stage of its own site that never reads.
+- stalled:    it sends 256 KiB TENSORS to a/stall/0, a stage of its own site that never reads;
+- stalled-small: the same with 1 KiB TENSORS, where what a queued message costs beyond its bytes counts;
+- refused:    it sends TENSORS to b/stall/0, a stage of site b that is not connected: b's gateway refuses
+              each (`unreachable`, as it does once a stage that never reads is full), and each refusal
+              crosses back into site a: the most refusals a flood can draw.
 
 With `--starve`, gateway a runs at the lowest priority beside a busy process: its loop falls
 behind its I/O threads, which read ahead only `inbound_hwm` messages per connection.
@@ -39,9 +43,9 @@ from nebula.security.audit_series import series_files
 from nebula.site.process import rss_bytes
 from nebula.site.supervisor import Supervisor
 
-SCENARIOS = ("messages", "garbage", "handshakes", "stalled")
-STAGES = ("a/flood/0", "a/stall/0", "b/sink/0")
-SMALL, LARGE = 64, 256 << 10  # tensor bytes of a flooding message; of one toward the stalled stage
+SCENARIOS = ("messages", "garbage", "handshakes", "stalled", "stalled-small", "refused")
+STAGES = ("a/flood/0", "a/stall/0", "b/sink/0", "b/stall/0")
+SMALL, KIB, LARGE = 64, 1 << 10, 256 << 10  # tensor bytes of a flooding message; of one toward a stalled stage
 
 
 def register(sub) -> None:
@@ -57,7 +61,7 @@ def register(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     rows = []
     if not args.json:
-        print(f"{'scenario':<12}{'sent':>9}{'audit a':>11}{'bytes a':>12}{'audit b':>9}{'bytes b':>11}"
+        print(f"{'scenario':<14}{'sent':>9}{'audit a':>11}{'bytes a':>12}{'audit b':>9}{'bytes b':>11}"
               f"{'limited':>9}{'dropped':>9}{'RSS MB':>8}", flush=True)
     with tempfile.TemporaryDirectory(prefix="nebula-flood-") as tmp:
         for name in args.only or SCENARIOS:
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _print_row(row: dict) -> None:
     a, b, status = row["audit"]["a"], row["audit"]["b"], row["status"]
-    print(f"{row['scenario']:<12}{row['sent']:>9}{a['records']:>11}{a['bytes']:>12}{b['records']:>9}"
+    print(f"{row['scenario']:<14}{row['sent']:>9}{a['records']:>11}{a['bytes']:>12}{b['records']:>9}"
           f"{b['bytes']:>11}{sum(status.get('rate_limited', {}).values()):>9}"
           f"{sum(status.get('dropped', {}).values()):>9}{row['rss_peak'] / 2**20:>8.0f}", flush=True)
     for site, code in row["exits"].items():
@@ -281,13 +285,22 @@ def _garbage(ctx, sites: Sites, seconds: float, sample) -> dict:
         return pump(sock, [os.urandom(48)], seconds, sample)
 
 
-def _stalled(ctx, sites: Sites, seconds: float, sample) -> dict:
-    stalled = stage_socket(ctx, sites.config("a"), "a/stall/0", rcvhwm=16)  # connected, never reads
+def _stalled(ctx, sites: Sites, seconds: float, sample, nbytes: int = LARGE, stage: str = "a/stall/0") -> dict:
+    stalled = stage_socket(ctx, sites.config(stage.split("/", 1)[0]), stage, rcvhwm=16)  # connected, never reads
     try:
         with stage_socket(ctx, sites.config("a"), "a/flood/0") as sock:
-            return pump(sock, tensors_frames("a/flood/0", "a/stall/0", LARGE), seconds, sample)
+            return pump(sock, tensors_frames("a/flood/0", stage, nbytes), seconds, sample)
     finally:
         stalled.close(linger=0)
+
+
+def _stalled_small(ctx, sites: Sites, seconds: float, sample) -> dict:
+    return _stalled(ctx, sites, seconds, sample, nbytes=KIB)
+
+
+def _refused(ctx, sites: Sites, seconds: float, sample) -> dict:
+    with stage_socket(ctx, sites.config("a"), "a/flood/0") as sock:
+        return pump(sock, tensors_frames("a/flood/0", "b/stall/0", SMALL), seconds, sample)
 
 
 def _handshakes(ctx, sites: Sites, seconds: float, sample, parallel: int = 16) -> dict:
@@ -328,4 +341,5 @@ def _handshakes(ctx, sites: Sites, seconds: float, sample, parallel: int = 16) -
     return {"sent": attempts, "refused": refused}
 
 
-_FLOODS = {"messages": _messages, "garbage": _garbage, "handshakes": _handshakes, "stalled": _stalled}
+_FLOODS = {"messages": _messages, "garbage": _garbage, "handshakes": _handshakes, "stalled": _stalled,
+           "stalled-small": _stalled_small, "refused": _refused}

@@ -5,7 +5,9 @@ workload's name is the scenario's (`--scenario NAME`); the benchmark itself know
 workload: its job, its metric and how to score a run all come from the scenario. A scenario is one of:
 - a `Scenario`: the lab runs Table 5 (speed and quality per compression setting) on its job;
 - an `OwnBenchmark`: tables of its own (e.g. throughput), which `nebula bench wan` runs, lending it the
-  lab's tools (`LabTools`: the workload imports nothing of the lab), with options of its own.
+  lab's tools (`LabTools`: the workload imports nothing of the lab), with options of its own;
+- a `TimeToLoss`: the lab trains each of its settings until the validation loss reaches a target and
+  times its steps on the emulated WAN (`--time-to-loss TARGET`, nebula_lab.bench.wan_ttl).
 Every hook the lab calls is declared below (tests/unit/test_workload_spec.py holds the lab to it), and a
 scenario that lacks one is refused when it loads, naming what is missing.
 """
@@ -70,7 +72,33 @@ class OwnBenchmark(Protocol):
         """Runs its benchmark; the exit code."""
 
 
-AnyScenario = Scenario | OwnBenchmark
+class TimeToLoss(Protocol):
+    """A workload judged by T = steps to a target validation loss x steady step time (`--time-to-loss`)."""
+
+    job: Path  # the job file a scenario runs by default
+
+    def ttl_job(self, raw: dict, quick: bool) -> dict:
+        """The raw job table adapted for time-to-loss runs (the model's size, its evaluation)."""
+
+    def ttl_settings(self, quick: bool) -> list[dict]:
+        """The settings to compare, the first the dense reference: each {"name", "forward", "backward"
+        (codec specs for every link), "schedule" (a name, or None: the job's), "stages" (options set on
+        every stage, e.g. an architecture's; {} for none), and optionally "seeds": k (train only the first k
+        of --seeds: an ablation)}. A setting with "auto" codecs is not trained: its steps are those of the
+        setting trained with the rung it chose on the link (nebula_lab.bench.wan_ttl)."""
+
+    def speed_job(self, raw: dict, work: Path, steps: int) -> dict:
+        """The raw job table adapted for a speed run of `steps` steps: no evaluation."""
+
+    def eval_curve(self, run: Path, raw: dict) -> list[list[float]]:
+        """[step, validation loss] of every evaluation a run in `run` made so far, in step order."""
+
+    def step_bytes(self, raw: dict) -> int:
+        """Uncompressed bytes one step sends on a link (the largest)."""
+
+
+AnyScenario = Scenario | OwnBenchmark | TimeToLoss
+KINDS = (OwnBenchmark, TimeToLoss, Scenario)  # the order a scenario is recognised in
 
 
 def hooks(protocol: type) -> list[str]:
@@ -81,6 +109,11 @@ def hooks(protocol: type) -> list[str]:
 
 def is_own(scenario: AnyScenario) -> bool:
     return all(hasattr(scenario, name) for name in hooks(OwnBenchmark))
+
+
+def kind_of(scenario: AnyScenario) -> type:
+    """The first protocol of KINDS whose every hook `scenario` has (Scenario, the default, if none)."""
+    return next((kind for kind in KINDS if all(hasattr(scenario, name) for name in hooks(kind))), Scenario)
 
 
 def scenario_refs() -> dict[str, str]:
@@ -110,9 +143,9 @@ def load_scenario(name: str | None) -> AnyScenario:
     name = chosen_name(name)
     ref = scenario_refs()[name]
     scenario = workload.load(ref, f"the bench scenario of {name}")
-    if not is_own(scenario):
+    if kind_of(scenario) is Scenario:
         missing = [hook for hook in hooks(Scenario) if not hasattr(scenario, hook)]
         if missing:
             raise ConfigError(f"the bench scenario of {name} ({ref}) lacks {', '.join(missing)}: a scenario "
-                              "implements nebula_lab.bench.scenarios.Scenario (Table 5), or OwnBenchmark")
+                              "implements nebula_lab.bench.scenarios.Scenario (Table 5), OwnBenchmark or TimeToLoss")
     return scenario

@@ -41,7 +41,15 @@ from nebula import workload
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.records import read_records
 from nebula_lab.bench.cpu import CpuSampler, per_step, read_samples
-from nebula_lab.bench.scenarios import LabTools, chosen_name, is_own, load_scenario, scenario_names
+from nebula_lab.bench.scenarios import (
+    LabTools,
+    TimeToLoss,
+    chosen_name,
+    is_own,
+    kind_of,
+    load_scenario,
+    scenario_names,
+)
 from nebula_lab.wanem import WanLink
 
 PAPER_MBIT = 60.0
@@ -120,6 +128,17 @@ def register(sub) -> None:
                         help="propagation delay added on the emulated link (default 0; 80 with --auto)")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep logs, metrics and plots here (default: a temporary directory, removed)")
+    parser.add_argument("--time-to-loss", type=float, default=None, metavar="TARGET",
+                        help="train each setting until the validation loss reaches TARGET (--seeds), time its "
+                             "steps on a chain of emulated links (root), report T = steps x step time "
+                             "(a scenario of that kind, e.g. gpt; docs/gpt.md)")
+    parser.add_argument("--eval-every", type=int, default=25, metavar="N",
+                        help="--time-to-loss: evaluate every N steps (default 25)")
+    parser.add_argument("--max-steps", type=int, default=None, metavar="N",
+                        help="--time-to-loss: a setting not at TARGET after N steps is reported as not reached "
+                             "(default: the job's [train].steps)")
+    parser.add_argument("--steps-only", action="store_true",
+                        help="--time-to-loss: train to the target only, no step times on the emulated WAN")
     add_scenario_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -147,6 +166,9 @@ def run(args: argparse.Namespace) -> int:
     check_scenario_options(args)
     if is_own(scenario):  # a workload with tables of its own
         return scenario.bench(args, LabTools(BOUND_FACTOR, _workdir, run_job, WanLink))
+    if args.time_to_loss is not None or kind_of(scenario) is TimeToLoss:
+        from nebula_lab.bench.wan_ttl import run_time_to_loss
+        return run_time_to_loss(args)
     if args.quality:  # why here (and below): these modules import this one, and torch and matplotlib
         from nebula_lab.bench.wan_quality import run_quality
         return run_quality(args)

@@ -110,23 +110,6 @@ def test_a_second_up_a_bad_config_and_a_ca_key_in_reach_are_refused(tmp_path, tw
     assert done.returncode == 3 and "ca.key" in done.stderr and "bundle-service" in done.stderr
 
 
-def test_a_port_in_use_fails_the_gateway_for_good_and_the_rest_of_the_site_keeps_running(tmp_path, two_sites):
-    import socket
-
-    a, _ = two_sites
-    internal = re.search(r'internal = "tcp://127.0.0.1:(\d+)"', a.read_text()).group(1)
-    with socket.socket() as holder:
-        holder.bind(("127.0.0.1", int(internal)))
-        holder.listen()
-        nebula("site", "up", a)
-        wait_for(lambda: service(a, "gateway")["state"] == "failed", timeout=30, what="the gateway to fail")
-        gateway = service(a, "gateway")
-        assert gateway["exit_code"] == 3 and gateway["restarts"] == 0  # a fix is needed: never restarted
-        assert "cannot bind" in nebula("site", "logs", a, "gateway").stdout
-        assert status(a)["up"] and service(a, "encoder")["state"] in ("running", "backoff")
-    nebula("site", "down", a)
-
-
 def test_site_init_trust_refuses_a_wrong_fingerprint_and_a_clashing_name(tmp_path):
     a, line_a = init(tmp_path, "a")
     other = tmp_path / "other"

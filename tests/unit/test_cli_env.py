@@ -110,3 +110,21 @@ def test_help_says_what_nebula_is_how_to_start_and_where_the_docs_are(capsys):
     assert order == sorted(order)
     assert "NEBULA_FOO_BAR" in out and "an option given on the command line wins" in out
     assert "docs: `nebula COMMAND --help`; the guides in " in out and "runtime.md (job files)" in out
+
+
+def test_every_site_command_reads_the_site_config_from_nebula_site_config_and_keys_alone_read_nebula_dir(
+        monkeypatch):
+    monkeypatch.setenv("NEBULA_SITE_CONFIG", "/srv/nebula/a/site.toml")
+    monkeypatch.setenv("NEBULA_DIR", "/srv/keys")
+    parser = build_parser()
+    for argv in (["site", "up"], ["site", "down"], ["site", "status"], ["site", "logs"],
+                 ["site", "restart", "--service", "gateway"], ["site", "trust", "b.bundle.json", "--endpoint", "e",
+                                                              "--fingerprint", "f"],
+                 ["job", "list"], ["user", "list"], ["data", "list"]):
+        args = parser.parse_args(argv)
+        assert (getattr(args, "config", None) or args.site_config) == Path("/srv/nebula/a/site.toml"), argv
+    assert parser.parse_args(["keys", "list"]).dir == Path("/srv/keys")
+    with pytest.raises(SystemExit):  # NEBULA_DIR is the key store root, never `site init`'s directory
+        parser.parse_args(["site", "init", "a", "--public", "tcp://x:1"])
+    monkeypatch.setenv("NEBULA_SITE_DIR", "/srv/nebula/a")
+    assert parser.parse_args(["site", "init", "a", "--public", "tcp://x:1"]).dir == Path("/srv/nebula/a")

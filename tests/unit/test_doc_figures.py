@@ -15,6 +15,7 @@ import zmq
 
 from nebula.codecs import pack
 from nebula.gateway.admission import STORE_RECHECK
+from nebula.gateway.peers import redial_delay
 from nebula.security.audit import DEFAULT_FULL_RECORDS, DEFAULT_SUMMARY_INTERVAL
 from nebula.site.config import _GatewayTable
 from nebula.transport.config import ChannelConfig
@@ -133,12 +134,15 @@ def test_the_defaults_docs_transport_md_states_are_the_codes():
     try:
         tune(sock, hwm=10)
         heartbeat = (sock.heartbeat_ivl / 1000, sock.heartbeat_timeout / 1000)
-        assert sock.maxmsgsize == HARD_FRAME_LIMIT == (2 << 30) - 1 and sock.reconnect_ivl == 100
+        assert sock.maxmsgsize == HARD_FRAME_LIMIT == (2 << 30) - 1
+        reconnect = (sock.reconnect_ivl, sock.reconnect_ivl_max / 1000)
     finally:
         sock.close(linger=0)
     flat = " ".join(doc.split())
     assert f"ZMTP heartbeats ({heartbeat[0]:.0f} s / {heartbeat[1]:.0f} s), `maxmsgsize` 2 GiB − 1" in flat
-    assert "a refused client retries every ~100 ms" in flat
+    assert f"retried by libzmq itself, every {reconnect[0]} ms growing to {reconnect[1]:g} s" in flat
+    redials = ", ".join(f"{redial_delay(n):g}" for n in (1, 2, 3))  # a refused link (nebula/gateway/peers.py)
+    assert f"after {redials}, then every {redial_delay(99):g} s" in flat and redial_delay(4) == redial_delay(99)
     assert STORE_RECHECK == 1.0 and "re-reading the store at most once a second" in flat
     assert f"the first {DEFAULT_FULL_RECORDS} in each {DEFAULT_SUMMARY_INTERVAL:.0f} s" in flat
 

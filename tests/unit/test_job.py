@@ -31,12 +31,17 @@ def job(change=None, **sections):
 def test_shipped_job_files_load_and_their_stages_resolve():
     for path in (ROOT / "deploy" / "jobs").glob("*.toml"):
         config = load_job(path)
-        assert Path(config.data).is_absolute()  # relative to the job file
+        # a directory relative to the job file, or a data set registered at each site (users' jobs)
+        assert config.data.startswith("dataset:") if path.stem.endswith("-users") else Path(config.data).is_absolute()
         for stage in config.stages.values():
             assert resolve_stage(stage.impl).stage_name == stage.impl
-        if path.name.startswith(("abnet", "transformer")):
+        if path.stem == "example-two-users":  # the two-user walkthrough of docs/operate.md §4
+            assert [s.site for s in config.stages.values()] == ["a", "b"]
+        elif path.name.startswith(("abnet", "transformer")):
             assert config.stage("encoder").site == "a" and config.stage("decoder").site == "b"
             assert [link.name for link in config.links] == ["encoder->decoder"] and config.links[0].backward
+        elif path.name.startswith("gpt"):  # a chain of pipeline stages: activations forward, gradients back
+            assert len(config.links) == len(config.stages) - 1 and all(link.backward for link in config.links)
         else:  # ELECTRA-Cloud: generators send ids one way to the discriminator
             assert path.name.startswith("electra") and config.schedule.name == "forward-only"
             assert all(not link.backward and link.dst == "disc" for link in config.links)

@@ -385,3 +385,13 @@ def test_a_metered_channel_passes_on_everything_a_channel_answers():
     supervisor that asks for a status file, as `nebula site up` does)."""
     answers = {name for name, value in vars(Channel).items() if callable(value) and not name.startswith("_")}
     assert answers <= set(vars(MeteredChannel)), answers - set(vars(MeteredChannel))
+
+
+def test_a_link_that_carried_only_an_evaluation_is_read_without_a_training_codec(tmp_path):
+    """A stage started after its job's last step evaluates again: link.jsonl then holds only `split`
+    entries for this process, which once raised KeyError from every status write (issue 41, 3)."""
+    tail = LinkTail(tmp_path / "link.jsonl")
+    (tmp_path / "link.jsonl").write_text(json.dumps({"link": "encoder->decoder", "dir": "forward", "step": 8,
+                                                     "split": "valid", "codec": "fp16", "raw": 400, "wire": 200})
+                                         + "\n")
+    assert tail.read() == {"encoder->decoder:forward": {"raw_bytes": 400, "wire_bytes": 200}}

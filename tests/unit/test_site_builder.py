@@ -62,3 +62,26 @@ def test_a_jobs_credentials_hold_its_own_keys_and_the_sites_public_trust_never_t
     assert (held / "trust" / "b.json").exists() and not list((tmp_path / "job").rglob("ca.key"))
     assert not (config.ca / "keys" / "a.src.0.key").exists()  # the key never entered the CA store
     assert {c.serial for c in certs} <= {c.serial for c in SiteKeyStore(config.ca).certificates()}
+
+
+def test_a_fingerprint_read_aloud_is_accepted_in_any_case_without_its_prefix_and_a_new_endpoint_needs_force(
+        tmp_path):
+    line_a = init_site("a", tmp_path / "a", "tcp://127.0.0.1:5600", None, "tcp://127.0.0.1:5601", None, 1)
+    init_site("b", tmp_path / "b", "tcp://127.0.0.1:5700", None, "tcp://127.0.0.1:5701", None, 1,
+              data=[tmp_path], metrics_port=9400)
+    config = tmp_path / "b" / "site.toml"
+    _, _, _, _, bundle, _, endpoint, _, fingerprint = line_a.split()
+    spoken = fingerprint.removeprefix("sha256:").upper()
+    assert trust_site(config, tmp_path / "a" / bundle, endpoint, spoken) == "a"
+    assert trust_site(config, tmp_path / "a" / bundle, endpoint, f"SHA256:{spoken[:16]} {spoken[16:]}") == "a"
+    with pytest.raises(ConfigError, match="32 hex digits"):
+        trust_site(config, tmp_path / "a" / bundle, endpoint, "9f2c")
+    with pytest.raises(ConfigError, match="not 'tcp://10.0.0.9:5600'; if site a moved, .* --force"):
+        trust_site(config, tmp_path / "a" / bundle, "tcp://10.0.0.9:5600", fingerprint)
+    assert load_site_config(config).peers["a"].endpoint == endpoint  # refused: the operator's value kept
+    trust_site(config, tmp_path / "a" / bundle, "tcp://10.0.0.9:5600", fingerprint, force=True)
+    b = load_site_config(config)
+    assert b.peers["a"].endpoint == "tcp://10.0.0.9:5600"
+    assert b.data == (tmp_path.resolve(),) and b.metrics.port == 9400  # site init --data, --metrics-port
+    with pytest.raises(ConfigError, match="the bundle file the other site's operator sent you"):
+        trust_site(config, tmp_path / "nope.bundle.json", endpoint, fingerprint)

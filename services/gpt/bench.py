@@ -1,0 +1,75 @@
+"""What `nebula bench wan --scenario gpt --time-to-loss TARGET` needs to know about the GPT workload
+(nebula_lab.bench.scenarios.TimeToLoss): the 4-site job at a size that reaches a target in minutes on
+two CPU cores, and the settings to compare (docs/gpt.md has the table)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from nebula.shipped import deploy_dir  # the job files, in a checkout or a wheel
+
+# The bench's model: the 4-site job's 8 blocks, narrower and on shorter windows than the job file's
+# d = 256 / 256 tokens, so that one setting and seed reaches the target in a few minutes here.
+BENCH_MODEL = {"d_model": 128, "n_head": 4, "seq_len": 128, "lr": 2e-3, "warmup_steps": 30}
+EVAL_WINDOWS = 64  # the fixed held-out set: 64 windows spread over the validation packages
+
+DENSE = {"schedule": None, "stages": {}}
+CODE = {"bottleneck": 24, "reembed": True}  # 24 int4 values a token: 12 bytes + scales, 1/20 of bf16
+SETTINGS = [  # the first is the dense reference (and calibrates the communication-bound rate)
+    {"name": "dense bf16", "forward": "bf16", "backward": "bf16", **DENSE},
+    {"name": "bottleneck 24 + reembed, int4/int8", "forward": "int4", "backward": "int8", "schedule": None,
+     "stages": CODE},
+    {"name": "dense fp32", "forward": "none", "backward": "none", **DENSE},
+    {"name": "dense int8(lowrank(0.1))", "forward": "int8(lowrank(0.1))", "backward": "int8(lowrank(0.1))", **DENSE},
+    # its rung depends on the link: timed alone, its steps those of the setting trained with that rung
+    {"name": "auto", "forward": "auto", "backward": "auto", **DENSE},
+    {"name": "bottleneck 24, no reembed, int4/int8", "forward": "int4", "backward": "int8", "schedule": None,
+     "stages": {**CODE, "reembed": False}},
+    {"name": "bottleneck 24 + reembed, fp32", "forward": "none", "backward": "none", "schedule": None,
+     "stages": CODE},
+    {"name": "bottleneck 24 + reembed, int4/int8, stale", "forward": "int4", "backward": "int8",
+     "schedule": "one-step-stale", "stages": CODE},
+    {"name": "dense bf16, stale", "forward": "bf16", "backward": "bf16", "schedule": "one-step-stale", "stages": {}},
+]
+QUICK = 2  # the reference and the bottleneck: compared over every seed; the ablations after them over one
+for _ablation in SETTINGS[QUICK:]:
+    _ablation["seeds"] = 1
+
+
+class GptScenario:
+    job = deploy_dir() / "jobs" / "gpt-4site.toml"
+
+    def ttl_job(self, raw: dict, quick: bool) -> dict:
+        """The bench's model on every stage, batches of 16 windows, the validation loss scored after each part."""
+        raw["train"].update(batch_size=16, micro_batches=4)
+        for stage in raw["stages"].values():
+            stage.update(BENCH_MODEL)
+            stage["eval_examples"] = EVAL_WINDOWS if stage["impl"] in ("gpt-first", "gpt-whole") else 0
+        return raw
+
+    def ttl_settings(self, quick: bool) -> list[dict]:
+        return [dict(s) for s in SETTINGS[:QUICK if quick else None]]
+
+    def speed_job(self, raw: dict, work: Path, steps: int) -> dict:
+        """Windows are all seq_len tokens, so every phase moves the same bytes; no evaluation."""
+        for stage in raw["stages"].values():
+            stage["eval_examples"] = 0
+        return raw
+
+    def eval_curve(self, run: Path, raw: dict) -> list[list[float]]:
+        """The first stage's valid.jsonl: one [step, loss] per evaluation (the last of a step counts)."""
+        first = next(name for name, stage in raw["stages"].items() if stage["impl"] in ("gpt-first", "gpt-whole"))
+        path = run / first / "valid.jsonl"
+        points = {}
+        for line in path.read_text().splitlines() if path.exists() else []:
+            record = json.loads(line)
+            points[record["step"]] = record["loss"]
+        return [[step, loss] for step, loss in sorted(points.items())]
+
+    def step_bytes(self, raw: dict) -> int:
+        """One step of the residual stream on a link, (B, T, d) float32."""
+        stage = next(iter(raw["stages"].values()))
+        return raw["train"].get("batch_size", 8) * stage.get("seq_len", 256) * stage.get("d_model", 256) * 4
+
+
+SCENARIO = GptScenario()

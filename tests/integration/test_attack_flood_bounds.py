@@ -1,0 +1,46 @@
+"""The flood bounds of docs/security.md ("Under a flood") where they did not hold (issue 42, classes 5
+and 6): real gateway processes with the site defaults, real CURVE, the floods of nebula_lab.bench.flood
+(`nebula bench flood --only refused --only stalled-small` runs them for 20 s).
+
+5. Refusals coming back: a stage of a floods a stage of b that cannot take it; b's gateway refuses
+   each message (`unreachable`) and every refusal crosses back into site a. Gateway a recorded each as a
+   `transfer.in`, on top of the `transfer.out` of the message: about twice the stated bound. Refusals a
+   peer gateway sends as itself are now recorded as its own refusals are: a few in full per
+   (gateway, stage) and interval, the rest counted in a `transfer.in.summary`.
+6. What a queued message costs: 1 KiB messages toward a stage that never reads cost the gateway several
+   times their bytes (frames, trackers), which `queue_bytes` did not count.
+"""
+from __future__ import annotations
+
+from nebula_lab.bench.flood import flood
+from tests.integration.test_attack_flood import BURST, RATE, counted, records, stopped_stats
+
+SECONDS = 3.0
+
+
+def test_refusals_coming_back_from_a_peer_gateway_cost_a_few_records_and_each_is_counted(tmp_path):
+    row = flood("refused", tmp_path, SECONDS)  # b/stall/0 is not connected: b's gateway refuses each message
+    assert row["exits"] == {"a": 0, "b": 0}
+    log_a = records(tmp_path, "a")
+    came_back = stopped_stats(log_a)["links"]["from:b"]["messages"]  # every one a refusal from b's gateway
+    assert row["replies"].get("unreachable", 0) > 500 and came_back > 500, row
+    forwarded = [r for r in log_a if r["event"] == "transfer.out"]
+    assert len(forwarded) <= BURST + RATE * (SECONDS + 2)
+    in_full = [r for r in log_a if r["event"] == "transfer.in"]
+    assert all(r["src"] == "b/gateway/0" and r["kind"] == "ERROR" for r in in_full)
+    assert len(in_full) <= 10, f"{len(in_full)} refusals from b recorded one by one"  # 5 per interval
+    assert counted(log_a, "transfer.in", src="b/gateway/0") == came_back  # ... and each is in the log
+
+
+def test_a_stage_that_never_reads_small_messages_costs_its_gateway_what_queue_bytes_says(tmp_path):
+    """1 KiB messages: what the gateway holds per queued message beyond its bytes counts against `queue_bytes`."""
+    queue = 16 << 20
+    slack = 24 << 20  # the interpreter's own growth in a flood, messages being handled, allocator slack
+    row = flood("stalled-small", tmp_path, 6.0, gateway={"queue_bytes": queue},
+                stop_when=lambda growth: growth > 4 * (queue + slack))
+    assert row["exits"] == {"a": 0, "b": 0}
+    growth = row["rss_peak"] - row["rss_start"]
+    assert growth <= queue + slack, f"gateway RSS grew by {growth >> 20} MiB"
+    status = row["status"]
+    assert status["dropped"].get("internal", 0) > 0  # it did refuse: the budget was reached
+    assert max(status["queued_bytes"].values(), default=0) <= queue
