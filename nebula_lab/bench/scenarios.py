@@ -30,7 +30,7 @@ class LabTools:
     bound_factor: float  # the default uncompressed wire / compute of the communication-bound regime
     workdir: Callable[[Path | None], AbstractContextManager[Path]]  # a kept --workdir, or a temporary one
     run_job: Callable[..., None]  # run_job(run, raw_job, label, wan=None): every site's services, to the end
-    emulated_wan: Callable[..., Any]  # emulated_wan(name_prefix=, rate_mbit=, sites=): a WanLink, a context
+    emulated_wan: Callable[..., Any]  # emulated_wan(name_prefix=, rate_mbit=, sites=, rtt_ms=0): a WanLink, a context
 
 
 class Scenario(Protocol):

@@ -9,6 +9,7 @@ one micro-batch from each every t_G_i; n subs keep up when n / t_D >= sum_i 1 / 
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import tempfile
 import time
@@ -26,14 +27,20 @@ WARMUP, TIMED = 1, 3  # micro-batches: the first pays for allocations and is not
 def measure(job: JobConfig, name: str, most: int) -> tuple[int, dict[str, Any]]:
     per_micro = max(1, job.train.batch_size // job.train.micro_batches)
     sources = [link.src for link in job.graph.in_links[name]]
-    with tempfile.TemporaryDirectory(prefix="nebula-calibrate-") as tmp:
-        disc = build_stage(job, name, Path(tmp) / name, quiet=True)
-        t_gen, t_sub = {}, []
-        for source in sources:
-            gen = build_stage(job, source, Path(tmp) / source, quiet=True)
-            times, outputs = _time_generator(gen, per_micro, job.train.micro_batches)
-            t_gen[source] = statistics.median(times)
-            t_sub += _time_discriminator(disc, outputs, f"{source}->{name}")
+    cores = os.sched_getaffinity(0)  # a stage with `cpus` pins the process that builds it: this one, here
+    try:
+        with tempfile.TemporaryDirectory(prefix="nebula-calibrate-") as tmp:
+            disc = build_stage(job, name, Path(tmp) / name, quiet=True)
+            t_gen, t_sub = {}, []
+            for source in sources:
+                # each build may pin this process to its stage's `cpus`: give the next one every core back
+                os.sched_setaffinity(0, cores)
+                gen = build_stage(job, source, Path(tmp) / source, quiet=True)
+                times, outputs = _time_generator(gen, per_micro, job.train.micro_batches)
+                t_gen[source] = statistics.median(times)
+                t_sub += _time_discriminator(disc, outputs, f"{source}->{name}")
+    finally:
+        os.sched_setaffinity(0, cores)
     rate = sum(1 / t for t in t_gen.values())  # generators' micro-batches per second, together
     t_d = statistics.median(t_sub)
     n = auto_subs(1 / rate, t_d, most)
@@ -74,7 +81,16 @@ def _time_discriminator(disc: Stage, outputs: list[tuple[Batch, dict]], link: st
     return times
 
 
-def auto_subs(t_generator: float, t_sub: float, most: int, margin: float = 1.1) -> int:
+# n within [LOW x r, HIGH x r] of the measured ratio r = t_sub / t_G: below, G waits for D more than 10% of
+# its time; above, each sub is busy less than 85% of it (throughput per sub below 0.85)
+LOW, HIGH = 0.9, 1 / 0.85
+
+
+def auto_subs(t_generator: float, t_sub: float, most: int) -> int:
     """n of paper §3.3: sub-discriminators enough that they consume G's micro-batches as fast as G makes
-    them (n >= t_sub / t_generator, with a margin for the all-reduce), at most `most`."""
-    return max(1, min(most, math.ceil(margin * t_sub / max(t_generator, 1e-9))))
+    them. ceil(r) keeps G busy whenever it lies in the band [0.9 r, r / 0.85]; else the band's largest n
+    (G a little idle, every sub busy); for a small r whose band holds no integer, the nearest to r."""
+    r = t_sub / max(t_generator, 1e-9)
+    low, high = math.ceil(LOW * r), math.floor(HIGH * r)
+    n = min(math.ceil(r), high) if low <= high else round(r)
+    return max(1, min(most, n))

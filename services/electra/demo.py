@@ -1,13 +1,18 @@
 """`nebula demo electra`: ELECTRA-Cloud trained on one site, then hot-started across two (paper §4.3).
 
-The paper pre-trains inside one cluster first and moves to the cross-cluster setting from those
-checkpoints (Figure 8: the loss goes on as before). The demo does the same on this machine:
+The paper distils from an existing well-trained generator (§3.1), pre-trains inside one cluster first
+and moves to the cross-cluster setting from those checkpoints (Figure 8: the loss goes on as before).
+The demo does the same on this machine:
+0. G's MLM phase: the job's generator alone (`nebula stage one-site`, deploy/jobs/electra-generator.toml's
+   [train] and lr), whose last checkpoint both later phases start G from (`init`);
 1. the one-site phase: `nebula stage one-site --until N1`, every stage in one process;
 2. the two-site phase: the checkpoints of step N1 copied into a cross-site run (`nebula.site.local.
    hot_start`), a gateway per site, every socket CURVE, the stages as local processes, to step N;
 3. the loss curves of both stages across the switch and a verdict on a jump there (`switch_verdict`);
-4. the discriminator before (untrained, step 0) and after, with services.electra.evaluate;
-5. bytes sent, payload bytes per token, steps and times, in <run-dir>/report.md beside loss.png.
+4. the held-out evaluations of `nebula electra eval` (services.electra.compare): D untrained (step 0)
+   against D pre-trained, all on text corrupted once by G after its MLM phase, with paired intervals;
+5. bytes sent, payload bytes per token, steps and times, and what the run does and does not show, in
+   <run-dir>/report.md (services.electra.demo_report) beside loss.png.
 """
 from __future__ import annotations
 
@@ -15,14 +20,14 @@ import json
 import math
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
 
 from nebula.commands.demo import Demo, fresh_run_dir, job_copy, write_job
-from nebula.errors import ConfigError, DataError, StageError
+from nebula.errors import ConfigError, StageError
 from nebula.runtime.records import read_records
 from nebula.shipped import DEPLOY
 from nebula.shipped import job_file as shipped_job
@@ -33,16 +38,18 @@ if TYPE_CHECKING:  # why: the job loader imports torch, which `nebula --help` (i
 # shipped (nebula.shipped), in a checkout and installed
 DEFAULT_JOB = DEPLOY / "jobs" / "electra.toml"
 DEFAULT_ONE_SITE_JOB = DEPLOY / "jobs" / "electra-one-site.toml"
+GENERATOR_JOB = DEPLOY / "jobs" / "electra-generator.toml"  # G's MLM phase: its [train] and lr
 
 # What the demo changes in the shipped job files: a 128 x 2 discriminator (256 x 4 takes ~4x the time
-# per step and per evaluation, which 10 minutes on 2 shared cores do not hold), and checkpoints every
-# 75 steps, so that the one-site phase keeps its step-0 checkpoint (the last 3 are kept) for the
-# "before" evaluation. Larger lr, max_len 64 with 600 steps, TRTD only or less RTD weight did no
-# better (docs/electra.md, "The demo"). A job given with --job / --one-site-job runs as written.
+# per step and per evaluation, which 10 minutes on 2 shared cores do not hold) and a generator 56 x 2, 42%
+# of D's parameters as the paper's G is about 40% of its D (the shipped 128 x 2 and 256 x 4: 39%);
+# checkpoints every 75 steps, so that the one-site phase keeps its step-0 checkpoint (the last 3 are kept)
+# for the "before" evaluation. Larger lr, max_len 64 with 600 steps, TRTD only or less RTD weight did no
+# better on retrieval (docs/electra.md, "The demo"). A job given with --job / --one-site-job runs as written.
 SETTINGS: dict[str, Any] = {
     "train": {"steps": 300, "checkpoint_every": 75, "log_every": 10},
     "stages": {
-        "generator": {"max_len": 128, "lr": 5e-4},
+        "generator": {"max_len": 128, "lr": 5e-4, "size": {"hidden": 56, "layers": 2, "heads": 2, "ffn": 224}},
         "disc": {"max_len": 128, "lr": 5e-4, "size": {"hidden": 128, "layers": 2, "heads": 2, "ffn": 512}},
     },
 }
@@ -60,16 +67,18 @@ def _arguments(group) -> list:
         group.add_argument("--one-site-steps", type=int, default=None, metavar="N1",
                            help=f"steps on one site before the switch (default: {ONE_SITE_SHARE * 100:.0f}%% of "
                                 "the steps)"),
+        group.add_argument("--generator-steps", type=int, default=None, metavar="NG",
+                           help=f"steps of G's MLM phase before distillation, G alone on one site (default: "
+                                f"{GENERATOR_JOB.name}'s); 0: none, G starts as the job says (its `init`)"),
     ]
 
 
 def demo(args) -> int:
-    summary = run_demo(args.job, args.one_site_job, args.run_dir, args.steps, args.one_site_steps)
+    summary = run_demo(args.job, args.one_site_job, args.run_dir, args.steps, args.one_site_steps,
+                       args.generator_steps)
     print(f"\n{summary['verdict_line']}")
-    print(f"\ndiscriminator before (untrained, step 0) and after (step {summary['steps']}), 95% bootstrap "
-          f"intervals:\n{summary['table']}")
-    for line in summary["changes"] + summary["skipped"]:
-        print(f"  {line}")
+    print(f"\n{summary['evaluation_text']}")
+    print(f"\n{summary['shows']}")
     for line in summary["transfer_lines"]:
         print(line)
     print(f"\nreport: {args.run_dir / 'report.md'}; loss curves: {args.run_dir / 'loss.png'}; "
@@ -78,8 +87,9 @@ def demo(args) -> int:
 
 
 # `nebula demo electra` (nebula/commands/demo.py; named by the workload's spec, services/electra/workload.py)
-DEMO = Demo(summary="ELECTRA-Cloud on one site, then hot-started across two local sites; loss across the "
-                    "switch and the discriminator before/after", run=demo, job=DEFAULT_JOB, add_arguments=_arguments)
+DEMO = Demo(summary="ELECTRA-Cloud: G's MLM phase, then distillation on one site, hot-started across two "
+                    "local sites; loss across the switch and the held-out evaluations before/after",
+            run=demo, job=DEFAULT_JOB, add_arguments=_arguments)
 
 
 # -- the job files (the run directory: nebula.commands.demo.fresh_run_dir) ------------------------------------------
@@ -170,17 +180,18 @@ def supervise(group: Any, services: list[str], progress: Progress, workdir: Path
             group.stop()
 
 
-def one_site_phase(run: Path, job_file: Path, until: int, progress: Progress) -> float:
-    """`nebula stage one-site --until N1` as its own process (one thread per torch op: 2 stages, 2 cores)."""
+def one_site_phase(run: Path, job_file: Path, workdir: str, until: int | None, progress: Progress) -> float:
+    """`nebula stage one-site [--until N1]` in run/`workdir`, as its own process (one thread per torch op:
+    2 stages, 2 cores)."""
     # why here: torch, kept off `nebula --help`
     from nebula.site.service import ServiceSpec, nebula_argv
     from nebula.site.supervisor import Supervisor
     started = time.monotonic()
     group = Supervisor()
-    argv = nebula_argv("stage", "one-site", "--job", str(job_file), "--workdir", str(run / "one-site"),
-                       "--until", str(until))
-    group.start(ServiceSpec(name="one-site", argv=argv, run=run))
-    supervise(group, ["one-site"], progress, run / "one-site", "one site")
+    stop = [] if until is None else ["--until", str(until)]
+    argv = nebula_argv("stage", "one-site", "--job", str(job_file), "--workdir", str(run / workdir), *stop)
+    group.start(ServiceSpec(name=workdir, argv=argv, run=run))
+    supervise(group, [workdir], progress, run / workdir, workdir.replace("-", " "))
     return time.monotonic() - started
 
 
@@ -281,62 +292,16 @@ def untrained_checkpoint(run: Path, sink: str) -> Path | None:
     return path if path.exists() else None
 
 
-def evaluate_checkpoint(job: JobConfig, sink: str, checkpoint: Path | None, data_root: Path,
-                        workdir: Path) -> list[dict]:
-    """The evaluations of services.electra.evaluate on the sink's mean-pooled states at `checkpoint`
-    (None: as built, the seeded initialisation a step-0 checkpoint holds). A task the data cannot
-    support (e.g. a test split of one package for the probe) is a row with `skipped`, not a failure."""
+def evaluate_both(run: Path, job: JobConfig, corruptor: Path | None) -> tuple[dict, float]:
+    """`nebula electra eval` of the sink untrained (its step-0 checkpoint) and at the last step, on text
+    corrupted by `corruptor` (G after its MLM phase), and the seconds it took."""
     # why here: torch, kept off `nebula --help`
-    from nebula.runtime.checkpoint import CheckpointDir
-    from nebula.runtime.service import build_stage
-    from services.electra import evaluate
-    stage = build_stage(job, sink, workdir, quiet=True)
-    if not hasattr(stage, "pooled"):
-        raise ConfigError(f"stage {sink} ({job.stage(sink).impl}) has no pooled(texts): the demo evaluates an "
-                          "ELECTRA discriminator")
-    if checkpoint is not None:
-        step = int(checkpoint.stem.split("-")[1])
-        stage.load_state_dict(CheckpointDir(checkpoint.parent).load(step)["stage"])
-    rows = []
-    for pair in [p for p in evaluate.PAIRS if (data_root / p).is_dir()]:
-        for task in (evaluate.retrieval, evaluate.probe):
-            try:
-                rows.append(task(stage.pooled, data_root, pair))
-            except DataError as exc:
-                rows.append({"task": task.__name__, "pair": pair, "skipped": str(exc)})
-    return rows
-
-
-def changes(before: list[dict], after: list[dict], job: JobConfig) -> list[str]:
-    """Per evaluation: pre-trained minus untrained, and whether the 95% intervals separate (either way);
-    a pair no source stage reads is said so (its language was never trained on)."""
-    trained = {getattr(job.stage(name).options, "corpus", None) for name in job.graph.sources}
-    old = {(r["task"], r["pair"]): r for r in before if "skipped" not in r}
-    lines = []
-    for new in (r for r in after if "skipped" not in r):
-        was = old.get((new["task"], new["pair"]))
-        if was is None:
-            continue
-        if new["interval"][0] > was["interval"][1]:
-            word = "better, outside the intervals"
-        elif new["interval"][1] < was["interval"][0]:
-            word = "worse, outside the intervals"
-        else:
-            word = "within the intervals"
-        unseen = "" if new["pair"] in trained else \
-            f" (no generator reads {new['pair']}: the discriminator never trained on its text)"
-        lines.append(f"{new['task']} {new['pair']}: {was['accuracy']:.3f} -> {new['accuracy']:.3f} "
-                     f"({new['accuracy'] - was['accuracy']:+.3f}), {word}{unseen}")
-    return lines
-
-
-def table(before: list[dict], after: list[dict]) -> tuple[str, list[str]]:
-    """format_table of the rows that ran, and a line for each skipped task."""
-    # why here: torch, kept off `nebula --help`
-    from services.electra.evaluate import format_table
-    ran = lambda rows: [r for r in rows if "skipped" not in r]  # noqa: E731
-    skipped = [f"{r['task']} {r['pair']} skipped: {r['skipped']}" for r in after if "skipped" in r]
-    return (format_table(ran(before), ran(after)) if ran(after) else "(no evaluation could run)"), skipped
+    from services.electra.compare import Setting, evaluate_runs
+    print("evaluating the discriminator before and after ...", flush=True)
+    started, sink = time.monotonic(), job.graph.sinks[0]
+    last = run / "two-site" / sink / "checkpoints" / f"step-{job.train.steps:08d}.pt"
+    result = evaluate_runs(Setting(job, corruptor), [(untrained_checkpoint(run, sink), last)])
+    return result, time.monotonic() - started
 
 
 # -- bytes ----------------------------------------------------------------------------------------------
@@ -377,23 +342,28 @@ def codecs_of(job: JobConfig) -> str:
 
 # -- the whole demo -------------------------------------------------------------------------------------
 def run_demo(job_arg: Path | None, one_site_arg: Path | None, run: Path, steps: int | None,
-             one_site_steps: int | None) -> dict:
+             one_site_steps: int | None, generator_steps: int | None = None) -> dict:
+    # why here: torch, kept off `nebula --help`
+    from services.electra.compare import format_encoder, format_rows
+    from services.electra.demo_report import shows, write_report
     started = time.monotonic()
-    job, job_file, one_file, until = prepare(run, job_arg, one_site_arg, steps, one_site_steps)
-    times = train(run, job, job_file, one_file, until)
+    plan = prepare(run, job_arg, one_site_arg, steps, one_site_steps, generator_steps)
+    job, until = plan.job, plan.until
+    times = train(run, plan)
     verdicts = {name: switch_verdict(points, until) for name, points in curves(run, job).items()}
     plot(run, job, until, codecs_of(job))
-    before, after, times["eval_s"] = evaluate_both(run, job)
+    evaluation, times["eval_s"] = evaluate_both(run, job, plan.corruptor)
     times["total_s"] = time.monotonic() - started
-    text, skipped = table(before, after)
     moved = transfer(run, job, until)
     zero = untrained_checkpoint(run, job.graph.sinks[0])
-    summary = {"steps": job.train.steps, "one_site_steps": until, "times": times, "verdicts": verdicts,
-               "verdict_line": verdict_line(verdicts), "before": before, "after": after, "table": text,
-               "changes": changes(before, after, job), "skipped": skipped,
-               "untrained": str(zero) if zero else None, "transfer": moved,
+    text = format_rows(evaluation) + f"\n\nretrieval and the probe (not targets):\n{format_encoder(evaluation)}"
+    summary = {"steps": job.train.steps, "one_site_steps": until, "generator_steps": plan.generator_steps,
+               "corruptor": str(plan.corruptor) if plan.corruptor else None, "times": times,
+               "verdicts": verdicts, "verdict_line": verdict_line(verdicts), "evaluation": evaluation,
+               "evaluation_text": text, "untrained": str(zero) if zero else None, "transfer": moved,
                "transfer_lines": transfer_lines(moved, job, until, times),
                "settings": settings_for(job_arg, one_site_arg)}
+    summary["shows"] = shows(summary)
     (run / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     write_report(run, job, summary)
     return summary
@@ -404,10 +374,30 @@ def settings_for(job_arg: Path | None, one_site_arg: Path | None) -> dict | None
     return SETTINGS if job_arg is None and one_site_arg is None else None
 
 
+@dataclass(frozen=True)
+class Plan:
+    """The demo's jobs as written into the run directory, and its phases' lengths."""
+
+    job: JobConfig  # the two-site job, as its stages read it
+    job_file: Path
+    one_file: Path
+    generator_file: Path | None  # G's MLM phase; None: no such phase
+    generator_steps: int
+    until: int  # N1: the last one-site step
+
+    @property
+    def corruptor(self) -> Path | None:
+        """G's last checkpoint of its MLM phase: where G starts distilling, and what corrupts held-out text."""
+        if self.generator_file is None:
+            return None
+        name = self.job.graph.sources[0]
+        return self.generator_file.parent / "generator" / name / "checkpoints" / f"step-{self.generator_steps:08d}.pt"
+
+
 def prepare(run: Path, job_arg: Path | None, one_site_arg: Path | None, steps: int | None,
-            one_site_steps: int | None) -> tuple[Any, Path, Path, int]:
-    """Checks first (before anything is written): both job files, N1, the run dir; then the copies of the
-    job files in the run dir, and the data."""
+            one_site_steps: int | None, generator_steps: int | None) -> Plan:
+    """Checks first (before anything is written): the job files, N1, the run dir; then the copies of the
+    job files in the run dir (G starting from its MLM phase's last checkpoint), and the data."""
     # why here: torch and the corpus tooling, kept off `nebula --help`
     from nebula.runtime.job import load_job, parse_job
     from services.corpus.prepare import ensure_prepared
@@ -422,87 +412,65 @@ def prepare(run: Path, job_arg: Path | None, one_site_arg: Path | None, steps: i
     if not 1 <= until < job.train.steps:
         raise ConfigError(f"--one-site-steps {until}: must be 1 to {job.train.steps - 1} (the job has "
                           f"{job.train.steps} steps; the rest run across the sites)")
+    gen_raw = generator_job(raw, job, generator_steps)
     fresh_run_dir(run)
-    job_file = write_job(raw, run / "job.toml", sources[0])
-    one_file = write_job(one_raw, run / "job-one-site.toml", sources[1])
-    job = load_job(job_file)  # as the stages will read it
-    for corpus in corpora_of(job):
-        ensure_prepared(Path(job.data) / corpus, log=lambda line: print(f"nebula demo: {line}", flush=True))
-    return job, job_file, one_file, until
+    gen_file = None if gen_raw is None else write_job(gen_raw, run / "job-generator.toml", GENERATOR_JOB)
+    plan = Plan(job, run / "job.toml", run / "job-one-site.toml", gen_file,
+                gen_raw["train"]["steps"] if gen_raw else 0, until)
+    for r in (raw, one_raw):
+        if plan.corruptor is not None:  # absolute: the two-site run reads a resolved copy elsewhere
+            r["stages"][job.graph.sources[0]]["init"] = str(plan.corruptor.resolve())
+    write_job(raw, plan.job_file, sources[0])
+    write_job(one_raw, plan.one_file, sources[1])
+    plan = replace(plan, job=load_job(plan.job_file))  # as the stages will read it
+    for corpus in corpora_of(plan.job):
+        ensure_prepared(Path(plan.job.data) / corpus, log=lambda line: print(f"nebula demo: {line}", flush=True))
+    return plan
 
 
-def train(run: Path, job: JobConfig, job_file: Path, one_file: Path, until: int) -> dict[str, float]:
-    """Both phases under one progress bar; then a check that the second continued the first."""
+def generator_job(raw: dict, job: JobConfig, steps: int | None) -> dict | None:
+    """G's MLM phase as a job: the distillation job's generator stage alone (its model, corpus and
+    vocabulary, since its weights carry over), with electra-generator.toml's [train] and lr; None for 0 steps."""
+    shipped = job_copy(GENERATOR_JOB)
+    steps = shipped["train"]["steps"] if steps is None else steps
+    if steps < 0:
+        raise ConfigError(f"--generator-steps {steps}: 0 (no MLM phase) or more")
+    if steps == 0:
+        return None
+    if len(job.graph.sources) != 1:
+        raise ConfigError(f"{job.source}: the demo's MLM phase trains one generator, the job has "
+                          f"{len(job.graph.sources)} ({', '.join(job.graph.sources)}); pass --generator-steps 0")
+    name = job.graph.sources[0]
+    (shipped_stage,) = shipped["stages"].values()
+    stage = {**raw["stages"][name], "lr": shipped_stage["lr"]}
+    train = {**shipped["train"], "steps": steps, "checkpoint_every": steps, "seed": raw["train"].get("seed", 1)}
+    return {"job": {**raw["job"], "name": f"{raw['job']['name']}-generator"}, "train": train, "stages": {name: stage}}
+
+
+def train(run: Path, plan: Plan) -> dict[str, float]:
+    """G's MLM phase, then both phases of distillation under one progress bar; then a check that the
+    second continued the first."""
+    job, until = plan.job, plan.until
+    times = {"generator_s": generator_phase(run, plan) if plan.generator_file else 0.0}
     print(f"nebula demo electra: {until} steps on one site (in-process), then {job.train.steps - until} across "
           f"sites {', '.join(job.sites)} (a gateway each, CURVE) from the step-{until} checkpoints; run dir {run}",
           flush=True)
     with tqdm(total=job.train.steps, desc="one site", unit="step") as bar:
         progress = Progress(bar, list(job.stages))
-        times = {"one_site_s": one_site_phase(run, one_file, until, progress)}
-        times["two_site_s"] = two_site_phase(run, job, job_file, progress)
+        times["one_site_s"] = one_site_phase(run, plan.one_file, "one-site", until, progress)
+        times["two_site_s"] = two_site_phase(run, job, plan.job_file, progress)
     check_resumed(run, job, until)
     return times
 
 
-def evaluate_both(run: Path, job: JobConfig) -> tuple[list[dict], list[dict], float]:
-    """The sink untrained (its step-0 checkpoint) and at the last step, and the seconds both took."""
-    print("evaluating the discriminator before and after ...", flush=True)
-    started, sink, data_root = time.monotonic(), job.graph.sinks[0], Path(job.data)
-    before = evaluate_checkpoint(job, sink, untrained_checkpoint(run, sink), data_root, run / "eval" / "untrained")
-    last = run / "two-site" / sink / "checkpoints" / f"step-{job.train.steps:08d}.pt"
-    after = evaluate_checkpoint(job, sink, last, data_root, run / "eval" / "final")
-    return before, after, time.monotonic() - started
-
-
-def write_report(run: Path, job: JobConfig, s: dict) -> Path:
-    until, total = s["one_site_steps"], s["steps"]
-    rows = "\n".join(
-        f"| {name} | {v['mean_before']:.3f} | {v['mean_after']:.3f} | {v['trend']:.3f} | {v['jump']:+.3f} | "
-        f"{v['sigma']:.3f} | {v['limit']:.3f} | {'no jump' if v['ok'] else 'JUMP'} |"
-        if v["ok"] is not None else f"| {name} | | | | | | | {v['why']} |" for name, v in s["verdicts"].items())
-    k = next((v["k"] for v in s["verdicts"].values()), WINDOW)
-    before = (f"the step-0 checkpoint `{Path(s['untrained']).relative_to(run)}`" if s["untrained"] else
-              "the stage as built (its seeded initialisation; the one-site phase pruned its step-0 checkpoint)")
-    settings = (f"`{json.dumps(s['settings'])}` over the shipped job files" if s["settings"]
-                else "the job files given, as written")
-    text = f"""# `nebula demo electra`: one site, then two (paper §4.3, Figure 8)
-
-Job `{job.name}`: stages {', '.join(f'{n} at {st.address}' for n, st in job.stages.items())}; {total} steps,
-{until} on one site (`job-one-site.toml`, in-process), then {total - until} across {len(job.sites)} sites
-(`job.toml`: a gateway per site, CURVE on every socket, a process per stage), hot-started from the
-one-site checkpoints of step {until} (every stage's first step record there is step {until + 1}).
-Settings: {settings}.
-Total {s['times']['total_s']:.0f} s: one-site phase {s['times']['one_site_s']:.0f} s, two-site phase
-{s['times']['two_site_s']:.0f} s, evaluation {s['times']['eval_s']:.0f} s (on a shared machine).
-
-![loss curves](loss.png)
-
-## The switch
-{s['verdict_line']}.
-
-Rule: per stage, the mean loss of the k = {k} steps after the switch is compared with the trend of the
-one-site phase (a least-squares line through its last 2k losses, evaluated at those steps). The
-run's own noise sigma is the one-site phase's step-to-step noise (the standard deviation of its
-loss's first differences over its second half, over sqrt 2); a jump counts when |mean - trend|
-exceeds {SIGMAS:g} standard errors (sigma times sqrt(1/k + 1/2k + the line's extrapolation term)).
-
-| stage | mean of the k before | mean of the k after | trend | jump | sigma (one step) | limit | verdict |
-|---|---|---|---|---|---|---|---|
-{rows}
-
-## The discriminator before and after
-Before: {before}; after: step {total}. Retrieval accuracy@1 (X->en, held-out test packages) and the
-zero-shot cross-lingual probe (package labels, trained on English, tested on es/zh), 95% bootstrap
-intervals; "better" = the intervals separate upwards. XNLI is not available offline.
-
-```
-{s['table']}
-```
-{''.join(f'{chr(10)}- {line}' for line in s['changes'] + s['skipped'])}
-
-## Transfer
-{chr(10).join('- ' + line.strip() for line in s['transfer_lines'])}
-"""
-    path = run / "report.md"
-    path.write_text(text)
-    return path
+def generator_phase(run: Path, plan: Plan) -> float:
+    """G alone on one site for its MLM steps; its last checkpoint must be there after."""
+    assert plan.generator_file is not None and plan.corruptor is not None
+    print(f"nebula demo electra: G's MLM phase, {plan.generator_steps} steps on its own text (paper §3.1: G is "
+          "an existing well-trained model)", flush=True)
+    with tqdm(total=plan.generator_steps, desc="G's MLM phase", unit="step") as bar:
+        took = one_site_phase(run, plan.generator_file, "generator", None,
+                              Progress(bar, list(plan.job.graph.sources)))
+    if not plan.corruptor.exists():
+        raise StageError(f"G's MLM phase left no checkpoint {plan.corruptor}; see {run / 'logs'}")
+    return took

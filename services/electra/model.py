@@ -7,13 +7,17 @@ Both are the post-LN BERT of services.models.plm, so D can also start from multi
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from nebula.config import limits
+from nebula.errors import ConfigError
+from nebula.runtime.checkpoint import CheckpointDir
 from services.models.plm import BertConfig, BertModel
 from services.models.vocab import VocabMap, cut_embeddings
 from services.models.xlmr_e5 import load_e5_small
@@ -110,3 +114,27 @@ def e5_discriminator(vmap, max_len: int) -> BertModel:
     for p in bert.parameters():
         p.requires_grad_(True)
     return bert.set_dropout(0.1)
+
+
+def load_trained(module: nn.Module, path: str, job_file: Path | None, key: str) -> None:
+    """Copy the weights of a stage checkpoint (`<dir>/step-N.pt`, checksum verified) into `module`, which
+    must have the same shape: G hot-started from the weights of an earlier run, not from its optimiser.
+    `path` is relative to the job file, as [job].data is."""
+    file = Path(path)
+    if not file.is_absolute() and job_file is not None:
+        file = Path(job_file).parent / file
+    step = re.fullmatch(r"step-(\d{8})\.pt", file.name)
+    if step is None or not file.is_file():
+        raise ConfigError(f"{key} = {path!r}: expected a checkpoint file step-NNNNNNNN.pt of an earlier run's "
+                          f"stage (e.g. runs/g-mlm/generator/checkpoints/step-00000300.pt); {file} "
+                          f"{'is not one' if file.is_file() else 'does not exist'}")
+    weights = CheckpointDir(file.parent).load(int(step.group(1)))["stage"]["weights"]
+    names = {name for name, _ in module.named_parameters()}  # a tied weight once, as checkpoints keep it
+    odd = sorted(names ^ set(weights))
+    try:
+        if odd:
+            raise RuntimeError(f"names missing or unexpected: {odd[:5]}")
+        module.load_state_dict(weights, strict=False)  # strict would ask for the tied head's alias too
+    except RuntimeError as exc:  # other names or shapes
+        raise ConfigError(f"{key} = {path!r}: its weights do not fit this stage's model (set the same size, "
+                         f"max_len and vocabulary as the run that wrote it): {str(exc)[:400]}") from exc

@@ -15,7 +15,7 @@ The link from a generator to the discriminator is one-way: no gradient crosses t
 """
 from __future__ import annotations
 
-import time
+import os
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -28,7 +28,9 @@ from nebula.runtime.job import JobConfig
 from nebula.runtime.stage import Batch, Output, Port, Stage
 from services.electra import data
 from services.electra.calibrate import measure
-from services.electra.model import Discriminator, Generator, Size, e5_discriminator
+from services.electra.device import DeviceTime
+from services.electra.losses import discriminator_loss, generator_loss
+from services.electra.model import Discriminator, Generator, Size, e5_discriminator, load_trained
 from services.models.plm import BertModel, pad_rows
 
 NO_POSITION = -1  # pads a row of `positions` (and its `originals`) to K
@@ -47,6 +49,8 @@ class _Options:
     vocab_file: str | None = None  # a shipped vocabulary (`VocabMap` JSON) instead of building it here
     lr: float = field(default=5e-4, metadata=limits(above=0, below=1))
     warmup_steps: int = field(default=20, metadata=limits(at_least=0))
+    # pin the stage's process to these CPU cores (a benchmark's: G on a core of its own); () = any
+    cpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +60,10 @@ class GeneratorOptions(_Options):
     mask_prob: float = field(default=0.15, metadata=limits(above=0, below=1))
     temperature: float = field(default=1.0, metadata=limits(above=0))
     size: Size = Size(hidden=128, layers=2, heads=2, ffn=512)
+    # "random", or a generator checkpoint (`.../generator/checkpoints/step-N.pt`, relative to the job file)
+    # whose weights G starts from: the paper distils from an existing well-trained model (§3.1), here G
+    # after a one-site MLM phase (deploy/jobs/electra-generator.toml); its optimiser starts afresh
+    init: str = "random"
     max_train_examples: int | None = field(default=None, metadata=limits(at_least=1))
 
 
@@ -65,9 +73,18 @@ class DiscriminatorOptions(_Options):
     init: Literal["random", "e5-small"] = "random"  # e5-small: 12 x 384, size is then ignored
     rtd_weight: float = field(default=50.0, metadata=limits(at_least=0, hint="lambda of Eq. 11"))
     clm_weight: float = field(default=1.0, metadata=limits(at_least=0, hint="gamma of Eq. 11"))
-    # a labelled compute throttle: each micro-batch takes `slowdown` times its compute (the rest asleep),
-    # as on a k-times-slower device; how paper Table 4's slower cluster is emulated on two CPU cores
-    slowdown: float = field(default=1.0, metadata=limits(at_least=1))
+    # a benchmark's emulated device (services/electra/device.py): each micro-batch of each rank takes this
+    # many seconds of wall clock, the stand-in model's real compute included; 0: off. It measures the
+    # runtime's coordination overhead (paper Table 4), not compute scaling
+    device_time: float = field(default=0.0, metadata=limits(at_least=0, hint="seconds per micro-batch"))
+
+
+def pin(cpus: tuple[int, ...], key: str) -> None:
+    """This process (its calling thread, and the threads it starts later: torch's) on `cpus` only."""
+    allowed = os.sched_getaffinity(0)
+    if not set(cpus) <= allowed:
+        raise ConfigError(f"{key} = {list(cpus)}: this process may run on cores {sorted(allowed)} only")
+    os.sched_setaffinity(0, set(cpus))
 
 
 def linear_warmup_decay(optimizer: torch.optim.Optimizer, warmup: int, total: int):
@@ -78,6 +95,11 @@ def linear_warmup_decay(optimizer: torch.optim.Optimizer, warmup: int, total: in
 
 
 class _Electra(Stage):
+    def __init__(self, context, options: _Options):
+        super().__init__(context, options)
+        if options.cpus:
+            pin(options.cpus, f"[stages.{context.name}] cpus")
+
     def _vocabulary(self) -> None:
         if self.context.data is None:
             raise DataError(f"stage {self.context.name}: the job names no [job].data directory with the corpora")
@@ -92,6 +114,17 @@ class _Electra(Stage):
         self.scheduler = linear_warmup_decay(self.optimizer, self.options.warmup_steps, self.context.job.train.steps)
 
 
+@dataclass(frozen=True)
+class Corrupted:
+    """What the generator makes of a batch (B, S) of ids, M masked positions (row-major)."""
+
+    tokens: torch.Tensor  # x_corrupt (B, S): each masked token replaced by G's sample
+    at: torch.Tensor  # (B, S) bool, the masked positions M
+    originals: torch.Tensor  # (M,) the ids that were there
+    logits: torch.Tensor  # (M, V) p_G's logits there, with their autograd graph (L_G)
+    sampled: torch.Tensor  # (M,) the replacements; equal to the original where G sampled it
+
+
 class ElectraGenerator(_Electra):
     Options = GeneratorOptions
     outputs = TOKENS
@@ -103,6 +136,8 @@ class ElectraGenerator(_Electra):
         self.corpus = data.GeneratorCorpus(context.data, options.corpus, options.tasks, options.max_len, self.vmap,
                                            self.tok, options.max_train_examples)
         self.module = Generator(options.size.bert(len(self.vmap), options.max_len))
+        if options.init != "random":
+            load_trained(self.module, options.init, context.job.source, f"[stages.{context.name}] init")
         self._optimise()
 
     def examples(self, split: str) -> list[str]:
@@ -110,30 +145,34 @@ class ElectraGenerator(_Electra):
 
     def forward(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> Output:
         ids = self.corpus.splits[batch.split].batch(batch.indices, self.specials.pad).to(self.device)
-        real = ids != self.specials.pad
-        at = self._choose_masked(ids, batch)
-        logits = self.module(ids.masked_fill(at, self.specials.mask), real, at)  # (M, V)
-        originals = ids[at]
-        loss = F.cross_entropy(logits, originals)  # L_G, Eq. 6 (mean over the masked positions)
+        masked = self.corrupt(ids, self._seed(batch))
+        loss = generator_loss(masked.logits, masked.originals)  # L_G, Eq. 6
+        positions, labels = ragged(masked.at, masked.originals.masked_fill(masked.sampled == masked.originals, SAME))
+        stats = {"tokens": float((ids != self.specials.pad).sum()), "masked": float(masked.at.sum()),
+                 "sequences": float(len(ids))}
+        return Output(tensors={"tokens": masked.tokens.int(), "positions": positions.int(), "originals": labels.int()},
+                      loss=loss, stats=stats)
+
+    def corrupt(self, ids: torch.Tensor, seed: int) -> Corrupted:
+        """Mask (B, S) ids and replace each masked token by a sample of p_G (Eqs. 6 and 7): masks and samples
+        drawn from `seed` alone, so a step (or an evaluation's fixed corruption) is the same on every run."""
+        at = self._choose_masked(ids, seed)
+        logits = self.module(ids.masked_fill(at, self.specials.mask), ids != self.specials.pad, at)  # (M, V)
         with torch.no_grad():  # Eq. 7: sample x_i ~ p_G(x_i | x_mask) at each masked position
-            gen = torch.Generator(device=self.device).manual_seed(self._seed(batch) + (1 << 62))  # not a mask seed
-            scores = logits.float() / self.options.temperature
+            gen = torch.Generator(device=self.device).manual_seed(seed + (1 << 62))  # not the mask's seed
+            scores = logits.detach().float() / self.options.temperature
             # never a special (the first ids): no original is one, and a sampled <pad> would read as padding
             scores[:, :max(self.specials.as_list()) + 1] = float("-inf")
             sampled = torch.multinomial(F.softmax(scores, -1), 1, generator=gen).squeeze(1)
-        corrupted = ids.masked_scatter(at, sampled)
-        positions, labels = ragged(at, originals.masked_fill(sampled == originals, SAME))
-        stats = {"tokens": float(real.sum()), "masked": float(at.sum()), "sequences": float(len(ids))}
-        return Output(tensors={"tokens": corrupted.int(), "positions": positions.int(), "originals": labels.int()},
-                      loss=loss, stats=stats)
+        return Corrupted(ids.masked_scatter(at, sampled), at, ids[at], logits, sampled)
 
     def _seed(self, batch: Batch) -> int:
         """The same masks and samples for the same step after a resume, whatever ran before."""
         return (self.context.job.train.seed * 1_000_003 + batch.step * 4099 + batch.micro_batch) % (1 << 62)
 
-    def _choose_masked(self, ids: torch.Tensor, batch: Batch) -> torch.Tensor:
+    def _choose_masked(self, ids: torch.Tensor, seed: int) -> torch.Tensor:
         """mask_prob of the real tokens (not specials) of each row, at least one: (B, S) bool."""
-        gen = torch.Generator(device=self.device).manual_seed(self._seed(batch))
+        gen = torch.Generator(device=self.device).manual_seed(seed)
         maskable = ids > max(self.specials.as_list())  # the specials are the first ids of the cut vocabulary
         draw = torch.rand(ids.shape, generator=gen, device=self.device)
         at = maskable & (draw < self.options.mask_prob)
@@ -158,30 +197,11 @@ def ragged(at: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.
     return positions, padded
 
 
-class _Throttle(torch.autograd.Function):
-    """Identity whose backward (the last op of a micro-batch's backward pass) sleeps until the micro-batch
-    has taken k x its compute: the stage then runs as on a k-times-slower device of its own, without
-    using the CPU the other processes need. Its compute is the CPU time it used (at most its wall time,
-    for threads > 1), not its wall time: on a shared machine that also counts waiting for a core, and
-    k x the wait made n subs on two cores slower the more of them there were, as no cluster of separate
-    devices is (measured, k = 4, n = 4 vs 1: the generator 47% busy and 1.9-2.5x the throughput with the
-    wall clock, 99% busy and 2.3-2.6x with CPU time; `nebula bench wan --scenario electra`)."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, slowdown: float, started: tuple[float, float]) -> torch.Tensor:
-        ctx.slowdown, ctx.started = slowdown, started  # (wall, process CPU) clocks at the forward's start
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        wall, cpu = time.perf_counter() - ctx.started[0], time.process_time() - ctx.started[1]
-        time.sleep(max(0.0, ctx.slowdown * min(wall, cpu) - wall))
-        return grad, None, None
-
-
 class ElectraDiscriminator(_Electra):
     Options = DiscriminatorOptions
     inputs = TOKENS
+    # L_D and L_CLM of each micro-batch, summed over the step (divide by micro_batches for the step's mean)
+    stats = ("rtd_loss", "clm_loss", "micro_batches")
 
     def __init__(self, context, options: DiscriminatorOptions):
         super().__init__(context, options)
@@ -191,15 +211,10 @@ class ElectraDiscriminator(_Electra):
         else:
             bert = BertModel(options.size.bert(len(self.vmap), options.max_len))
         self.module = Discriminator(bert, pretrained=options.init != "random")
-        self._started = (0.0, 0.0)
-        if options.slowdown > 1:
-            if self.device.type != "cpu":
-                raise ConfigError(f"[stages.{context.name}] slowdown = {options.slowdown:g} counts CPU time, which "
-                                  f"on {self.device} is not the stage's compute: set device = \"cpu\" (a "
-                                  "benchmark's emulated slower device), or slowdown = 1")
-            bert.embeddings.register_forward_hook(
-                lambda _m, _i, out: _Throttle.apply(out, options.slowdown, self._started) if out.requires_grad
-                else out)
+        self.clock = None
+        if options.device_time > 0:  # the embeddings' output: its backward is the last of the micro-batch
+            clock = self.clock = DeviceTime(options.device_time, self.device, f"[stages.{context.name}] device_time")
+            bert.embeddings.register_forward_hook(lambda _m, _i, out: clock.wrap(out))
         self._optimise()
 
     @classmethod
@@ -242,15 +257,16 @@ class ElectraDiscriminator(_Electra):
         return tokens, at, full
 
     def forward(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> Output:
-        self._started = (time.perf_counter(), time.process_time())
+        if self.clock is not None:
+            self.clock.start()
         tokens, at, originals = self.check(inputs, f"step {batch.step} micro-batch {batch.micro_batch} on "
                                                    f"{batch.link}")
         real = tokens != self.specials.pad
         rtd, clm = self.module(tokens, real, at)
-        replaced = (at & (tokens != originals)).float()
-        l_d = F.binary_cross_entropy_with_logits(rtd[real], replaced[real])  # Eq. 8, mean over the tokens
-        l_clm = F.cross_entropy(clm, originals[at]) if at.any() else rtd.sum() * 0  # Eq. 10
-        return Output(loss=self.options.rtd_weight * l_d + self.options.clm_weight * l_clm)
+        loss = discriminator_loss(rtd, clm, tokens, originals, at, real, self.options.rtd_weight,
+                                  self.options.clm_weight)
+        stats = {"rtd_loss": float(loss.rtd.detach()), "clm_loss": float(loss.clm.detach()), "micro_batches": 1.0}
+        return Output(loss=loss.total, stats=stats)
 
     def pooled(self, texts: list[str], batch_size: int = 64) -> torch.Tensor:
         """Mean-pooled last-layer states of `texts` (N, H): what the evaluations compare."""

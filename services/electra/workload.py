@@ -1,4 +1,5 @@
-"""ELECTRA-Cloud's spec (nebula.workload): its two stages, `nebula demo electra`, its bench scenario."""
+"""ELECTRA-Cloud's spec (nebula.workload): its two stages, `nebula demo electra`, its bench scenario,
+`nebula electra eval`."""
 from nebula.workload import Workload
 
 WORKLOAD = Workload(
@@ -6,4 +7,5 @@ WORKLOAD = Workload(
             "electra-discriminator": "services.electra.stages:ElectraDiscriminator"},
     demo="services.electra.demo:DEMO",
     scenario="services.electra.bench:SCENARIO",
+    commands={"electra": "services.electra.command:register"},
 )

@@ -1,6 +1,7 @@
-"""`nebula demo electra` end to end, tiny: a one-site phase, then a hot start across two sites (real
-gateways, CURVE, a process per stage), the loss plot, the verdict on the switch, the before/after
-evaluation table and the report."""
+"""`nebula demo electra` end to end, tiny: G's MLM phase, a one-site phase starting G from it, then a
+hot start across two sites (real gateways, CURVE, a process per stage), the loss plot, the verdict on
+the switch, the held-out evaluations before/after (`nebula electra eval`'s), the plain words on what
+the run shows, and the report."""
 import json
 import shutil
 import signal
@@ -12,7 +13,7 @@ import tomllib
 from nebula.runtime.job_file import write_job_file
 from tests.support.sites import E2E, JOB_TIMEOUT, records
 
-STEPS, ONE_SITE = 40, 24  # k = 12 steps each side of the switch for the verdict
+STEPS, ONE_SITE, GENERATOR = 40, 24, 6  # k = 12 steps each side of the switch for the verdict
 
 JOB = """[job]
 name = "electra-tiny"
@@ -92,7 +93,7 @@ def test_electra_demo_hot_starts_across_sites_and_reports(tmp_path):
     run = tmp_path / "run"
 
     done = demo("--job", jobs["job.toml"], "--one-site-job", jobs["one-site.toml"], "--steps", STEPS,
-                "--one-site-steps", ONE_SITE, "--run-dir", run)
+                "--one-site-steps", ONE_SITE, "--generator-steps", GENERATOR, "--run-dir", run)
 
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for name in ("generator", "disc"):  # the cross-site run continued the one-site run at step N1
@@ -105,10 +106,20 @@ def test_electra_demo_hot_starts_across_sites_and_reports(tmp_path):
     report = (run / "report.md").read_text()
     summary = json.loads((run / "summary.json").read_text())
     assert summary["untrained"].endswith("one-site/disc/checkpoints/step-00000000.pt")
-    table = summary["table"].splitlines()
-    assert table[0].split() == ["task", "pair", "chance", "untrained", "pre-trained", "better"]
-    assert [line.split()[:2] for line in table[1:]] == [["retrieval", "es-en"], ["probe", "es-en"]]
-    assert summary["table"] in report and summary["table"] in done.stdout
+    corruptor = run / "generator" / "generator" / "checkpoints" / f"step-{GENERATOR:08d}.pt"
+    assert [r["step"] for r in records(run / "generator" / "generator" / "metrics.jsonl", "step")] == \
+        list(range(1, GENERATOR + 1))  # G's MLM phase ran alone, first
+    assert summary["corruptor"] == str(corruptor) and corruptor.exists()
+    for job in ("job.toml", "job-one-site.toml"):  # distillation starts G from that phase
+        assert tomllib.loads((run / job).read_text())["stages"]["generator"]["init"] == str(corruptor.resolve())
+    rows = summary["evaluation"]["rows"]
+    assert [(r["task"], r["metric"].split(",")[0]) for r in rows] == [
+        ("MLM", "corruptor G"), ("RTD", "ROC-AUC"), ("RTD", "accuracy at p = 0.5"),
+        ("CLM", "D accuracy at masked positions"), ("alignment es-en", "own translation ranked first")]
+    assert all(r["verdict"] in ("better", "worse", "within") and len(r["after"]) == 1 for r in rows)
+    assert summary["evaluation_text"] in report and summary["evaluation_text"] in done.stdout
+    assert summary["shows"].startswith("What this run shows") and "What it does not show" in summary["shows"]
+    assert summary["shows"] in report and summary["shows"] in done.stdout
     assert "![loss curves](loss.png)" in report and "hot start:" in report and "hot start:" in done.stdout
     assert {name: v["k"] for name, v in summary["verdicts"].items()} == {"generator": 12, "disc": 12}
     assert all(v["ok"] in (True, False) and v["sigma"] > 0 for v in summary["verdicts"].values())

@@ -72,3 +72,54 @@ def test_nebula_demo_takes_an_optional_workload(capsys):
     with pytest.raises(ConfigError, match="--hot-start is an option of `nebula demo abnet`"):
         args = parser.parse_args(["demo", "electra", "--hot-start", "d"])
         args.func(args)
+
+
+def test_gs_mlm_phase_is_the_jobs_generator_alone_and_smaller_than_d(tmp_path):
+    from services.electra.demo import GENERATOR_JOB, SETTINGS, adapted, generator_job
+    from services.electra.model import Discriminator, Generator, Size
+    from services.models.plm import BertModel
+    raw = adapted(DEFAULT_JOB, 40, SETTINGS)
+    job = load_job(adapt_job(DEFAULT_JOB, tmp_path / "job.toml", 40, SETTINGS))
+    gen = generator_job(raw, job, None)
+    shipped = load_job(GENERATOR_JOB)
+    assert list(gen["stages"]) == ["generator"] and "links" not in gen  # G alone, no link to D
+    assert gen["stages"]["generator"]["size"] == SETTINGS["stages"]["generator"]["size"]  # its weights carry over
+    assert gen["train"]["steps"] == shipped.train.steps == gen["train"]["checkpoint_every"]
+    assert gen["stages"]["generator"]["lr"] == shipped.stage("generator").options.lr
+    assert generator_job(raw, job, 0) is None
+    with pytest.raises(ConfigError, match="--generator-steps -1"):
+        generator_job(raw, job, -1)
+
+    def params(module) -> int:
+        return sum(p.numel() for p in module.parameters())
+    vocab, sizes = 28_902, SETTINGS["stages"]
+    g = params(Generator(Size(**sizes["generator"]["size"]).bert(vocab, 128)))
+    d = params(Discriminator(BertModel(Size(**sizes["disc"]["size"]).bert(vocab, 128))))
+    assert 0.35 < g / d < 0.45  # the paper's G is about 40% of its D
+
+
+def _summary(auc_change: float, alignment_change: float) -> dict:
+    """A demo summary whose evaluation rows come from services.electra.paired.compare on real scores."""
+    import torch
+
+    from services.electra.compare import row
+    from services.electra.paired import Ratio, compare
+    n = 200
+    hits = lambda p: Ratio((torch.arange(n) % 100 < p * 100).double())  # noqa: E731
+    rows = [row("MLM", "corruptor G, masked-token accuracy", "unigram", compare([hits(0.05)], [hits(0.3)], n, 0)),
+            row("RTD", "ROC-AUC, real vs replaced", "0.5", compare([hits(0.5)], [hits(0.5 + auc_change)], n, 0)),
+            row("alignment es-en", "own translation ranked first", "0.5",
+                compare([hits(0.5)], [hits(0.5 + alignment_change)], n, 0))]
+    return {"evaluation": {"rows": rows, "sequences": n}, "steps": 300, "one_site_steps": 150,
+            "generator_steps": 400, "verdicts": {"disc": {"ok": True}}}
+
+
+def test_the_plain_words_follow_the_verdicts():
+    from services.electra.demo_report import shows
+    good = shows(_summary(0.3, 0.2))
+    assert good.startswith("What this run shows (D learnt)") and "What it does not show" in good
+    assert "after 400 MLM steps alone, predicts 30.0% of held-out masked tokens" in good
+    assert "ROC-AUC after 300 steps (150 on one site, 150 across two) from 0.500 untrained to 0.800" in good
+    assert "an improvement" in good and "no jump" in good
+    flat = shows(_summary(0.3, 0.0))
+    assert "not shown on every target evaluation" in flat and "no change beyond the interval" in flat

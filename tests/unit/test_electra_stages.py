@@ -9,14 +9,18 @@ real models on the tiny corpora (copied into tmp_path: the vocabulary is cached 
   row has a masked position, and no sample is a special id (a sampled <pad> would read as padding).
 - A one-site run records the link's bytes per token in the generator's metrics: about 2 with the
   shipped `deflate`, several times that with `none`.
-- ranks = "auto" measures n in [1, max_ranks] and scales the step by it; a throttled (k times slower)
-  discriminator needs every rank it may have."""
+- ranks = "auto" measures n in [1, max_ranks], within [0.9 r, r / 0.85] of the measured ratio r, and
+  scales the step by it; a discriminator on a slow emulated device needs every rank it may have.
+- An emulated device takes its `device_time` per micro-batch, and one faster than the model that runs
+  is a ConfigError naming the key."""
 import math
+import os
+import time
 
 import pytest
 import torch
 
-from nebula.errors import DataError
+from nebula.errors import ConfigError, DataError
 from nebula.runtime.autoranks import resolve, scale_step
 from nebula.runtime.job import TrainConfig, load_job
 from nebula.runtime.metrics import read_records
@@ -24,6 +28,7 @@ from nebula.runtime.onesite import run_one_site
 from nebula.runtime.order import id_hashes
 from nebula.runtime.service import build_stage
 from nebula.runtime.stage import Batch
+from services.electra.calibrate import auto_subs
 from services.electra.stages import NO_POSITION, SAME, ragged
 from tests.support.electra import electra_job
 
@@ -262,10 +267,60 @@ def test_an_omitted_step_size_scales_from_the_jobs_own_defaults():
         == {"batch_size": 64, "micro_batches": 8}
 
 
-def test_a_k_times_slower_discriminator_gets_every_rank_it_may_have(tmp_path):
+def test_a_slow_emulated_device_gets_every_rank_it_may_have(tmp_path):
     slow = {'impl = "electra-discriminator"': 'impl = "electra-discriminator"\nranks = "auto"\nmax_ranks = 3\n'
-                                              'slowdown = 50.0'}
+                                              'device_time = 0.5'}
     out, evidence = resolve(electra_job(tmp_path, slow), tmp_path / "resolved.toml", quiet=True)
-    assert evidence["disc"]["ranks"] == 3, evidence
+    assert evidence["disc"]["ranks"] == 3 and evidence["disc"]["t_sub_s"] >= 0.5, evidence
     resolved = load_job(out)
     assert resolved.stage("disc").ranks == 3 and resolved.train.batch_size == 24 and resolved.train.micro_batches == 6
+
+
+def test_auto_ranks_measure_g_and_d_pinned_to_different_cores(tmp_path):
+    """Table 4's job: G on a core of its own, D's ranks on the others. Building D pins the calibrating
+    process to D's cores; G must still be built on its own (it was refused: "may run on cores [1] only")."""
+    cores = sorted(os.sched_getaffinity(0))
+    g_core, d_cores = cores[:1], cores[1:] or cores[:1]
+    pinned = {'corpus = "es-en"': f'corpus = "es-en"\ncpus = {g_core}',
+              'impl = "electra-discriminator"': f'impl = "electra-discriminator"\nranks = "auto"\nmax_ranks = 2\n'
+                                                f'cpus = {d_cores}'}
+    out, evidence = resolve(electra_job(tmp_path, pinned), tmp_path / "resolved.toml", quiet=True)
+    assert 1 <= evidence["disc"]["ranks"] <= 2
+    assert sorted(os.sched_getaffinity(0)) == cores  # the calibration hands this process its cores back
+
+
+@pytest.mark.parametrize("r, n", [(1.0, 1), (1.2, 1), (2.5, 2), (3.56, 4), (7.9, 8), (14.2, 15), (40.0, 16)])
+def test_auto_n_lies_within_0_9_r_and_r_over_0_85_where_an_integer_does(r, n):
+    assert auto_subs(0.1, 0.1 * r, 16) == n
+    if math.ceil(0.9 * r) <= math.floor(r / 0.85) and r < 16:
+        assert 0.9 * r <= n <= r / 0.85
+
+
+def micro_batch(disc, inputs) -> float:
+    """Wall seconds of one micro-batch's forward and backward at the discriminator."""
+    started = time.perf_counter()
+    disc.forward(Batch("train", 1, 0, ids=torch.zeros(len(inputs["tokens"]), dtype=torch.long),
+                       link="generator->disc"), inputs).loss.backward()
+    return time.perf_counter() - started
+
+
+def test_an_emulated_device_takes_its_time_and_refuses_to_be_faster_than_the_model(tmp_path, sent):
+    inputs, _ = sent
+    job = load_job(electra_job(tmp_path, {'impl = "electra-discriminator"':
+                                          'impl = "electra-discriminator"\ndevice_time = 0.3'}))
+    disc = build_stage(job, "disc", tmp_path / "disc", quiet=True)
+    assert 0.3 <= micro_batch(disc, inputs) < 0.3 + 0.25  # the stand-in computes in a few ms, then sleeps
+    assert 0.3 <= micro_batch(disc, inputs) and disc.clock.waited > 0.1
+    too_fast = load_job(electra_job(tmp_path / "fast", {'impl = "electra-discriminator"':
+                                                        'impl = "electra-discriminator"\ndevice_time = 1e-6'}))
+    disc = build_stage(too_fast, "disc", tmp_path / "fast-disc", quiet=True)
+    micro_batch(disc, inputs)  # the first pays for allocations: not judged
+    with pytest.raises(ConfigError, match=r"^\[stages\.disc\] device_time = 1e-06 s is less than this stage's real "
+                                          r"compute per micro-batch \(0\.\d+ s\)"):
+        micro_batch(disc, inputs)
+
+
+def test_cpus_outside_this_process_s_cores_are_refused(tmp_path):
+    job = load_job(electra_job(tmp_path, {'corpus = "es-en"': 'corpus = "es-en"\ncpus = [4096]'}))
+    with pytest.raises(ConfigError, match=r"\[stages\.generator\] cpus = \[4096\]: this process may run on cores"):
+        build_stage(job, "generator", tmp_path / "generator", quiet=True)

@@ -1,0 +1,144 @@
+"""`nebula electra seeds`: does pre-training help over seeds, and does cross-site training match one-site?
+
+A benchmark (issue 38's targets, not a timed test), with the demo's models (services.electra.demo.SETTINGS):
+1. G's MLM phase once (deploy/jobs/electra-generator.toml's [train] and lr): the well-trained G every seed
+   distils from, and the one fixed corruptor of every evaluation;
+2. per training seed, the whole job on one site (`nebula stage one-site`) and across two sites (a gateway
+   each, CURVE, a process per stage, the forward-only schedule with its credit), from step 0;
+3. `nebula electra eval` twice (services.electra.compare): D at step 0 against D one-site-trained, over the
+   seeds (does pre-training help, outside the paired interval?), and D one-site-trained against D
+   cross-site-trained (is the cross-site change within the spread between seeds?).
+
+With credit > 0 the two runs of a seed differ only where nondeterminism enters (dropout streams: one
+process per stage across sites, one process for both on one site), which is what "within the seed spread"
+asks about; with dropout 0 and fixed threads they are equal bit for bit (tests/e2e/test_electra_equal.py).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from nebula.commands.demo import fresh_run_dir, write_job
+from nebula.errors import ConfigError
+from services.electra import demo
+
+SEEDS, STEPS = (1, 2, 3), 150  # 150 steps: three seeds of both runs fit ~25 min on 2 shared cores
+
+
+def register(actions) -> None:
+    p = actions.add_parser("seeds", help="benchmark: D untrained vs pre-trained over seeds, and cross-site vs "
+                                         "one-site final RTD AUC, with the demo's models")
+    p.add_argument("--run-dir", type=Path, default=Path("runs/electra-seeds"), help="emptied first if it has "
+                   "only a previous run's files (default runs/electra-seeds)")
+    p.add_argument("--seeds", default=",".join(map(str, SEEDS)), help="training seeds, comma-separated (>= 3 "
+                   "for a spread worth the name; default 1,2,3)")
+    p.add_argument("--steps", type=int, default=STEPS, help=f"distillation steps per run (default {STEPS})")
+    p.add_argument("--generator-steps", type=int, default=None, help="G's MLM phase (default: the shipped job's)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=run_seeds)
+
+
+def run_seeds(args) -> int:
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    if len(set(seeds)) < 2 or args.steps < 1:
+        raise ConfigError(f"--seeds {args.seeds} --steps {args.steps}: two seeds or more (three for the targets), "
+                          "one step or more")
+    result = benchmark(args.run_dir, seeds, args.steps, args.generator_steps)
+    (args.run_dir / "seeds.json").write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps(result, indent=1, default=str) if args.json else format_result(result))
+    return 0
+
+
+def jobs(run: Path, seeds: list[int], steps: int, generator_steps: int | None) -> tuple[Path | None, dict]:
+    """G's MLM job (None: no phase) and, per seed, its one-site and two-site job files, in `run`."""
+    from nebula.runtime.job import parse_job  # why here: torch, kept off `nebula --help`
+    two, one = (demo.adapted(source, steps, demo.SETTINGS) for source in (demo.DEFAULT_JOB, demo.DEFAULT_ONE_SITE_JOB))
+    job = parse_job(two, demo.DEFAULT_JOB)
+    demo.check_pair(parse_job(one, demo.DEFAULT_ONE_SITE_JOB), job)
+    gen = demo.generator_job(two, job, generator_steps)
+    fresh_run_dir(run)
+    gen_file = None if gen is None else write_job(gen, run / "job-generator.toml", demo.GENERATOR_JOB)
+    files: dict[int, dict[str, Path]] = {}
+    for seed in seeds:
+        files[seed] = {}
+        for kind, raw, source in (("one-site", one, demo.DEFAULT_ONE_SITE_JOB), ("two-site", two, demo.DEFAULT_JOB)):
+            raw = json.loads(json.dumps(raw))  # a copy per seed
+            raw["train"].update(seed=seed, checkpoint_every=steps)  # keeps step 0 and the last
+            if gen is not None:
+                raw["stages"][job.graph.sources[0]]["init"] = str(corruptor(run, job, gen).resolve())
+            files[seed][kind] = write_job(raw, run / f"seed-{seed}" / f"{kind}.toml", source)
+    return gen_file, files
+
+
+def corruptor(run: Path, job, gen: dict) -> Path:
+    steps = gen["train"]["steps"]
+    return run / "generator" / job.graph.sources[0] / "checkpoints" / f"step-{steps:08d}.pt"
+
+
+def train_both(run: Path, files: dict[str, Path], steps: int) -> dict[str, float]:
+    """One seed's one-site and two-site runs, from step 0, and their seconds."""
+    from nebula.runtime.job import load_job  # why here: torch, kept off `nebula --help`
+    from nebula.site.local import start_sites
+    job = load_job(files["two-site"])
+    times = {}
+    with tqdm(total=steps, desc=f"{run.name} one site", unit="step") as bar:
+        times["one_site_s"] = demo.one_site_phase(run, files["one-site"], "one-site", None,
+                                                  demo.Progress(bar, list(job.stages)))
+    with tqdm(total=steps, desc=f"{run.name} two sites", unit="step") as bar:
+        started = time.monotonic()
+        group = start_sites(run / "two-site", files["two-site"])
+        demo.supervise(group, list(job.stages), demo.Progress(bar, list(job.stages)), run / "two-site", "two sites")
+        times["two_site_s"] = time.monotonic() - started
+    return times
+
+
+def benchmark(run: Path, seeds: list[int], steps: int, generator_steps: int | None) -> dict[str, Any]:
+    from nebula.runtime.job import load_job  # why here: torch, kept off `nebula --help`
+    from services.electra.compare import Setting, evaluate_runs
+    gen_file, files = jobs(run, seeds, steps, generator_steps)
+    job = load_job(files[seeds[0]]["two-site"])
+    times: dict[str, Any] = {}
+    g_ckpt = None
+    if gen_file is not None:
+        g_ckpt = corruptor(run, job, {"train": {"steps": load_job(gen_file).train.steps}})
+        with tqdm(total=load_job(gen_file).train.steps, desc="G's MLM phase", unit="step") as bar:
+            times["generator_s"] = demo.one_site_phase(run, gen_file, "generator", None,
+                                                       demo.Progress(bar, list(job.graph.sources)))
+    for seed in seeds:
+        times[f"seed-{seed}"] = train_both(run / f"seed-{seed}", files[seed], steps)
+    sink = job.graph.sinks[0]
+    ckpt = lambda seed, kind, step: run / f"seed-{seed}" / kind / sink / "checkpoints" / f"step-{step:08d}.pt"  # noqa: E731
+    setting = Setting(job, g_ckpt, encoder_evals=False)
+    learnt = evaluate_runs(setting, [(ckpt(s, "one-site", 0), ckpt(s, "one-site", steps)) for s in seeds])
+    sites = evaluate_runs(setting, [(ckpt(s, "one-site", steps), ckpt(s, "two-site", steps)) for s in seeds])
+    return {"seeds": seeds, "steps": steps, "times": times, "learnt": learnt, "cross_site": sites,
+            "auc_spread": auc_spread(learnt, sites)}
+
+
+def auc_spread(learnt: dict, sites: dict) -> dict:
+    """Final RTD AUC per seed one-site and cross-site, the mean difference and the seeds' own spread
+    (max - min and the standard deviation of the one-site AUCs): is the difference within it?"""
+    auc = lambda result: next(r for r in result["rows"] if r["metric"].startswith("ROC-AUC"))  # noqa: E731
+    one, two = auc(sites)["before"], auc(sites)["after"]
+    diff = statistics.fmean(two) - statistics.fmean(one)
+    spread = max(one) - min(one)
+    return {"one_site": one, "cross_site": two, "mean_difference": diff, "one_site_range": spread,
+            "one_site_sd": statistics.stdev(one) if len(one) > 1 else None, "within": abs(diff) <= spread,
+            "untrained": auc(learnt)["before"]}
+
+
+def format_result(r: dict) -> str:
+    from services.electra.compare import format_rows  # why here: torch, kept off `nebula --help`
+    a = r["auc_spread"]
+    per_seed = ", ".join(f"seed {s}: {o:.4f} / {t:.4f}" for s, o, t in zip(r["seeds"], a["one_site"], a["cross_site"]))
+    return (f"D untrained (step 0) -> one-site pre-trained ({r['steps']} steps), over seeds {r['seeds']}:\n"
+            f"{format_rows(r['learnt'])}\n\nD one-site -> cross-site (credit as the job's), final step:\n"
+            f"{format_rows(r['cross_site'])}\n\nfinal RTD AUC one-site / cross-site: {per_seed}; mean difference "
+            f"{a['mean_difference']:+.4f}, one-site seeds' range {a['one_site_range']:.4f} "
+            f"(sd {a['one_site_sd']:.4f}): "
+            f"{'within' if a['within'] else 'outside'} the seed spread")
