@@ -21,6 +21,7 @@ link once the bundle is imported.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from dataclasses import dataclass
 
@@ -134,6 +135,13 @@ class PeerLinks:
         self.isolated.pop(name, None)
         log.info("gateway %s: linked to %s at %s (serial %d)", self.identity.address, peer.address,
                  peer.endpoint, cert.serial)
+        if (why := unresolved(peer.endpoint)) is not None:
+            # ZeroMQ retries a name that does not resolve without a word: say it once, here. Not fatal (the
+            # gateway still serves its own site and its other peers, and the name may resolve later). The lookup
+            # blocks the loop at most the resolver's timeout, once per link opened (start, trust change).
+            log.warning("gateway %s: peer %s's endpoint %s does not resolve (%s): nothing reaches site %s until "
+                        "it does; fix [peers.%s] endpoint or this host's name service", self.identity.address,
+                        peer.address, peer.endpoint, why, name, name)
         self.audit.append("gateway.peer_linked", site=name, address=peer.address, endpoint=peer.endpoint,
                           serial=cert.serial, not_after=cert.not_after)
 
@@ -179,3 +187,15 @@ class PeerLinks:
 
 def _pin(curve_key: str | None) -> bytes | None:
     return curve_key.encode() if curve_key else None
+
+
+def unresolved(endpoint: str) -> str | None:
+    """Why a tcp:// endpoint's host does not resolve here, or None when it does (or is no tcp:// name)."""
+    if not endpoint.startswith("tcp://"):
+        return None
+    host, _, port = endpoint[len("tcp://"):].rpartition(":")
+    try:
+        socket.getaddrinfo(host.strip("[]"), port or None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        return str(exc)
+    return None

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from nebula.errors import ConfigError
+from nebula.errors import ConfigError, DataError
 from nebula.runtime.job import JobConfig
 from nebula.runtime.metrics import MetricsLog, Watch
 from nebula.runtime.ranks import RankGroup
@@ -64,7 +64,13 @@ def build_stage(job: JobConfig, name: str, workdir: Path, quiet: bool = False, r
     torch.manual_seed(job.train.seed + list(job.stages).index(name))
     context = StageContext(name=name, address=config.address, job=job, workdir=workdir, device=device,
                            metrics=metrics, rank=rank, world_size=world, access=access or DataAccess())
-    return resolve_stage(config.impl)(context, config.options)
+    try:
+        return resolve_stage(config.impl)(context, config.options)
+    except PermissionError as exc:
+        # Unreadable data (a mount the stage's uid may not read): a traceback and a restart in a loop before;
+        # retrying changes nothing, so a DataError, which a supervisor does not restart (exit 3).
+        raise DataError(f"stage {name} cannot read {exc.filename}: permission denied to uid {os.getuid()}; make "
+                        f"[job].data ({job.data}) readable by the user the stage runs as") from exc
 
 
 def make_runner(job: JobConfig, name: str, stage: Stage, channel: Channel, ranks: RankGroup | None = None,
