@@ -1,6 +1,6 @@
 """`nebula electra eval`: D untrained against D pre-trained on the held-out evaluations, over seeds.
 
-    nebula electra eval --job RUN/job.toml --corruptor RUN/generator-mlm/generator/checkpoints/step-00000400.pt \
+    nebula electra eval --job RUN/job.toml --corruptor RUN/generator-mlm/generator/checkpoints/step-00000800.pt \
         --run RUN/one-site/disc/checkpoints/step-00000000.pt RUN/two-site/disc/checkpoints/step-00000300.pt \
         --run ...   # one --run (untrained, pre-trained) per training seed
 

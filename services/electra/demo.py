@@ -4,7 +4,7 @@ The paper distils from an existing well-trained generator (§3.1), pre-trains in
 and moves to the cross-cluster setting from those checkpoints (Figure 8: the loss goes on as before).
 The demo does the same on this machine:
 0. G's MLM phase: the job's generator alone (`nebula stage one-site`, deploy/jobs/electra-generator.toml's
-   [train] and lr), whose last checkpoint both later phases start G from (`init`);
+   [train], lr, warm-up and dropout), whose last checkpoint both later phases start G from (`init`);
 1. the one-site phase: `nebula stage one-site --until N1`, every stage in one process;
 2. the two-site phase: the checkpoints of step N1 copied into a cross-site run (`nebula.site.local.
    hot_start`), a gateway per site, every socket CURVE, the stages as local processes, to step N;
@@ -38,7 +38,9 @@ if TYPE_CHECKING:  # why: the job loader imports torch, which `nebula --help` (i
 # shipped (nebula.shipped), in a checkout and installed
 DEFAULT_JOB = DEPLOY / "jobs" / "electra.toml"
 DEFAULT_ONE_SITE_JOB = DEPLOY / "jobs" / "electra-one-site.toml"
-GENERATOR_JOB = DEPLOY / "jobs" / "electra-generator.toml"  # G's MLM phase: its [train] and lr
+GENERATOR_JOB = DEPLOY / "jobs" / "electra-generator.toml"  # G's MLM phase: its [train], lr, warm-up, dropout
+TRAINING_KEYS = ("lr", "warmup_steps")  # what G's MLM phase takes from it (and size.dropout); the model is the
+# distillation job's
 
 # What the demo changes in the shipped job files: a 128 x 2 discriminator (256 x 4 takes ~4x the time
 # per step and per evaluation, which 10 minutes on 2 shared cores do not hold) and a generator 56 x 2, 42%
@@ -430,7 +432,8 @@ def prepare(run: Path, job_arg: Path | None, one_site_arg: Path | None, steps: i
 
 def generator_job(raw: dict, job: JobConfig, steps: int | None) -> dict | None:
     """G's MLM phase as a job: the distillation job's generator stage alone (its model, corpus and
-    vocabulary, since its weights carry over), with electra-generator.toml's [train] and lr; None for 0 steps."""
+    vocabulary, since its weights carry over), with electra-generator.toml's [train], lr, warm-up and dropout;
+    None for 0 steps."""
     shipped = job_copy(GENERATOR_JOB)
     steps = shipped["train"]["steps"] if steps is None else steps
     if steps < 0:
@@ -442,7 +445,10 @@ def generator_job(raw: dict, job: JobConfig, steps: int | None) -> dict | None:
                           f"{len(job.graph.sources)} ({', '.join(job.graph.sources)}); pass --generator-steps 0")
     name = job.graph.sources[0]
     (shipped_stage,) = shipped["stages"].values()
-    stage = {**raw["stages"][name], "lr": shipped_stage["lr"]}
+    stage = {**raw["stages"][name], **{k: shipped_stage[k] for k in TRAINING_KEYS if k in shipped_stage}}
+    if "dropout" in shipped_stage.get("size", {}):  # the phase's dropout, on the distillation job's model
+        # a job without a size has the default G, which the shipped file spells out in full
+        stage["size"] = {**stage.get("size", shipped_stage["size"]), "dropout": shipped_stage["size"]["dropout"]}
     train = {**shipped["train"], "steps": steps, "checkpoint_every": steps, "seed": raw["train"].get("seed", 1)}
     return {"job": {**raw["job"], "name": f"{raw['job']['name']}-generator"}, "train": train, "stages": {name: stage}}
 

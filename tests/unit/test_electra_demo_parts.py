@@ -83,9 +83,12 @@ def test_gs_mlm_phase_is_the_jobs_generator_alone_and_smaller_than_d(tmp_path):
     gen = generator_job(raw, job, None)
     shipped = load_job(GENERATOR_JOB)
     assert list(gen["stages"]) == ["generator"] and "links" not in gen  # G alone, no link to D
-    assert gen["stages"]["generator"]["size"] == SETTINGS["stages"]["generator"]["size"]  # its weights carry over
+    # its weights carry over: the distillation job's model, trained with the MLM phase's dropout
+    assert gen["stages"]["generator"]["size"] == {**SETTINGS["stages"]["generator"]["size"],
+                                                  "dropout": shipped.stage("generator").options.size.dropout}
     assert gen["train"]["steps"] == shipped.train.steps == gen["train"]["checkpoint_every"]
     assert gen["stages"]["generator"]["lr"] == shipped.stage("generator").options.lr
+    assert gen["stages"]["generator"]["warmup_steps"] == shipped.stage("generator").options.warmup_steps
     assert generator_job(raw, job, 0) is None
     with pytest.raises(ConfigError, match="--generator-steps -1"):
         generator_job(raw, job, -1)
