@@ -23,3 +23,22 @@ def gateways(world, tmp_path, request):
     if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
         for name, proc in procs.items():
             print(f"--- gateway {name} log tail ---\n{proc.tail()}")
+
+
+@pytest.fixture
+def running(request):
+    """-> start(world, *sites): real gateway processes of the sites named, started on demand and killed at the
+    end (log tails on failure); it returns the ones it started."""
+    procs: list[GatewayProcess] = []
+
+    def start(world, *names):
+        for name in names:
+            procs.append(GatewayProcess(world.site(name)).start())
+        return procs[-len(names):]
+
+    yield start
+    for proc in procs:
+        proc.kill()
+    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
+        for proc in procs:
+            print(f"--- gateway {proc.site.name} log tail ---\n{proc.tail()}")

@@ -18,27 +18,10 @@ import zmq
 from nebula.errors import RecvTimeout, RemoteError, TransportError
 from nebula.site.channel import open_channel
 from nebula.wire import decode_message, encode_message
-from tests.support.gateways import FAST, GatewayProcess, make_world, raw_identity, tensor_message, wait_for
+from tests.support.gateways import FAST, make_world, raw_identity, tensor_message, wait_for
 from tests.support.raw_peers import RawDealer, forged_error, note
 
 QUICK_PEERS = dataclasses.replace(FAST, peer_timeout=1.5)  # a watched stranger would be "dead" within the test
-
-
-@pytest.fixture
-def running(tmp_path, request):
-    """-> start(world, *sites): real gateway processes, killed at the end (log tails on failure)."""
-    procs: list[GatewayProcess] = []
-
-    def start(world, *names):
-        for name in names:
-            procs.append(GatewayProcess(world.site(name)).start())
-
-    yield start
-    for proc in procs:
-        proc.kill()
-    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
-        for proc in procs:
-            print(f"--- gateway {proc.site.name} log tail ---\n{proc.tail()}")
 
 
 class FakePeerGateway:

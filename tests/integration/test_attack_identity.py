@@ -6,7 +6,7 @@
 3. A peer whose gateway certificate is revoked or missing is isolated: the gateway still starts and
    serves its own site and its other peers, and links to the peer once trust is fixed.
 
-Attackers and the stages whose traffic must be watched exactly are bare CURVE DEALERs (`RawStage`);
+Attackers and the stages whose traffic must be watched exactly are bare CURVE DEALERs (`RawDealer`);
 everything else is the real channel.
 """
 from __future__ import annotations
@@ -15,94 +15,19 @@ import dataclasses
 import time
 
 import pytest
-import zmq
 
 from nebula.site.channel import open_channel
-from nebula.transport import sockets
 from nebula.transport.routing_id import stage_routing_id
-from nebula.wire import Kind, Message, decode_message, encode_message
-from tests.support.gateways import FAST, GatewayProcess, audit_events, gateway_key, make_world, raw_identity, wait_for
+from nebula.wire import Kind, Message
+from tests.support.gateways import FAST, audit_events, make_world, wait_for
+from tests.support.raw_peers import RawDealer, note, notes
 
 PATIENT = dataclasses.replace(FAST, peer_timeout=30.0)  # a receiver may be away for seconds on purpose
-
-
-class RawStage:
-    """A bare CURVE DEALER on a site's internal socket: it sees exactly what the gateway sends it."""
-
-    def __init__(self, site, address: str, routing_id: str | None = None, credentials=None) -> None:
-        self.address = address
-        identity = raw_identity(credentials or site.store.dir, address)
-        self.ctx = zmq.Context()
-        self.sock = sockets.client_socket(self.ctx, zmq.DEALER, identity, gateway_key(site), hwm=1000,
-                                          routing_id=routing_id or stage_routing_id(address))
-        monitor = self.sock.get_monitor_socket(sockets.MONITORED)
-        self.sock.connect(f"tcp://127.0.0.1:{site.ports['internal']}")
-        try:
-            sockets.await_handshake(monitor, address, "its gateway", 5.0)
-        finally:
-            self.sock.disable_monitor()
-            monitor.close(linger=0)
-
-    def send(self, msg: Message) -> None:
-        msg.src = msg.src or self.address
-        self.sock.send_multipart(encode_message(msg), copy=False)
-
-    def drain(self, seconds: float) -> list[Message]:
-        """Everything that arrives within `seconds`."""
-        got, deadline = [], time.monotonic() + seconds
-        while (left := deadline - time.monotonic()) > 0:
-            if self.sock.poll(int(left * 1000) + 1):
-                got.append(decode_message(self.sock.recv_multipart()))
-        return got
-
-    def recv(self, timeout: float = 5.0, kind: Kind | None = None) -> Message:
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            if self.sock.poll(int(left * 1000) + 1):
-                msg = decode_message(self.sock.recv_multipart())
-                if kind is None or msg.kind == kind:
-                    return msg
-        raise AssertionError(f"{self.address}: nothing of kind {kind} within {timeout} s")
-
-    def hello(self, gateway: str) -> None:
-        """Ping the gateway and wait for its pong: from then on the gateway knows this connection."""
-        self.send(Message(kind=Kind.HEARTBEAT, dst=gateway, topic="ping"))
-        assert self.recv(kind=Kind.HEARTBEAT).topic == "pong"
-
-    def close(self) -> None:
-        self.sock.close(linger=0)
-        self.ctx.term()
-
-
-def note(dst: str, n: int) -> Message:
-    return Message(kind=Kind.CONTROL, job="j", dst=dst, topic="note", body=str(n).encode())
-
-
-def notes(msgs: list[Message]) -> list[int]:
-    return [int(m.body) for m in msgs if m.kind == Kind.CONTROL and m.topic == "note"]
 
 
 def audited(where, event: str, **fields) -> list[dict]:
     """The records of `event` in the gateway audit log of site `where` whose fields have these values."""
     return [r for r in audit_events(where.config.audit, event) if all(r.get(k) == v for k, v in fields.items())]
-
-
-@pytest.fixture
-def running(tmp_path, request):
-    """-> start(world, *sites): real gateway processes, killed at the end (log tails on failure)."""
-    procs: list[GatewayProcess] = []
-
-    def start(world, *names):
-        for name in names:
-            procs.append(GatewayProcess(world.site(name)).start())
-        return procs[-len(names):]
-
-    yield start
-    for proc in procs:
-        proc.kill()
-    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
-        for proc in procs:
-            print(f"--- gateway {proc.site.name} log tail ---\n{proc.tail()}")
 
 
 # --- 1. routing-id squatting ----------------------------------------------------------------------
@@ -112,8 +37,8 @@ def test_a_squatter_gets_nothing_and_the_real_stage_gets_its_messages(tmp_path, 
     a = world.site("a")
     # a/evil/0 holds a valid certificate of site a and claims a/enc/0's routing id: as it is, and in the
     # form a real stage uses (with a nonce it had to guess).
-    plain = RawStage(a, "a/evil/0", routing_id="a/enc/0")
-    guessed = RawStage(a, "a/evil/0", routing_id=stage_routing_id("a/enc/0"))
+    plain = RawDealer(a, "a/evil/0", routing_id="a/enc/0")
+    guessed = RawDealer(a, "a/evil/0", routing_id=stage_routing_id("a/enc/0"))
     with open_channel(world.site("b").config, "b/dec/0", config=PATIENT) as sender:
         for n in range(3):
             sender.send(note("a/enc/0", n), timeout=5)
@@ -140,10 +65,10 @@ def test_a_squatter_gets_nothing_and_the_real_stage_gets_its_messages(tmp_path, 
 
 
 # --- 2. revocation and expiry reach live connections ------------------------------------------
-def _pair(world, receiver: str, sender: str = "b/dec/0") -> tuple[RawStage, RawStage]:
+def _pair(world, receiver: str, sender: str = "b/dec/0") -> tuple[RawDealer, RawDealer]:
     """Bare stages on both sites, each known to its gateway, and one message across that arrives."""
-    rx = RawStage(world.site(receiver.split("/")[0]), receiver)
-    tx = RawStage(world.site(sender.split("/")[0]), sender)
+    rx = RawDealer(world.site(receiver.split("/")[0]), receiver)
+    tx = RawDealer(world.site(sender.split("/")[0]), sender)
     rx.hello(f"{receiver.split('/')[0]}/gateway/0")
     tx.hello(f"{sender.split('/')[0]}/gateway/0")
     delivered(tx, rx, 0)
@@ -151,7 +76,7 @@ def _pair(world, receiver: str, sender: str = "b/dec/0") -> tuple[RawStage, RawS
     return rx, tx
 
 
-def delivered(tx: RawStage, rx: RawStage, n: int) -> None:
+def delivered(tx: RawDealer, rx: RawDealer, n: int) -> None:
     """Send note n until it arrives (the gateways' links may still be connecting: `unreachable`)."""
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
@@ -165,7 +90,7 @@ def _serial(store, address: str) -> int:
     return max((c for c in store.certificates() if c.address == address), key=lambda c: c.not_after).serial
 
 
-def last_arrival(tx: RawStage, rx: RawStage, start: float, limit: float = 6.0, quiet: float = 1.5) -> float:
+def last_arrival(tx: RawDealer, rx: RawDealer, start: float, limit: float = 6.0, quiet: float = 1.5) -> float:
     """Send rx a note every 0.2 s until none has arrived for `quiet` s -> seconds from `start` (monotonic)
     to the last one that arrived (0 if none did)."""
     last, n = start, 100
