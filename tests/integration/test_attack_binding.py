@@ -15,22 +15,18 @@ import time
 import pytest
 
 from nebula.wire import Kind
-from tests.support.gateways import GatewayProcess, audit_events, make_world, wait_for
-from tests.support.raw_peers import RawDealer, note, notes
+from tests.support.gateways import audit_events, make_world, wait_for
+from tests.support.raw_peers import RawDealer, delivered, note, notes
 
 STAGES = ("a/enc/0", "a/evil/0", "b/dec/0")
 
 
 @pytest.fixture
-def sites(tmp_path, request):
+def sites(tmp_path, running):
+    """Sites a and b with STAGES, their real gateways running (the integration conftest's `running`)."""
     world = make_world(tmp_path, stages=STAGES)
-    procs = [GatewayProcess(world.site(name)).start() for name in ("a", "b")]
-    yield world
-    for proc in procs:
-        proc.kill()
-    if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
-        for proc in procs:
-            print(f"--- gateway {proc.site.name} log tail ---\n{proc.tail()}")
+    running(world, "a", "b")
+    return world
 
 
 def send_notes(sender: RawDealer, dst: str, numbers: range) -> None:
@@ -43,16 +39,6 @@ def known(world, address: str, routing_id: str | None = None) -> RawDealer:
     stage = RawDealer(world.site(address[0]), address, routing_id=routing_id)
     stage.hello(f"{address[0]}/gateway/0")
     return stage
-
-
-def delivered(sender: RawDealer, receiver: RawDealer, n: int) -> None:
-    """Note n from sender reaches receiver (the gateways' link may still be connecting: resend)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        sender.send(note(receiver.address, n))
-        if n in notes(receiver.drain(0.3)):
-            return
-    raise AssertionError(f"note {n} never reached {receiver.address}")
 
 
 def refused_spoof(world) -> list[dict]:

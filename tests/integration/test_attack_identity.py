@@ -20,7 +20,7 @@ from nebula.site.channel import open_channel
 from nebula.transport.routing_id import stage_routing_id
 from nebula.wire import Kind, Message
 from tests.support.gateways import FAST, audit_events, make_world, wait_for
-from tests.support.raw_peers import RawDealer, note, notes
+from tests.support.raw_peers import RawDealer, delivered, note, notes
 
 PATIENT = dataclasses.replace(FAST, peer_timeout=30.0)  # a receiver may be away for seconds on purpose
 
@@ -71,19 +71,9 @@ def _pair(world, receiver: str, sender: str = "b/dec/0") -> tuple[RawDealer, Raw
     tx = RawDealer(world.site(sender.split("/")[0]), sender)
     rx.hello(f"{receiver.split('/')[0]}/gateway/0")
     tx.hello(f"{sender.split('/')[0]}/gateway/0")
-    delivered(tx, rx, 0)
+    delivered(tx, rx, 0, within=5.0)
     tx.drain(0.2)  # the refusals of its first tries, if any
     return rx, tx
-
-
-def delivered(tx: RawDealer, rx: RawDealer, n: int) -> None:
-    """Send note n until it arrives (the gateways' links may still be connecting: `unreachable`)."""
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        tx.send(note(rx.address, n))
-        if n in notes(rx.drain(0.3)):
-            return
-    raise AssertionError(f"note {n} from {tx.address} never reached {rx.address}")
 
 
 def _serial(store, address: str) -> int:
@@ -148,7 +138,7 @@ def test_a_revoked_peer_gateway_carries_nothing_either_way(tmp_path, running):
     a, b = world.site("a"), world.site("b")
     here, there = _pair(world, "a/enc/0", sender="b/dec/0")
     try:
-        delivered(here, there, 1)  # a -> b works before
+        delivered(here, there, 1, within=5.0)  # a -> b works before
         here.drain(0.2)
         b.store.revoke(_serial(b.store, "b/gateway/0"))
         a.store.trust(b.store.export_bundle().to_dict(), "b.json")  # the operator imports b's new bundle

@@ -12,7 +12,7 @@ from nebula.transport.routing_id import stage_routing_id
 from nebula.wire import Kind, Message, decode_message, encode_message
 from tests.support.gateways import gateway_key, raw_identity
 
-__all__ = ["RawDealer", "forged_error", "note", "notes"]
+__all__ = ["RawDealer", "delivered", "forged_error", "note", "notes"]
 
 
 class RawDealer:
@@ -80,3 +80,13 @@ def note(dst: str, n: int) -> Message:
 
 def notes(msgs: list[Message]) -> list[int]:
     return [int(m.body) for m in msgs if m.kind == Kind.CONTROL and m.topic == "note"]
+
+
+def delivered(sender: RawDealer, receiver: RawDealer, n: int, within: float = 10.0) -> None:
+    """Send note n until it reaches receiver (the gateways' link may still be connecting: `unreachable`)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        sender.send(note(receiver.address, n))
+        if n in notes(receiver.drain(0.3)):
+            return
+    raise AssertionError(f"note {n} from {sender.address} never reached {receiver.address}")
