@@ -243,10 +243,7 @@ class WanLink:
         ns, dev = self.namespace(site), self.device(site, peer)
         _ip("-n", ns, "addr", "add", f"{self.address(site, peer)}/{LINK_PREFIXLEN}", "dev", dev)
         _ip("-n", ns, "link", "set", dev, "up")
-        _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf",
-              "rate", f"{self.rate_mbit}mbit", "burst", str(tbf_burst_bytes(self.rate_mbit)),
-              "limit", str(tbf_limit_bytes(self.rate_mbit))])
-        _prioritise_small_packets(ns, dev, tbf_limit_bytes(self.rate_mbit))
+        shape(ns, dev, self.rate_mbit)
 
     def set_rate(self, rate_mbit: float) -> None:
         """Every link to `rate_mbit` now, with the traffic on it (the WAN's capacity changing under a
@@ -438,6 +435,14 @@ def _layout(status: dict) -> tuple[tuple[str, ...], str]:
 
 
 # --- host checks and command helpers ------------------------------------------------------
+def shape(ns: str, dev: str, rate_mbit: float) -> None:
+    """Limit what `dev` in namespace `ns` sends to `rate_mbit`: the tbf and the small-packet priority inside
+    it that every link of a WanLink has (the module docstring says why each parameter is what it is)."""
+    _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf", "rate", f"{rate_mbit}mbit",
+          "burst", str(tbf_burst_bytes(rate_mbit)), "limit", str(tbf_limit_bytes(rate_mbit))])
+    _prioritise_small_packets(ns, dev, tbf_limit_bytes(rate_mbit))
+
+
 def _prioritise_small_packets(ns: str, dev: str, limit_bytes: int) -> None:
     """Inside tbf, serve small TCP packets (pure ACKs, SYNs) before bulk data.
 

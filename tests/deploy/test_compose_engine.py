@@ -1,7 +1,8 @@
 """Both sites' compose projects under a running Docker engine (issue 39): the image scripts/compose-check
-builds, site a's and site b's projects up on this one Docker host, the tiny ABNet job trained through the
-two gateways, and what the compose files promise checked against the running containers (`docker inspect`,
-`docker exec`), not the YAML. Slow; skipped where no engine answers or the image is not built.
+builds, site a's and site b's projects up on this one Docker host, their gateways joined by a shaped 1 Mbit/s
+link, the tiny ABNet job trained through the two gateways, and what the compose files promise checked against
+the running containers (`docker inspect`, `docker exec`), not the YAML. Slow; skipped where no engine answers
+or the image is not built.
 
     scripts/compose-check          # starts the engine, builds the image if needed, runs this file
 
@@ -28,6 +29,7 @@ from tests.support.compose import (
     compose_env,
     nebula_cli,
     prepare_sites,
+    shape_sends,
     stage_states,
     step_seconds,
 )
@@ -36,7 +38,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a test waits on a j
 
 IMAGE = "nebula:0.1.0"  # the compose files' default NEBULA_COMPOSE_IMAGE
 UID = 10001  # the image's user, the compose files' default
-STEPS = 40  # long enough for a crash, a stop and a revocation in the middle
+# The two gateways' sends, each limited to WAN_MBIT on its wan network: the sites joined by a slow WAN, as they
+# are meant to be, and a job whose pace the link sets (the tiny job sends ~0.15 MB of activations a step), not
+# this host's speed, so STEPS lasts long enough for the crash, the stop and the revocation on a quiet host too.
+WAN_MBIT = 1.0
+STEPS = 120
 PORTS = {"a": 5600, "b": 5700}  # the gateways' published ports (site-*.toml name them for each other)
 
 
@@ -114,6 +120,9 @@ def sites(tmp_path_factory):
     assert not taken, f"ports {taken} are in use on this host: the gateways publish them; stop what holds them"
     projects = Projects(tmp_path_factory.mktemp("compose"))
     try:
+        for site in SITES:  # the gateways first: their links are shaped before a stage can start the job
+            projects.compose(site, "up", "-d", "--no-build", "--wait", "--wait-timeout", "300", "gateway")
+            shape_sends(projects.inspect(site, "gateway"), f"nebula-site-{site}_wan", WAN_MBIT)
         for site in SITES:
             projects.compose(site, "up", "-d", "--no-build", "--wait", "--wait-timeout", "300")
         yield projects

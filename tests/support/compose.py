@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from nebula_lab import wanem
+
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = REPO / "deploy" / "compose"
 SITES = {"a": "encoder", "b": "decoder"}  # the stage each site runs of deploy/jobs/abnet-es-en.toml
@@ -89,6 +91,20 @@ def chown_tree(root: Path, uid: int) -> None:
     """What the README's step 5 has the operator do: the services' uid reads its credentials, writes its run."""
     for path in [root, *root.rglob("*")]:
         os.chown(path, uid, uid, follow_symlinks=False)
+
+
+def shape_sends(info: dict, network: str, rate_mbit: float) -> None:
+    """What the container of `info` (`docker inspect`) sends on `network` limited to `rate_mbit`, by the WAN
+    emulation's own tbf (nebula_lab.wanem.shape), from the host: the container's network namespace named
+    for the while (`ip netns attach`), its interface on `network` found by the MAC address Docker gave it."""
+    mac, ns = info["NetworkSettings"]["Networks"][network]["MacAddress"], f"nbc-{info['Id'][:12]}"
+    subprocess.run(["ip", "netns", "attach", ns, str(info["State"]["Pid"])], check=True, capture_output=True)
+    try:
+        links = json.loads(subprocess.run(["ip", "-n", ns, "-j", "link"], check=True, capture_output=True,
+                                          text=True).stdout)
+        wanem.shape(ns, next(link["ifname"] for link in links if link.get("address") == mac), rate_mbit)
+    finally:  # the name only: the namespace lives as long as the container
+        subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
 
 
 def stage_states(envs: dict[str, dict[str, str]]) -> dict[str, str]:
