@@ -153,6 +153,8 @@ class StageRunner:
 
     def start(self) -> None:
         """Agree with every other stage on the last checkpoint they all hold, and load it."""
+        # where it computes, first in its log: `device = "auto"` picks cuda when there is one
+        self.metrics.event("started", device=str(self.stage.device), threads=torch.get_num_threads())
         if not self.checkpoints.steps():
             self.save()
         self.role.start()
