@@ -74,7 +74,7 @@ def sent(generator):
 def test_discriminator_reads_back_what_the_generator_sent(sent, disc):
     inputs, ids = sent
     assert {k: v.dtype for k, v in inputs.items()} == dict.fromkeys(("tokens", "positions", "originals"), torch.int32)
-    tokens, at, originals = disc.check(inputs, "here")
+    tokens, at, originals = (t.cpu() for t in disc.check(inputs, "here"))  # on the stage's device: cuda too
     assert torch.equal(originals, ids)  # the corrupted sequences with every original put back
     assert int(at.sum()) == int((inputs["positions"] != NO_POSITION).sum()) > 0
     assert not (tokens != ids)[~at].any()  # only masked positions were changed
@@ -123,7 +123,8 @@ def _corrupt(case: str, x: dict, vocab: int, pad: int) -> None:
     elif case == "tokens without a batch dimension":
         x["tokens"] = tokens[0]
     elif case == "sequences longer than the discriminator's positions":
-        x["tokens"] = torch.cat([tokens, torch.full((len(tokens), 40), pad, dtype=tokens.dtype)], 1)
+        x["tokens"] = torch.cat([tokens, torch.full((len(tokens), 40), pad, dtype=tokens.dtype,
+                                                     device=tokens.device)], 1)
     else:
         raise AssertionError(case)
 
@@ -208,7 +209,7 @@ def test_generator_masks_every_row_and_never_samples_a_special(tmp_path):
     indices = list(range(16))
     out = gen.forward(batch(gen, 1, 0, indices), {}).tensors
     ids = gen.corpus.splits["train"].batch(indices, gen.specials.pad)
-    positions, tokens = out["positions"].long(), out["tokens"].long()
+    positions, tokens = out["positions"].long().cpu(), out["tokens"].long().cpu()  # cuda where the stage is
     used = positions != NO_POSITION
     assert used[:, 0].all()  # every row has a masked position
     assert (used.sum(1) == 1).sum() >= 8  # most by the at-least-one rule: 1% of ~25 tokens is rarely any
