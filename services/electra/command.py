@@ -32,7 +32,7 @@ def register(sub) -> None:
                          "pre-trained one; repeat per seed")
     ev.add_argument("--seed", type=int, default=0, help="of the corruption, the held-out samples, the bootstrap")
     ev.add_argument("--sequences", type=int, default=256, help="held-out sequences corrupted (default 256)")
-    ev.add_argument("--pairs", type=int, default=500, help="translation pairs of the alignment test (default 500)")
+    ev.add_argument("--pairs", type=int, default=4000, help="translation pairs of the alignment test (default 4000)")
     ev.add_argument("--no-encoder-evals", action="store_true", help="leave out retrieval and the probe")
     ev.add_argument("--json", action="store_true", help="print the result as JSON")
     ev.set_defaults(func=run_eval)
