@@ -118,11 +118,15 @@ def sample(scores: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """One draw per row of softmax(scores), (M, V) -> (M,), by inverting each row's CDF with one uniform draw.
     torch.multinomial draws the same distribution, but on a CPU it took 66 ms for ~150 rows of this 28,902-id
     vocabulary, half of G's compute a micro-batch; this takes ~6 ms. A category of probability 0 (a special, at
-    -inf) is never drawn: the search finds the first i with cdf[i] > u, and the CDF does not rise at such an i.
-    float32 throughout (a float64 softmax cost 8x): the CDF's rounding moves ~1e-7 of mass between neighbours."""
+    -inf) is never drawn: the search finds the first i with cdf[i] > u, and the CDF does not rise at such an i;
+    u is kept below the total even where rounding would lift it to it (a clamp to the last id could pick a
+    category of probability 0 there). float32 throughout (a float64 softmax cost 8x): the CDF's rounding moves
+    ~1e-7 of mass between neighbours."""
     cdf = F.softmax(scores, -1).cumsum(-1)
-    u = torch.rand(len(scores), 1, generator=gen, device=scores.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).clamp_(max=scores.shape[-1] - 1).squeeze(1)
+    total = cdf[:, -1:]
+    u = torch.rand(len(scores), 1, generator=gen, device=scores.device) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, u, right=True).squeeze(1)
 
 
 @dataclass(frozen=True)
