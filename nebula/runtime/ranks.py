@@ -11,14 +11,18 @@ the same global batch), then each rank takes the same optimiser step. Rank 0 wri
 checkpoints; on a resume it sends the checkpoint to the others.
 
 Work items and what ranks send back are Nebula wire messages (nebula.wire, uncompressed), carried
-as uint8 tensors over two gloo groups of their own: one from rank 0 (scatter), one to it (gather,
-read by a relay thread, so a rank never waits on rank 0's compute).
+as one uint8 tensor each (after its size) over two gloo groups of their own: one from rank 0
+(scatter, posted without waiting for each rank to take it), one to it (gather, read by a relay
+thread, so a rank never waits on rank 0's compute). A rank reads its work in order, so rank 0 hands
+out the next step's micro-batches of the other ranks while the step is applied (before the
+all-reduce, not after it): every rank starts the next step as soon as the all-reduce ends.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import struct
 import threading
 from datetime import timedelta
 from pathlib import Path
@@ -37,31 +41,39 @@ from nebula.wire import Kind, Message, decode_message, encode_message
 
 log = logging.getLogger(__name__)
 
-COUNT, BODY = 1, 2  # p2p tags: a message's frame count (any source), then its lengths and frames
+COUNT, BODY = 1, 2  # p2p tags: a message's frame count and size (any source), then its lengths and frames
 RELAY_GRACE_S = 2.0  # how long a failed collective waits for a failed rank's ERROR (see _lost)
 
 
+def pack_message(msg: Message) -> tuple[torch.Tensor, torch.Tensor]:
+    """(head, body): the frame count and body size, then the frames' lengths and the frames. Two sends
+    whatever the frames: each gloo send is a rendezvous with the receiving process, and with n ranks
+    sharing a core (Table 4's emulated device) one send per frame made rank 0's scatter of a step's
+    micro-batches take ~90 ms at n = 8. The frames (ids, activations) are copied once."""
+    frames = [memoryview(f).cast("B") for f in encode_message(msg)]
+    blob = bytearray(struct.pack(f"<{len(frames)}q", *(len(f) for f in frames)))
+    for frame in frames:
+        blob += frame
+    return torch.tensor([len(frames), len(blob)]), torch.frombuffer(blob, dtype=torch.uint8)
+
+
 def send_message(msg: Message, dst: int, group: Any) -> None:
-    buffers = [torch.frombuffer(bytearray(f), dtype=torch.uint8) if len(memoryview(f).cast("B")) else
-               torch.empty(0, dtype=torch.uint8) for f in encode_message(msg)]
-    dist.send(torch.tensor([len(buffers)]), dst, group=group, tag=COUNT)
-    dist.send(torch.tensor([b.numel() for b in buffers]), dst, group=group, tag=BODY)
-    for buffer in buffers:
-        if buffer.numel():
-            dist.send(buffer, dst, group=group, tag=BODY)
+    head, body = pack_message(msg)
+    dist.send(head, dst, group=group, tag=COUNT)
+    dist.send(body, dst, group=group, tag=BODY)
 
 
 def recv_message(src: int | None, group: Any) -> tuple[int, Message]:
-    count = torch.zeros(1, dtype=torch.int64)
-    sender = dist.recv(count, src, group=group, tag=COUNT)
-    lengths = torch.zeros(int(count), dtype=torch.int64)
-    dist.recv(lengths, sender, group=group, tag=BODY)
-    frames = []
-    for n in lengths.tolist():
-        buffer = torch.empty(n, dtype=torch.uint8)
-        if n:
-            dist.recv(buffer, sender, group=group, tag=BODY)
-        frames.append(buffer.numpy().tobytes())
+    head = torch.zeros(2, dtype=torch.int64)
+    sender = dist.recv(head, src, group=group, tag=COUNT)
+    count, size = head.tolist()
+    body = torch.empty(size, dtype=torch.uint8)
+    dist.recv(body, sender, group=group, tag=BODY)
+    blob = body.numpy().tobytes()
+    frames, offset = [], 8 * count
+    for n in struct.unpack_from(f"<{count}q", blob):
+        frames.append(blob[offset:offset + n])
+        offset += n
     return sender, decode_message(frames)
 
 
@@ -87,6 +99,7 @@ class RankGroup:
         self.emit: Callable[..., None] | None = None  # rank 0: the runner's emit
         self.executor = Executor.for_job(job, name, stage, self._emit, reduce=self.reduce)
         self._relay: threading.Thread | None = None
+        self._posted: list[tuple[list[Any], tuple[torch.Tensor, ...]]] = []  # rank 0: sends in flight, buffers
 
     @classmethod
     def join(cls, job: Any, name: str, stage: Stage, rank: int, world: int, timeout: float = 600.0) -> RankGroup:
@@ -129,7 +142,7 @@ class RankGroup:
                 "generation": generation}
         tensors = [pack(n, "input", t.detach().cpu(), "none") for n, t in inputs.items()]
         tensors.append(pack("example_ids", "ids", batch.ids, "none"))
-        self._send("forward", self.owner(item.index), batch.step, body, tensors)
+        self._send("forward", self.owner(item.index), batch.step, body, tensors, wait=False)
 
     def backward(self, step: int, index: int, grads: dict[str, dict], generation: int) -> None:
         if self.owner(index) == 0:
@@ -137,11 +150,16 @@ class RankGroup:
         names = [[link, name] for link, tensors in grads.items() for name in tensors]
         tensors = [pack(name, "gradient", grads[link][name].detach().cpu(), "none") for link, name in names]
         self._send("backward", self.owner(index), step, {"index": index, "names": names, "generation": generation},
-                   tensors)
+                   tensors, wait=False)
 
-    def apply(self, step: int) -> Tally:
+    def apply(self, step: int, ahead: Callable[[], None] | None = None) -> Tally:
+        """Every rank applies `step`; `ahead` may hand out the next step's micro-batches of the other ranks
+        first (they read them after this apply), so that the scatter overlaps the all-reduce."""
         for rank in range(1, self.world):
-            self._send("apply", rank, step, {})
+            self._send("apply", rank, step, {}, wait=False)
+        self.drain()  # not what `ahead` posts: a rank takes it only after the all-reduce below
+        if ahead is not None:
+            ahead()
         return self._apply(step)
 
     def restore(self, checkpoint: Path) -> None:
@@ -180,12 +198,31 @@ class RankGroup:
         if dist.is_initialized():
             dist.destroy_process_group()
 
-    def _send(self, what: str, rank: int, step: int, body: dict, tensors: list | None = None) -> None:
+    def _send(self, what: str, rank: int, step: int, body: dict, tensors: list | None = None,
+              wait: bool = True) -> None:
+        """wait=False: posted (gloo isend), so that a step's scatter does not wait on each rank in turn to
+        take its micro-batch; drain() before the step's collectives (a rank reads its messages in order)."""
         msg = Message(kind=Kind.TENSORS, topic=what, step=step, body=json.dumps(body).encode(), tensors=tensors or [])
+        head, blob = pack_message(msg)
         try:
-            send_message(msg, rank, self.scatter)
+            works = [dist.isend(head, rank, group=self.scatter, tag=COUNT),
+                     dist.isend(blob, rank, group=self.scatter, tag=BODY)]
         except RuntimeError as exc:
             raise self._lost(exc) from exc
+        self._posted.append((works, (head, blob)))
+        if wait or len(self._posted) > 8 * self.world:  # steps without an apply (evaluation) bound it too
+            self.drain()
+
+    def drain(self) -> None:
+        """Rank 0: wait for every posted send (their buffers live until then)."""
+        try:
+            for works, _ in self._posted:
+                for work in works:
+                    work.wait()
+        except RuntimeError as exc:
+            raise self._lost(exc) from exc
+        finally:
+            self._posted.clear()
 
     def _relay_loop(self) -> None:
         """Rank 0: what the other ranks send on links goes out through the runner's sender."""

@@ -250,11 +250,29 @@ class StageRunner:
         else:
             self.executor.forward(batch, inputs, item)
 
+    def _forward_ahead(self, t: int) -> None:
+        """With ranks, while step t - 1 is applied: hand out step t's micro-batches that have arrived and
+        that other ranks compute, before the all-reduce rather than after it. A rank reads its messages in
+        order, so it runs them after applying t - 1, at the weights it would have anyway; rank 0's share
+        waits for the apply. Handed out one by one after the apply, the n - 1 ranks started their
+        micro-batches ~55 ms apart in all at n = 8 on one core (Table 4), and the step waits for the last."""
+        state = self.open.get(t)
+        assert self.ranks is not None
+        while state is not None and state.forwarded < len(self.items) and state.forwarded in state.arrived \
+                and self.ranks.owner(self.items[state.forwarded].index) != 0:
+            batch, inputs = state.arrived.pop(state.forwarded)
+            state.ids += batch.ids.tolist()
+            self._forward(batch, inputs, self.items[state.forwarded])
+            state.forwarded += 1
+
     def _has_grads(self, state: StepState, index: int) -> bool:
         return len(state.grads.get(index, {})) == self.two_way_out
 
     def _apply(self, state: StepState) -> None:
-        tally = self.ranks.apply(state.step) if self.ranks is not None else self.executor.apply(state.step)
+        if self.ranks is not None:
+            tally = self.ranks.apply(state.step, ahead=lambda: self._forward_ahead(state.step + 1))
+        else:
+            tally = self.executor.apply(state.step)
         now, t = time.perf_counter(), state.step
         since = state.started if self.last_update is None else self.last_update  # update to update
         self.step, self.last_update = t, now
