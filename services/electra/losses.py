@@ -35,14 +35,15 @@ class DiscriminatorLoss:
     clm: torch.Tensor  # L_CLM, Eq. 10: cross-entropy of the originals at the masked positions, a mean
 
 
-def discriminator_loss(rtd_logits: torch.Tensor, clm_logits: torch.Tensor, tokens: torch.Tensor,
+def discriminator_loss(rtd_logits: torch.Tensor, clm_logits: torch.Tensor | None, tokens: torch.Tensor,
                        originals: torch.Tensor, at: torch.Tensor, real: torch.Tensor, rtd_weight: float,
                        clm_weight: float) -> DiscriminatorLoss:
     """rtd_logits (B, S): one logit per token, > 0 for "replaced"; clm_logits (M, V) at the masked
     positions `at` (B, S) bool, row-major; tokens and originals (B, S) ids; real (B, S) bool, False on
-    padding. Eq. 10 as printed omits the log and the sign of a likelihood; it is the usual -log p."""
+    padding. Eq. 10 as printed omits the log and the sign of a likelihood; it is the usual -log p.
+    clm_logits None: not computed (gamma = 0), L_CLM is then 0."""
     labels = replaced(tokens, originals, at)
     rtd = F.binary_cross_entropy_with_logits(rtd_logits[real], labels[real])
     # a batch with nothing masked has no CLM term; `* 0` keeps it on the autograd graph and the device
-    clm = F.cross_entropy(clm_logits, originals[at]) if at.any() else rtd_logits.sum() * 0
+    clm = F.cross_entropy(clm_logits, originals[at]) if clm_logits is not None and at.any() else rtd_logits.sum() * 0
     return DiscriminatorLoss(rtd_weight * rtd + clm_weight * clm, rtd, clm)

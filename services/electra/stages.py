@@ -277,9 +277,11 @@ class ElectraDiscriminator(_Electra):
         tokens, at, originals = self.check(inputs, f"step {batch.step} micro-batch {batch.micro_batch} on "
                                                    f"{batch.link}")
         real = tokens != self.specials.pad
-        rtd, clm = self.module(tokens, real, at)
-        loss = discriminator_loss(rtd, clm, tokens, originals, at, real, self.options.rtd_weight,
-                                  self.options.clm_weight)
+        # gamma = 0: no corrective LM at all; its 29k-way head is most of a small D's compute
+        with_clm = self.options.clm_weight > 0
+        rtd, clm = self.module(tokens, real, at if with_clm else torch.zeros_like(at))
+        loss = discriminator_loss(rtd, clm if with_clm else None, tokens, originals, at, real,
+                                  self.options.rtd_weight, self.options.clm_weight)
         stats = {"rtd_loss": float(loss.rtd.detach()), "clm_loss": float(loss.clm.detach()), "micro_batches": 1.0}
         return Output(loss=loss.total, stats=stats)
 

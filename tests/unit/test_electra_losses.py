@@ -90,3 +90,9 @@ def test_generator_loss_is_the_mean_cross_entropy_at_the_masked_positions():
     logits[0, 2] = math.log(3)  # p = 3 / 6 = 1/2
     # p = 1/2 at row 0's original, 1/4 at row 1's (uniform over 4 ids)
     assert generator_loss(logits, torch.tensor([2, 1])).item() == pytest.approx((LN2 + math.log(4)) / 2, abs=1e-6)
+
+
+def test_gamma_zero_skips_the_corrective_lm_without_changing_rtd():
+    out = discriminator_loss(RTD.clone().requires_grad_(), None, TOKENS, ORIGINALS, AT, REAL, 50.0, 0.0)
+    assert out.clm.item() == 0 and out.total.item() == pytest.approx(50 * L_D, abs=1e-5)
+    out.total.backward()  # the skipped term stays on the graph: a rank with gamma = 0 still steps
