@@ -292,11 +292,11 @@ def test_auto_ranks_measure_g_and_d_pinned_to_different_cores(tmp_path):
     assert sorted(os.sched_getaffinity(0)) == cores  # the calibration hands this process its cores back
 
 
-@pytest.mark.parametrize("r, n", [(1.0, 1), (1.2, 1), (2.5, 2), (3.56, 4), (7.9, 8), (14.2, 15), (40.0, 16)])
+@pytest.mark.parametrize("r, n", [(1.0, 1), (1.2, 1), (2.5, 2), (3.56, 4), (7.9, 9), (14.2, 16), (40.0, 16)])
 def test_auto_n_lies_within_0_9_r_and_r_over_0_85_where_an_integer_does(r, n):
     assert auto_subs(0.1, 0.1 * r, 16) == n
     if math.ceil(0.9 * r) <= math.floor(r / 0.85) and r < 16:
-        assert 0.9 * r <= n <= r / 0.85
+        assert 0.9 * r <= n <= r / 0.85 < n + 1  # the band's largest
 
 
 def micro_batch(disc, inputs) -> float:
@@ -341,3 +341,16 @@ def test_sample_draws_the_softmax_and_never_a_category_at_minus_infinity():
     one = torch.full((3, 6), float("-inf"))
     one[:, -1] = 0.0  # all the mass on the last category: the top of the search
     assert sample(one, torch.Generator().manual_seed(0)).tolist() == [5, 5, 5]
+
+
+def test_gamma_zero_computes_no_corrective_lm(tmp_path, sent):
+    inputs, _ = sent
+    job = load_job(electra_job(tmp_path, {'impl = "electra-discriminator"':
+                                          'impl = "electra-discriminator"\nclm_weight = 0.0'}))
+    disc = build_stage(job, "disc", tmp_path / "disc", quiet=True)
+    out = disc.forward(Batch("train", 1, 0, ids=torch.zeros(len(inputs["tokens"]), dtype=torch.long),
+                             link="generator->disc"), inputs)
+    out.loss.backward()
+    assert out.stats["clm_loss"] == 0 and out.stats["rtd_loss"] > 0
+    assert disc.module.clm.dense.weight.grad is None  # the head never ran (Table 4's stand-in relies on it)
+    assert disc.module.rtd[0].weight.grad is not None
