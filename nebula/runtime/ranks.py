@@ -69,7 +69,7 @@ def recv_message(src: int | None, group: Any) -> tuple[int, Message]:
     count, size = head.tolist()
     body = torch.empty(size, dtype=torch.uint8)
     dist.recv(body, sender, group=group, tag=BODY)
-    blob = body.numpy().tobytes()
+    blob = body.numpy().data  # a memoryview: the frames are views of it (decode_message takes buffers)
     frames, offset = [], 8 * count
     for n in struct.unpack_from(f"<{count}q", blob):
         frames.append(blob[offset:offset + n])

@@ -219,10 +219,7 @@ class StageRunner:
             if not self.executor.ready_for(t):
                 break
             if state.forwarded < len(self.items) and state.forwarded in state.arrived:
-                batch, inputs = state.arrived.pop(state.forwarded)
-                state.ids += batch.ids.tolist()
-                self._forward(batch, inputs, self.items[state.forwarded])
-                state.forwarded += 1
+                self._forward_next(state)
                 return True
         for t in sorted(self.open):
             state = self.open[t]
@@ -244,6 +241,13 @@ class StageRunner:
             return True
         return False
 
+    def _forward_next(self, state: StepState) -> None:
+        """Forward the next micro-batch of `state` (it has arrived)."""
+        batch, inputs = state.arrived.pop(state.forwarded)
+        state.ids += batch.ids.tolist()
+        self._forward(batch, inputs, self.items[state.forwarded])
+        state.forwarded += 1
+
     def _forward(self, batch: Batch, inputs: dict, item: Item) -> None:
         if self.ranks is not None:
             self.ranks.forward(batch, inputs, item, self.generations.current)
@@ -256,14 +260,11 @@ class StageRunner:
         order, so it runs them after applying t - 1, at the weights it would have anyway; rank 0's share
         waits for the apply. Handed out one by one after the apply, the n - 1 ranks started their
         micro-batches ~55 ms apart in all at n = 8 on one core (Table 4), and the step waits for the last."""
-        state = self.open.get(t)
         assert self.ranks is not None
+        state = self.open.get(t)
         while state is not None and state.forwarded < len(self.items) and state.forwarded in state.arrived \
                 and self.ranks.owner(self.items[state.forwarded].index) != 0:
-            batch, inputs = state.arrived.pop(state.forwarded)
-            state.ids += batch.ids.tolist()
-            self._forward(batch, inputs, self.items[state.forwarded])
-            state.forwarded += 1
+            self._forward_next(state)
 
     def _has_grads(self, state: StepState, index: int) -> bool:
         return len(state.grads.get(index, {})) == self.two_way_out
