@@ -9,8 +9,9 @@ differ only in what they learnt:
 - MLM: the corruptor's own accuracy at the masked positions against the unigram baseline (always the
   most frequent token of the training text): is G the well-trained model the paper distils from?
 - alignment, what TRTD trains for: a held-out translation pair `<s> source </s> English </s>` (TRTD's
-  layout) against the same English after another pair's source; D should find the English half less
-  "replaced" next to its own translation. Accuracy at ranking the true pair first (chance 0.5).
+  layout) against the same English after another pair's source of the same length (so the English
+  tokens sit at the same positions in both); D should find the English half less "replaced" next to
+  its own translation. Accuracy at ranking the true pair first (chance 0.5).
 Each yields per-item statistics (sequences, pairs) for the paired bootstrap (services.electra.paired).
 """
 from __future__ import annotations
@@ -164,7 +165,7 @@ def alignment_set(disc, data_root: Path, pair: str, n: int, seed: int) -> Alignm
     half = disc.options.max_len // 2 - 2
     src = [r[:half] for r in data.to_model_ids(disc.vmap, data.encode(disc.tok, [s for _, s, _ in examples]))]
     eng = [r[:half] for r in data.to_model_ids(disc.vmap, data.encode(disc.tok, [t for _, _, t in examples]))]
-    other = derangement(len(examples), seed)
+    other = derangement([len(r) for r in src], seed)
     sp = disc.specials
     true: list[list[int]] = []
     shuffled: list[list[int]] = []
@@ -178,12 +179,27 @@ def alignment_set(disc, data_root: Path, pair: str, n: int, seed: int) -> Alignm
                         pad_rows(mask_shuffled, 0).bool())
 
 
-def derangement(n: int, seed: int) -> list[int]:
-    """other[i] != i for every i: one cycle through a seeded permutation."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-    other = [0] * n
-    for k, i in enumerate(order):
-        other[i] = order[(k + 1) % n]
+def derangement(lengths: list[int], seed: int) -> list[int]:
+    """other[i] != i for every i, and an item of the same length wherever there is one (else of the nearest):
+    a seeded shuffle sorted by length, then one cycle through each run of equal lengths (a run of one joins
+    the run before it, or the one after). Why lengths: a source of another length moves the English half to
+    other positions, and D's scores depend on position; with it, an untrained D was off chance by up to 0.05
+    and a training D swung by as much from one checkpoint to the next (docs/electra.md, "Evaluation")."""
+    order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed)).tolist()
+    order.sort(key=lambda i: lengths[i])  # stable: shuffled within each length
+    runs: list[list[int]] = []
+    for i in order:
+        if runs and (lengths[runs[-1][0]] == lengths[i] or len(runs[-1]) == 1):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    if len(runs) > 1 and len(runs[-1]) == 1:
+        last = runs.pop()  # not `runs[-2] += runs.pop()`: its -2 is resolved again after the pop
+        runs[-1] += last
+    other = [0] * len(lengths)
+    for run in runs:
+        for k, i in enumerate(run):
+            other[i] = run[(k + 1) % len(run)]
     return other
 
 

@@ -137,3 +137,19 @@ def test_table_calls_better_only_when_the_intervals_separate():
     assert lines[1].split()[-1] == "yes" and lines[2].split()[-1] == "no"
     assert "0.500 [0.450, 0.550]" in lines[1]
     assert len({line.index("0.") for line in lines[1:]}) == 1  # columns line up
+
+
+def test_alignment_shuffle_keeps_the_source_length():
+    """The shuffled source of the alignment test has the true one's length wherever another has it, so the
+    English half sits at the same positions in both rows; never the pair's own source; seeded."""
+    from services.electra.heldout import derangement
+    lengths = [int(x) for x in torch.randint(1, 30, (500,), generator=torch.Generator().manual_seed(3))]
+    other = derangement(lengths, seed=1)
+    assert sorted(other) == list(range(500)) and all(other[i] != i for i in range(500))
+    assert all(lengths[other[i]] == lengths[i] for i in range(500))  # every length occurs more than once here
+    assert derangement(lengths, seed=1) == other and derangement(lengths, seed=2) != other
+    single = [4, 4, 4, 5, 9, 9]  # 5 has no partner: it takes the nearest run's, and only two items differ
+    pairs = derangement(single, seed=0)
+    assert all(pairs[i] != i for i in range(6)) and sorted(pairs) == list(range(6))
+    assert sum(single[pairs[i]] != single[i] for i in range(6)) <= 2
+    assert derangement([7, 3], seed=0) == [1, 0]
