@@ -19,6 +19,11 @@ from tests.support.compose import COMPOSE, REPO, compose_binary, compose_env, pr
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # two projects up, then a job's steps
 
 STEPS = 8
+# seconds a micro-batch of each rank takes (the emulated device of services/electra/device.py): the tiny job's 8
+# steps took ~0.2 s, over before the first health check (10 s after a container starts), so `up --wait` saw
+# rank 1's container exit (0) and failed; at 6 s a step the job runs ~50 s, past the checks and long enough to
+# sample each host's TCP peers every 2 s
+DEVICE_TIME = 6.0
 FILES = {"a": ["site-a.yaml", "electra-a.yaml"], "b": ["site-b.yaml", "electra-b.yaml"]}
 STAGES = {"a": ["generator"], "b": ["disc-0", "disc-1"]}
 
@@ -34,7 +39,8 @@ def electra_job(root: Path) -> tuple[Path, Path]:
         shutil.copytree(REPO / "tests" / "e2e" / "data" / corpus, data / corpus)
     text = (REPO / "tests" / "e2e" / "jobs" / "electra.toml").read_text()
     text = text.replace('data = "../data"', 'data = "../../data"').replace("\nsteps = 8\n", f"\nsteps = {STEPS}\n")
-    text = text.replace('impl = "electra-discriminator"\n', 'impl = "electra-discriminator"\nranks = 2\n')
+    text = text.replace('impl = "electra-discriminator"\n',
+                        f'impl = "electra-discriminator"\nranks = 2\ndevice_time = {DEVICE_TIME}\n')
     (root / "jobs").mkdir()
     job = root / "jobs" / "electra-two-hosts.toml"
     job.write_text(text)
@@ -47,8 +53,20 @@ def compose(envs, site: str, *args: str, check: bool = True) -> str:
     files = [arg for name in FILES[site] for arg in ("-f", str(COMPOSE / name))]
     done = subprocess.run([str(compose_binary()), *files, *args], env=compose_env(envs[site]),
                           capture_output=True, text=True, timeout=600)
-    assert not check or done.returncode == 0, f"compose {site} {' '.join(args)}:\n{done.stderr[-3000:]}"
+    assert not check or done.returncode == 0, f"compose {site} {' '.join(args)}:\n{done.stderr[-3000:]}\n{logs(site)}"
     return done.stdout
+
+
+def logs(site: str) -> str:
+    """The last lines of every container of the site's project: what `up --wait` does not say of one that exited
+    (the test's cleanup removes them)."""
+    ids = docker("ps", "-aq", "--filter", f"label=com.docker.compose.project=nebula-site-{site}").stdout.split()
+    out = []
+    for cid in ids:
+        done = docker("logs", "--tail", "30", cid, check=False)
+        name = json.loads(docker("inspect", cid).stdout)[0]["Name"]
+        out.append(f"--- {name}:\n{(done.stdout + done.stderr)[-2500:]}")
+    return "\n".join(out)
 
 
 def container(site: str, service: str) -> dict:
@@ -66,17 +84,22 @@ def test_the_discriminator_trains_with_its_ranks_on_two_hosts(tmp_path):
     try:
         for site in ("a", "b"):
             compose(envs, site, "up", "-d", "--no-build", "--wait", "--wait-timeout", "300")
+        check_isolated()
         peers: dict[str, set[str]] = {name: set() for name in STAGES["b"]}
+        addresses: dict[str, set[str]] = {name: set() for name in (*STAGES["b"], "gateway")}
 
-        def finished() -> str | None:  # samples each disc host's TCP peers while the job runs
-            for name in peers:
-                peers[name] |= tcp_peers(container("b", name)["Id"])
+        def finished() -> str | None:  # samples each disc host's TCP peers and addresses while the job runs
+            for name in addresses:  # an exited container has none: the ranks exit when the job is done
+                info = container("b", name)
+                addresses[name] |= _ips(info)
+                if name in peers:
+                    peers[name] |= tcp_peers(info["Id"])
             return _state(status) in ("done", "failed") and _state(status)
         state = wait("the discriminator to finish", finished, timeout=600, every=2)
         logs = {name: docker("logs", container("b", name)["Id"], check=False).stderr for name in STAGES["b"]}
         assert state == "done", logs
-        check_hosts(envs)
-        check_traffic(peers)
+        check_hosts(envs, addresses)
+        check_traffic(peers, addresses)
     finally:
         for site in ("a", "b"):
             compose(envs, site, "down", "--timeout", "60", check=False)
@@ -84,21 +107,25 @@ def test_the_discriminator_trains_with_its_ranks_on_two_hosts(tmp_path):
     assert [step for step, _ in ledger] == list(range(1, STEPS + 1))
 
 
-def check_hosts(envs) -> None:
-    """The two ranks are two hosts (containers, each its own address), rank 1 holds no credentials and
-    reaches no other site; only the gateways publish a port."""
+def check_hosts(envs, addresses: dict[str, set[str]]) -> None:
+    """The two ranks are two hosts (containers, each its own address seen while they ran), rank 1 holds no
+    credentials; only the gateways publish a port."""
     disc0, disc1 = container("b", "disc-0"), container("b", "disc-1")
     assert (disc0["Config"]["Hostname"], disc1["Config"]["Hostname"]) == ("disc-0", "disc-1")
-    ips = {c["Name"]: [n["IPAddress"] for n in c["NetworkSettings"]["Networks"].values()] for c in (disc0, disc1)}
-    assert len({ip for v in ips.values() for ip in v}) == 2, ips
+    assert addresses["disc-0"] and addresses["disc-1"] and not addresses["disc-0"] & addresses["disc-1"], addresses
     for info in (disc0, disc1):
         assert not any(info["NetworkSettings"]["Ports"].values()), info["Name"]
         assert info["Config"]["User"] == f"{UID}:{UID}" and info["HostConfig"]["ReadonlyRootfs"]
     assert not [m for m in disc1["Mounts"] if "credentials" in m["Destination"]]
+
+
+def check_isolated() -> None:
+    """Rank 1 reaches no other site: run inside its container while the job runs (an exited one runs nothing)."""
     gateway_a = container("a", "gateway")
     targets = [f"{n['IPAddress']}:{PORTS['a']}" for n in gateway_a["NetworkSettings"]["Networks"].values()]
-    done = docker("exec", disc1["Id"], "python3", "-c", CONNECT, *targets, check=False)
-    assert "open" not in json.loads(done.stdout or "{}").values(), done.stdout + done.stderr
+    done = docker("exec", container("b", "disc-1")["Id"], "python3", "-c", CONNECT, *targets)
+    tried = json.loads(done.stdout)
+    assert tried and "open" not in tried.values(), done.stdout + done.stderr
 
 
 def tcp_peers(container_id: str) -> set[str]:
@@ -113,12 +140,11 @@ def tcp_peers(container_id: str) -> set[str]:
     return peers - {"127.0.0.1"}
 
 
-def check_traffic(peers: dict[str, set[str]]) -> None:
+def check_traffic(peers: dict[str, set[str]], ip: dict[str, set[str]]) -> None:
     """The gradients cross the hosts: each rank held a connection to the other (gloo's all_reduce and the
     scatter/gather groups; with micro_batches = 2 each rank computes one of a step's two micro-batches, so
     every step's update needs the other host's gradient). And the stage's traffic to other sites goes only
     through its gateway: rank 0's peers are rank 1 and b's gateway, rank 1's only rank 0."""
-    ip = {name: _ips(container("b", name)) for name in ("disc-0", "disc-1", "gateway")}
     print("TCP peers seen:", {k: sorted(v) for k, v in peers.items()}, "addresses:", ip)
     assert peers["disc-0"] & ip["disc-1"] and peers["disc-1"] & ip["disc-0"], (peers, ip)
     assert peers["disc-0"] <= ip["disc-1"] | ip["gateway"], (peers, ip)
