@@ -180,11 +180,12 @@ def alignment_set(disc, data_root: Path, pair: str, n: int, seed: int) -> Alignm
 
 
 def derangement(lengths: list[int], seed: int) -> list[int]:
-    """other[i] != i for every i, and an item of the same length wherever there is one (else of the nearest):
-    a seeded shuffle sorted by length, then one cycle through each run of equal lengths (a run of one joins
-    the run before it, or the one after). Why lengths: a source of another length moves the English half to
-    other positions, and D's scores depend on position; with it, an untrained D was off chance by up to 0.05
-    and a training D swung by as much from one checkpoint to the next (docs/electra.md, "Evaluation")."""
+    """other[i] != i for every i, and of the same length except next to a length that only one item has: a
+    seeded shuffle sorted by length, then one cycle through each run of equal lengths; an item whose length no
+    other has shares a run with the next item up (the last one, with the run below). Why lengths: with a source
+    of another length the English half moves by the difference, and D's scores depend on position; an untrained
+    D then scored 0.516 / 0.552 on validation pairs instead of 0.5, and a training D swung by ±0.05 between
+    checkpoints (docs/electra.md, "Evaluation")."""
     order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed)).tolist()
     order.sort(key=lambda i: lengths[i])  # stable: shuffled within each length
     runs: list[list[int]] = []

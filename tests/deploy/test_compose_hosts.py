@@ -53,11 +53,12 @@ def compose(envs, site: str, *args: str, check: bool = True) -> str:
     files = [arg for name in FILES[site] for arg in ("-f", str(COMPOSE / name))]
     done = subprocess.run([str(compose_binary()), *files, *args], env=compose_env(envs[site]),
                           capture_output=True, text=True, timeout=600)
-    assert not check or done.returncode == 0, f"compose {site} {' '.join(args)}:\n{done.stderr[-3000:]}\n{logs(site)}"
+    assert not check or done.returncode == 0, \
+        f"compose {site} {' '.join(args)}:\n{done.stderr[-3000:]}\n{site_logs(site)}"
     return done.stdout
 
 
-def logs(site: str) -> str:
+def site_logs(site: str) -> str:
     """The last lines of every container of the site's project: what `up --wait` does not say of one that exited
     (the test's cleanup removes them)."""
     ids = docker("ps", "-aq", "--filter", f"label=com.docker.compose.project=nebula-site-{site}").stdout.split()
