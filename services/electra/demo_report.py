@@ -56,7 +56,7 @@ def shows(s: dict) -> str:
     learnt = "D learnt" if shown and all(shown) else "D's learning is not shown on every target evaluation"
     if any(r["verdict"] != "better" for r in ev["rows"] if r["task"].startswith("alignment") and r["trained_on"]):
         did.append("the alignment test needs more distillation than this run's: the same job passed it at 5,000 "
-                   "steps over 3 seeds, ~15 min of distillation on 2 cores (docs/electra.md, \"What limits D\")")
+                   "steps over 3 seeds, ~17 min of distillation on 2 cores (docs/electra.md, \"What limits D\")")
     return (f"What this run shows ({learnt}): " + "; ".join(did) + ". What it does not show: that this holds "
             f"over training seeds (one seed here, {ev['sequences']} held-out sequences; docs/electra.md has "
             "three); that cross-site training equals one-site training (tests/e2e/test_electra_equal.py "
