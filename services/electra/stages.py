@@ -64,6 +64,11 @@ class GeneratorOptions(_Options):
     # whose weights G starts from: the paper distils from an existing well-trained model (§3.1), here G
     # after a one-site MLM phase (deploy/jobs/electra-generator.toml); its optimiser starts afresh
     init: str = "random"
+    # true: G does not train during distillation (ELECTRA's two-stage variant, §3.2 of its paper): it samples
+    # from its `init` weights, L_G is still computed and logged, no backward, no optimiser. A G still
+    # learning moves D's target every step: at 2,000 steps of the demo's D, alignment 0.51 with G at lr 5e-4,
+    # 0.53 at 1e-4, 0.58 frozen (docs/electra.md, "A frozen teacher")
+    frozen: bool = False
     max_train_examples: int | None = field(default=None, metadata=limits(at_least=1))
 
 
@@ -109,6 +114,8 @@ class _Electra(Stage):
 
     def _optimise(self) -> None:
         self.module.to(self.device)
+        if not self.trainable():  # a frozen stage: nothing to step
+            return
         self.optimizer = torch.optim.Adam(self.trainable().values(), lr=self.options.lr, betas=(0.9, 0.999),
                                           eps=1e-6)
         self.scheduler = linear_warmup_decay(self.optimizer, self.options.warmup_steps, self.context.job.train.steps)
@@ -153,6 +160,10 @@ class ElectraGenerator(_Electra):
         self.module = Generator(options.size.bert(len(self.vmap), options.max_len))
         if options.init != "random":
             load_trained(self.module, options.init, context.job.source, f"[stages.{context.name}] init")
+        elif options.frozen:
+            raise ConfigError(f"[stages.{context.name}] frozen = true with init = \"random\": a frozen generator "
+                              "needs trained weights to sample from (init = a generator checkpoint)")
+        self.module.requires_grad_(not options.frozen)
         self._optimise()
 
     def examples(self, split: str) -> list[str]:

@@ -24,6 +24,7 @@ import torch
 
 from nebula.errors import ConfigError, DataError
 from nebula.runtime.autoranks import resolve, scale_step
+from nebula.runtime.checkpoint import CheckpointDir
 from nebula.runtime.job import TrainConfig, load_job
 from nebula.runtime.metrics import read_records
 from nebula.runtime.onesite import run_one_site
@@ -354,3 +355,36 @@ def test_gamma_zero_computes_no_corrective_lm(tmp_path, sent):
     assert out.stats["clm_loss"] == 0 and out.stats["rtd_loss"] > 0
     assert disc.module.clm.dense.weight.grad is None  # the head never ran (Table 4's stand-in relies on it)
     assert disc.module.rtd[0].weight.grad is not None
+
+
+def test_a_frozen_generator_without_trained_weights_is_refused(tmp_path):
+    job = load_job(electra_job(tmp_path, {'corpus = "es-en"': 'corpus = "es-en"\nfrozen = true'}))
+    with pytest.raises(ConfigError, match=r'\[stages\.generator\] frozen = true with init = "random"'):
+        build_stage(job, "generator", tmp_path / "generator", quiet=True)
+
+
+def test_a_frozen_generator_teaches_from_its_init_weights_and_never_changes_them(tmp_path):
+    """G after 2 steps of training is the teacher; the frozen run's G keeps its weights, computes L_G with no
+    graph, saves no weights or optimiser, while D trains; a restore rebuilds G from its init."""
+    first = load_job(electra_job(tmp_path / "mlm", {"steps = 8": "steps = 2"}))
+    run_one_site(first, tmp_path / "mlm" / "run", quiet=True, timeout=120)
+    teacher = tmp_path / "mlm" / "run" / "generator" / "checkpoints" / "step-00000002.pt"
+    weights = CheckpointDir(teacher.parent).load(2)["stage"]["weights"]
+    job = load_job(electra_job(tmp_path / "kd", {'corpus = "es-en"': f'corpus = "es-en"\nfrozen = true\n'
+                                                                      f'init = "{teacher}"'}))
+    g = build_stage(job, "generator", tmp_path / "g", quiet=True)
+    assert g.optimizer is None and g.trainable() == {}
+    assert all(torch.equal(p, weights[k]) for k, p in g.module.named_parameters())
+    out = g.forward(batch(g, 1, 0, varied(g)), {})
+    assert math.isfinite(float(out.loss)) and not out.loss.requires_grad
+
+    run_one_site(job, tmp_path / "kd" / "run", quiet=True, timeout=120)
+    assert len(generator_records(tmp_path / "kd" / "run")) == 8
+    assert all(math.isfinite(r["loss"]) for r in generator_records(tmp_path / "kd" / "run"))
+    saved = CheckpointDir(tmp_path / "kd" / "run" / "generator" / "checkpoints").load(8)["stage"]
+    assert saved["weights"] == {} and "optimizer" not in saved
+    g.load_state_dict(saved)  # a restore: G's weights are its init's, rebuilt, not read back
+    assert all(torch.equal(p, weights[k]) for k, p in g.module.named_parameters())
+    d0, d8 = (CheckpointDir(tmp_path / "kd" / "run" / "disc" / "checkpoints").load(s)["stage"]["weights"]
+              for s in (0, 8))
+    assert any(not torch.equal(d0[k], d8[k]) for k in d0)
