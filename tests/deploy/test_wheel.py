@@ -73,5 +73,5 @@ def test_the_demos_load_their_shipped_job_files(installed, elsewhere):
     assert done.returncode == 2
     assert "--hot-start none: no checkpoints in none/encoder/checkpoints" in done.stderr, done.stderr
     done = run([installed / "nebula", "demo", "electra", "--one-site-steps", "10000"], elsewhere)
-    assert done.returncode == 2 and "--one-site-steps 10000: must be 1 to 299" in done.stderr, done.stderr
+    assert done.returncode == 2 and "--one-site-steps 10000: must be 1 to 1999" in done.stderr, done.stderr
     assert list(elsewhere.iterdir()) == []

@@ -43,7 +43,7 @@ def test_a_run_dir_holding_a_users_files_is_refused_whole(tmp_path, capsys):
 def test_the_electra_demo_checks_its_arguments_before_the_run_dir(tmp_path, capsys):
     run = user_dir(tmp_path / "run")
     err = refused(capsys, "electra", "--run-dir", run, "--one-site-steps", 10_000)
-    assert "--one-site-steps 10000: must be 1 to 299" in err
+    assert "--one-site-steps 10000: must be 1 to 1999" in err
     assert "already holds files" in refused(capsys, "electra", "--run-dir", run)
     assert sorted(p.name for p in run.iterdir()) == ["thesis.tex"]
 

@@ -126,4 +126,4 @@ def test_the_plain_words_follow_the_verdicts():
     assert "an improvement" in good and "no jump" in good
     flat = shows(_summary(0.3, 0.0))
     assert "not shown on every target evaluation" in flat and "no change beyond the interval" in flat
-    assert "What limits D" in flat and "What limits D" not in good
+    assert "A frozen teacher" in flat and "A frozen teacher" not in good
