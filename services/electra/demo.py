@@ -4,7 +4,8 @@ The paper distils from an existing well-trained generator (§3.1), pre-trains in
 and moves to the cross-cluster setting from those checkpoints (Figure 8: the loss goes on as before).
 The demo does the same on this machine:
 0. G's MLM phase: the job's generator alone (`nebula stage one-site`, deploy/jobs/electra-generator.toml's
-   [train], lr, warm-up and dropout), whose last checkpoint both later phases start G from (`init`);
+   [train], lr, warm-up, threads and dropout), whose last checkpoint both later phases start G from
+   (`init`), frozen (`teach`);
 1. the one-site phase: `nebula stage one-site --until N1`, every stage in one process;
 2. the two-site phase: the checkpoints of step N1 copied into a cross-site run (`nebula.site.local.
    hot_start`), a gateway per site, every socket CURVE, the stages as local processes, to step N;

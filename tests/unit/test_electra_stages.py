@@ -383,7 +383,7 @@ def test_a_frozen_generator_teaches_from_its_init_weights_and_never_changes_them
     assert all(math.isfinite(r["loss"]) for r in generator_records(tmp_path / "kd" / "run"))
     saved = CheckpointDir(tmp_path / "kd" / "run" / "generator" / "checkpoints").load(8)["stage"]
     assert saved["weights"] == {} and "optimizer" not in saved
-    g.load_state_dict(saved)  # a restore: G's weights are its init's, rebuilt, not read back
+    g.load_state_dict(saved)  # a restore reads no weights into G: they stay its init's, as rebuilt
     assert all(torch.equal(p, weights[k]) for k, p in g.module.named_parameters())
     d0, d8 = (CheckpointDir(tmp_path / "kd" / "run" / "disc" / "checkpoints").load(s)["stage"]["weights"]
               for s in (0, 8))
