@@ -39,7 +39,7 @@ if TYPE_CHECKING:  # why: the job loader imports torch, which `nebula --help` (i
 # shipped (nebula.shipped), in a checkout and installed
 DEFAULT_JOB = DEPLOY / "jobs" / "electra.toml"
 DEFAULT_ONE_SITE_JOB = DEPLOY / "jobs" / "electra-one-site.toml"
-GENERATOR_JOB = DEPLOY / "jobs" / "electra-generator.toml"  # G's MLM phase: its [train], lr, warm-up, dropout
+GENERATOR_JOB = DEPLOY / "jobs" / "electra-generator.toml"  # G's MLM phase: its [train], lr, warm-up, dropout, threads
 # what G's MLM phase takes from it (and size.dropout); the model is the distillation job's
 TRAINING_KEYS = ("lr", "warmup_steps", "threads")
 
@@ -445,8 +445,8 @@ def teach(stage: dict, checkpoint: Path) -> None:
 
 def generator_job(raw: dict, job: JobConfig, steps: int | None) -> dict | None:
     """G's MLM phase as a job: the distillation job's generator stage alone (its model, corpus and
-    vocabulary, since its weights carry over), with electra-generator.toml's [train], lr, warm-up and dropout;
-    None for 0 steps."""
+    vocabulary, since its weights carry over), with electra-generator.toml's [train], lr, warm-up, threads
+    and dropout; None for 0 steps."""
     shipped = job_copy(GENERATOR_JOB)
     steps = shipped["train"]["steps"] if steps is None else steps
     if steps < 0:
