@@ -7,6 +7,7 @@ lives: the stage, the board (which steps are open), the links' codecs, the compu
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 from pathlib import Path
@@ -80,6 +81,9 @@ class Progress:
         if self.step not in self.checkpoints.steps():
             self.save()
         (self.workdir / "ledger.json").write_text(json.dumps({"steps": self.ledger}))
+        # the process's peak memory: what a schedule's bound on activations in flight shows up in
+        self.metrics.event("finished", step=self.step,
+                           peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
 
     def newest(self) -> Path:
         """This stage's newest good checkpoint."""

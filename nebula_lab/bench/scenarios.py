@@ -97,6 +97,20 @@ class TimeToLoss(Protocol):
         """Uncompressed bytes one step sends on a link (the largest)."""
 
 
+class TorchPeer(Protocol):
+    """A workload whose stage chain also runs under torch.distributed.pipelining, the peer of `--peer torch`
+    (nebula_lab.bench.torch_peer): each rank builds its stage as Nebula does, then calls these."""
+
+    def peer_module(self, stage: Any, first: bool, last: bool, dtype: Any) -> Any:
+        """The stage's module as torch's pipeline calls it (one tensor in, one out; `dtype` on the wire)."""
+
+    def peer_batch(self, stage: Any, indices: list[int]) -> tuple[Any, Any]:
+        """(inputs of the first stage, targets of the last) for the training examples at `indices`."""
+
+    def peer_loss(self, output: Any, target: Any) -> Any:
+        """The last stage's loss of one micro-batch."""
+
+
 AnyScenario = Scenario | OwnBenchmark | TimeToLoss
 KINDS = (OwnBenchmark, TimeToLoss, Scenario)  # the order a scenario is recognised in
 

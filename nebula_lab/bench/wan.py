@@ -53,6 +53,9 @@ from nebula_lab.bench.scenarios import (
 from nebula_lab.wanem import WanLink
 
 PAPER_MBIT = 60.0
+# the registered schedules (nebula.runtime.schedules; a test holds the two equal): named here, since
+# importing the registry imports torch, which `nebula --help` does not
+SCHEDULES = ("synchronous", "1f1b", "forward-only", "gpipe", "one-step-stale")
 BOUND_FACTOR = 5.0  # uncompressed wire time / compute time in the communication-bound regime
 # Untimed steps before the first phase's: the first bulk transfers overshoot in TCP slow start, and
 # a drop in the ~2 s deep tbf queue of a ~1 Mbit/s link costs a retransmission timeout (measured:
@@ -87,12 +90,24 @@ def register(sub) -> None:
                         help="timed steps per setting (speed; default 3, quick 2, --auto 4 per round), steps per "
                              "rate (--auto --change; default 30) or training steps per setting (quality; default "
                              "300, quick 20)")
-    parser.add_argument("--micro-batches", type=int, default=None, help="override the job's [train].micro_batches")
+    parser.add_argument("--micro-batches", type=int_list, default=None, metavar="4,8,16",
+                        help="override the job's [train].micro_batches; several (with --peer): one run each")
     parser.add_argument("--setting", nargs=2, action="append", metavar=("FORWARD", "BACKWARD"),
                         help="measure this codec pair instead of the built-in list (repeatable; the first is "
                              "the baseline of `speedup`), e.g. --setting none none --setting fp16 int8")
-    parser.add_argument("--schedule", choices=("synchronous", "one-step-stale", "forward-only"), default=None,
-                        help="override the job's [schedule] name")
+    parser.add_argument("--schedule", choices=SCHEDULES, default=None, help="override the job's [schedule] name")
+    parser.add_argument("--peer", choices=("torch",), default=None,
+                        help="the pipeline against its limit and against torch.distributed.pipelining (GPipe, "
+                             "1F1B) over the same emulated links, per schedule and micro-batch count (root; "
+                             "nebula_lab/bench/pipeline.py)")
+    parser.add_argument("--schedules", type=lambda text: text.split(","), default=None, metavar="1f1b,gpipe",
+                        help="--peer: Nebula's schedules to run (default synchronous,gpipe,1f1b)")
+    parser.add_argument("--bound-factors", type=float_list, default=None, metavar="1,2,5",
+                        help="--peer: the communication-bound rates, as wire / busiest compute (default 5)")
+    parser.add_argument("--png", action="store_true", help="--peer: also at 200 Mbit/s with 50 ms RTT")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="run every configuration this many times, alternating (--peer: default 2; a "
+                             "scenario's own tables: its default)")
     parser.add_argument("--staleness", type=int, choices=(0, 1), default=None,
                         help="shorthand: 0 = --schedule synchronous (the paper's), 1 = --schedule one-step-stale "
                              "(stages that wait for gradients run one step ahead: no per-step pipeline bubble)")
@@ -166,6 +181,14 @@ def run(args: argparse.Namespace) -> int:
     check_scenario_options(args)
     if is_own(scenario):  # a workload with tables of its own
         return scenario.bench(args, LabTools(BOUND_FACTOR, _workdir, run_job, WanLink))
+    if args.peer:
+        if os.geteuid() != 0:
+            raise ConfigError("--peer torch runs both systems over the emulated WAN, which needs root")
+        from nebula_lab.bench.pipeline import run_pipeline
+        return run_pipeline(args)
+    if args.micro_batches and len(args.micro_batches) > 1:
+        raise ConfigError(f"--micro-batches {','.join(map(str, args.micro_batches))}: several counts only with "
+                          "--peer torch (one run each); give one")
     if args.time_to_loss is not None or kind_of(scenario) is TimeToLoss:
         from nebula_lab.bench.wan_ttl import run_time_to_loss
         return run_time_to_loss(args)
@@ -233,6 +256,13 @@ def set_compression(raw: dict, link: str, table: dict) -> None:
     for entry in raw.get("links", []):
         if f"{entry['from']}->{entry['to']}" == link:
             entry["compression"] = table
+
+
+def float_list(text: str) -> list[float]:
+    try:
+        return [float(word) for word in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers separated by commas, e.g. 1,2,5") from None
 
 
 def int_list(text: str) -> list[int]:
@@ -303,9 +333,10 @@ def bench_job(args: argparse.Namespace, settings: list[tuple[str, str]], timed: 
 
 def override_train(raw: dict, args: argparse.Namespace) -> None:
     """--micro-batches, --seed, --schedule (--staleness): the job's values unless given."""
-    for key in ("micro_batches", "seed"):
-        if getattr(args, key, None) is not None:
-            raw["train"][key] = getattr(args, key)
+    if getattr(args, "micro_batches", None):
+        raw["train"]["micro_batches"] = args.micro_batches[0]
+    if getattr(args, "seed", None) is not None:
+        raw["train"]["seed"] = args.seed
     schedule = getattr(args, "schedule", None)
     if getattr(args, "staleness", None) is not None:
         schedule = ("synchronous", "one-step-stale")[args.staleness]
@@ -368,7 +399,7 @@ def fill(head: dict, bwd: dict) -> float:
     return bwd["first"] - (head["t"] - head["step_s"])
 
 
-def summarise(run: Path, job: dict, rate_mbit: float) -> list[dict]:
+def summarise(run: Path, job: dict, rate_mbit: float, rtt_ms: float = 0.0) -> list[dict]:
     """One row per setting (phase), from the stages' metrics.jsonl and link.jsonl."""
     stages = {name: stage["address"].split("/")[0] for name, stage in job["stages"].items()}
     driver, link = next(iter(stages)), job["bench"]["link"]
@@ -407,11 +438,33 @@ def summarise(run: Path, job: dict, rate_mbit: float) -> list[dict]:
         if schedule == "synchronous" and all(s in bwd for s in steps):  # one step's anatomy (steps overlap otherwise)
             row["fill_s"] = round(mean(fill(metrics[driver][s], bwd[s]) for s in steps), 3)
             row["rest_s"] = round(step_s - row["fill_s"] - row["bwd_wire_s"], 3)
+        row.update(step_limit(run, job, metrics, steps, rate_mbit, rtt_ms, step_s))
         rows.append(row)
     base = next((r for r in rows if r["forward"] == r["backward"] == "none"), rows[0])["s_per_step"]
     for row in rows:
         row["speedup"] = round(base / row["s_per_step"], 3)
     return rows
+
+
+def step_limit(run: Path, job: dict, metrics: dict, steps: list[int], rate_mbit: float, rtt_ms: float,
+               step_s: float) -> dict:
+    """The limit of these steps (nebula_lab.bench.limit) from what they used: each stage's compute, each link
+    direction's wire bytes at the rate, the RTT; -> limit_s, of_limit (limit / step: the fraction of the
+    ideal), busiest (the resource the limit is made of)."""
+    from nebula.runtime.job import parse_job  # why here: torch, kept off `nebula --help`
+    from nebula_lab.bench.limit import limit
+
+    loaded = parse_job(sites_job(job))
+    compute = {name: statistics.fmean(metrics[name][s]["compute_s"] for s in steps) for name in job["stages"]}
+    wire = {}
+    for link in loaded.links:
+        for direction, sender in (("forward", link.src), ("backward", link.dst)):
+            sums = per_step_link(run / sender / "link.jsonl", direction, link.name)
+            wire[(link.name, direction)] = statistics.fmean(sums.get(s, {"wire": 0})["wire"] for s in steps) \
+                * 8 / (rate_mbit * 1e6)
+    found = limit(loaded.graph, compute, wire, loaded.train.micro_batches, rtt_ms / 1000, loaded.schedule.drains)
+    return {"limit_s": round(found["limit_s"], 3), "of_limit": round(found["limit_s"] / step_s, 3),
+            "busiest": found["busiest"], "limit_fill_s": round(found["fill_s"], 3)}
 
 
 def largest_compute(row: dict) -> float:
@@ -439,7 +492,7 @@ def measure_rate(run: Path, job: dict, rate_mbit: float, rtt_ms: float = 0.0) ->
     drops = ", ".join(f"{site} {q['drops']}" for site, q in qdisc.items())
     progress(f"{rate_mbit} Mbit/s: link bytes sent by site: {sent} (all frames, whole run); tbf drops {drops}")
     (run / "qdisc.json").write_text(json.dumps(qdisc, indent=1))
-    return summarise(run, job, rate_mbit)
+    return summarise(run, job, rate_mbit, rtt_ms)
 
 
 def resend_timeout(job: dict, rate_mbit: float) -> float:
@@ -504,8 +557,8 @@ def host_processes(group, delay_lines: list[int]) -> dict[int, str]:
 # --- output --------------------------------------------------------------------------------------------
 COLUMNS = [("forward", "forward", 20, "s"), ("backward", "backward", 20, "s"), ("Mbit/s", "link_mbit", 8, ".3g"),
            ("fwd ratio", "forward_ratio", 10, ".3f"), ("bwd ratio", "backward_ratio", 10, ".3f"),
-           ("s/step", "s_per_step", 8, ".2f"), ("speedup", "speedup", 8, ".2f"),
-           ("overlap", "overlap_ratio", 8, ".2f")]
+           ("s/step", "s_per_step", 8, ".2f"), ("limit", "limit_s", 7, ".2f"), ("of lim", "of_limit", 7, ".2f"),
+           ("speedup", "speedup", 8, ".2f"), ("overlap", "overlap_ratio", 8, ".2f")]
 TAIL = [("wire", "wire_s", 7, ".2f"), ("enc src", "encode_src_s", 8, ".3f"), ("enc dst", "encode_dst_s", 8, ".3f"),
         ("fill", "fill_s", 6, ".2f"), ("bwire", "bwd_wire_s", 6, ".2f"), ("rest", "rest_s", 6, ".2f"),
         ("cpu gw", "cpu_gateways_s", 7, ".3f"), ("cpu dl", "cpu_delay_lines_s", 7, ".3f")]
@@ -523,7 +576,9 @@ def print_table(rows: list[dict]) -> None:
             print()
         print("".join(f"{row[key]:<{w}}" if fmt == "s" else f"{'-':>{w}}" if row[key] is None
                       else f"{row[key]:>{w}{fmt}}" for _, key, w, fmt in columns))
-    print(f"(link {rows[0]['link']}, schedule {rows[0]['schedule']}; seconds per step; comp: each site's compute; "
+    print(f"(link {rows[0]['link']}, schedule {rows[0]['schedule']}; seconds per step; limit: the busiest resource "
+          "per step plus one fill where the schedule drains (nebula_lab.bench.limit), of lim: limit / s/step;\n"
+          " comp: each site's compute; "
           "wire: max link direction bytes / link rate;\n enc src/dst: codec encode time on each end's sender "
           "thread; fill: step start -> first gradient sent back;\n bwire: backward bytes / link rate; "
           "rest = s/step - fill - bwire; fill and rest only for synchronous steps;\n cpu gw/dl: host CPU "

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import math
 import os
 import shutil
 import statistics
@@ -44,11 +45,12 @@ import tomllib
 from nebula.errors import ConfigError
 from nebula.runtime.records import read_records
 from nebula_lab.bench.scenarios import TimeToLoss, kind_of, load_scenario
+from nebula_lab.bench.seeds import t_interval
 from nebula_lab.bench.wan import _workdir, bound_rate, holds_toml, measure_rate, progress
 from nebula_lab.bench.wan_auto import AUTO_LEAD, WARM_UP, chosen
 
 PNG_MBIT, PNG_RTT_MS = 200.0, 50.0  # ProtocolNanoGPT's simulated links
-TIMED = 3  # timed steps per phase of a speed run (quick: 2)
+TIMED = 10  # timed steps per phase of a speed run (quick: 2)
 
 
 def run_time_to_loss(args: argparse.Namespace) -> int:
@@ -90,9 +92,10 @@ def base_raw(args: argparse.Namespace, scenario) -> dict:
     if data:
         raw["job"]["data"] = data
     raw = scenario.ttl_job(raw, args.quick)
-    for key in ("seed", "micro_batches"):
-        if getattr(args, key, None) is not None:
-            raw["train"][key] = getattr(args, key)
+    if getattr(args, "seed", None) is not None:
+        raw["train"]["seed"] = args.seed
+    if getattr(args, "micro_batches", None):  # several: the pipeline bench's, one run each
+        raw["train"]["micro_batches"] = args.micro_batches[0]
     return raw
 
 
@@ -180,23 +183,31 @@ def bytes_per_token(run: Path, job: dict) -> dict:
 
 # --- step times (the emulated WAN, root) -----------------------------------------------------------------
 def groups(settings: list[dict]) -> list[list[dict]]:
-    """Settings that can share one speed run: the same stage options and schedule (one phase each)."""
+    """Settings that can share one speed run: the same stage options, schedule and micro-batches (one phase each)."""
     out: dict[str, list[dict]] = {}
     for s in settings:
         # `auto` runs alone: only a run's first phase gets the lead its decisions need
-        key = [s.get("stages", {}), s.get("schedule"), s["name"] if is_auto(s) else None]
+        key = [s.get("stages", {}), s.get("schedule"), s.get("speed", {}), s["name"] if is_auto(s) else None]
         out.setdefault(json.dumps(key, sort_keys=True), []).append(s)
     return list(out.values())
 
 
 def speed_job(args: argparse.Namespace, raw: dict, group: list[dict], work: Path, scenario) -> dict:
     """One run of `group`: a phase per setting on every link (1 untimed + TIMED steps; the first phase 2
-    more, nebula_lab.bench.wan.LEAD_IN), the last phase one more (the final checkpoint)."""
+    more, nebula_lab.bench.wan.LEAD_IN), the last phase one more (the final checkpoint). A setting's
+    `speed` (e.g. {"schedule": "1f1b", "micro_batches": 16}) applies to its timing only: schedules of the
+    same weights and micro-batch counts change the order of work and the float order of a gradient's
+    sum, not what is trained."""
     from nebula_lab.bench.wan import LEAD_IN
     timed = args.steps or (2 if args.quick else TIMED)
     lead = AUTO_LEAD + WARM_UP if is_auto(group[0]) else 0
     total = (1 + timed) * len(group) + LEAD_IN + lead + 1
     job = setting_job(raw, group[0], raw["train"]["seed"], total, total)
+    speed = group[0].get("speed", {})
+    if speed.get("schedule"):
+        job.setdefault("schedule", {})["name"] = speed["schedule"]
+    if speed.get("micro_batches"):
+        job["train"]["micro_batches"] = speed["micro_batches"]
     job = scenario.speed_job(job, work, total)
     phases = [{"steps": 1 + timed, "forward": s["forward"], "backward": s["backward"]} for s in group]
     phases[0]["steps"] += LEAD_IN + lead
@@ -209,55 +220,93 @@ def speed_job(args: argparse.Namespace, raw: dict, group: list[dict], work: Path
 
 
 def measure_speed(args: argparse.Namespace, work: Path, raw: dict, settings: list[dict], scenario) -> dict:
-    """(setting name, rate) -> its speed row, at 200 Mbit/s + 50 ms RTT and at the communication-bound rate."""
-    out: dict = {}
-    rate = None
-    for rtt, label in ((PNG_RTT_MS, "png"), (args.rtt_ms or 0.0, "bound")):
-        for i, group in enumerate(groups(settings)):
-            job = speed_job(args, raw, group, work, scenario)
-            mbit = PNG_MBIT if label == "png" else rate
-            rows = measure_rate(work / "speed" / f"{label}-{i}", job, mbit, rtt)
-            if is_auto(group[0]):  # the codecs it used in its timed steps, on the first link
-                rows[0]["chosen"] = chosen(work / "speed" / f"{label}-{i}", job, [0])
-            for setting, row in zip(group, rows):
-                out[(setting["name"], label)] = {**row, "rtt_ms": rtt}
-        if rate is None:
-            rate = bound_rate(out[(settings[0]["name"], "png")], args.bound_factor)
-            progress(f"communication-bound rate: {rate} Mbit/s (the dense setting's wire = "
-                     f"{args.bound_factor:g} x its busiest stage's compute)")
-    return out
+    """(setting name, rate label) -> its speed row, at 200 Mbit/s + 50 ms RTT and at each communication-bound
+    rate (--bound-factors), every run repeated --rounds times in alternating order; a row holds the mean
+    step time over its rounds, their spread and the load each ran under."""
+    rounds: dict = {}
+    rates: list[tuple[str, float, float]] = [("png", PNG_MBIT, PNG_RTT_MS)]
+    for round_ in range(1, (args.rounds or 1) + 1):
+        for label, mbit, rtt in list(rates):
+            for i, group in enumerate(groups(settings)):
+                run = work / "speed" / f"round{round_}" / f"{label}-{i}"
+                job = speed_job(args, raw, group, work, scenario)
+                load = os.getloadavg()[0]
+                rows = measure_rate(run, job, mbit, rtt)
+                if is_auto(group[0]):  # the codecs it used in its timed steps, on the first link
+                    rows[0]["chosen"] = chosen(run, job, [0])
+                for setting, row in zip(group, rows):
+                    rounds.setdefault((setting["name"], label), []).append({**row, "rtt_ms": rtt, "load": load})
+            if label == "png" and len(rates) == 1:  # calibrated from the first round's dense run
+                first = rounds[(settings[0]["name"], "png")][0]
+                for factor in args.bound_factors or [args.bound_factor]:
+                    rate = bound_rate(first, factor)
+                    rates.append((f"{factor:g}x", rate, args.rtt_ms or 0.0))
+                    progress(f"communication-bound rate {factor:g}x: {rate} Mbit/s (the dense setting's wire = "
+                             f"{factor:g} x its busiest stage's compute)")
+    return {key: pooled(found) for key, found in rounds.items()}
+
+
+def pooled(found: list[dict]) -> dict:
+    """One setting's speed rows of every round -> the first with the mean step time, the rounds' times and loads."""
+    steps = [r["s_per_step"] for r in found]
+    limits = [r["limit_s"] for r in found if r.get("limit_s") is not None]
+    return {**found[0], "s_per_step": round(statistics.fmean(steps), 3), "round_steps": steps,
+            "loads": [round(r["load"], 2) for r in found],
+            "limit_s": round(statistics.fmean(limits), 3) if limits else None}
 
 
 # --- the table ------------------------------------------------------------------------------------------------
 def combine(settings: list[dict], seeds: list[int], quality: dict, speed: dict, target: float) -> list[dict]:
+    """A row per setting and rate: steps (mean over seeds, with a t interval over seeds), step time, T and
+    T / dense (the first setting), the latter per seed (the same seeds) with its t interval."""
     rows = []
-    for label in ("bound", "png") if speed else ("bound",):
-        dense_T = None
+    labels = list(dict.fromkeys(label for _, label in speed)) if speed else ["none"]
+    for label in labels:
+        dense = None
         for s in settings:
             fast = speed.get((s["name"], label))
             source = steps_source(s, settings, fast)
             used = seeds_of(source, seeds) if source else []
-            runs = [quality[(source["name"], seed)] for seed in used]
-            reached = all(r["reached"] for r in runs) if runs else None
-            steps = statistics.fmean(r["steps"] for r in runs) if runs else None
+            runs = {seed: quality[(source["name"], seed)] for seed in used}
+            reached = all(r["reached"] for r in runs.values()) if runs else None
+            steps = statistics.fmean(r["steps"] for r in runs.values()) if runs else None
             step_s = fast["s_per_step"] if fast else None
             T = round(steps * step_s, 1) if steps is not None and step_s is not None and reached else None
-            dense_T = T if dense_T is None and s is settings[0] else dense_T
+            if s is settings[0]:
+                dense = {"T": T, "step_s": step_s, "runs": runs}
+            ratios = [runs[seed]["steps"] * step_s / (dense["runs"][seed]["steps"] * dense["step_s"])
+                      for seed in runs if T and dense["T"] and seed in dense["runs"]]
             rows.append({
                 "setting": s["name"], "forward": s["forward"], "backward": s["backward"],
-                "schedule": s.get("schedule"), "stages": s.get("stages", {}),
-                "link_mbit": fast["link_mbit"] if fast else None, "rtt_ms": fast["rtt_ms"] if fast else None,
+                "schedule": (s.get("speed") or {}).get("schedule") or s.get("schedule"),
+                "micro_batches": (s.get("speed") or {}).get("micro_batches"), "stages": s.get("stages", {}),
+                "rate": label, "link_mbit": fast["link_mbit"] if fast else None,
+                "rtt_ms": fast["rtt_ms"] if fast else None,
                 "steps": round(steps, 1) if steps is not None else None,
-                "steps_per_seed": [r["steps"] for r in runs], "seeds": used,
+                "steps_interval": _rounded(t_interval([r["steps"] for r in runs.values()])),
+                "steps_per_seed": [r["steps"] for r in runs.values()], "seeds": used,
                 "steps_from": source["name"] if source else None, "chosen": (fast or {}).get("chosen"),
-                "step_s": step_s, "T_s": T, "T_vs_dense": round(T / dense_T, 3) if T and dense_T else None,
-                "bytes_per_token_fwd": statistics.fmean(r["bytes_per_token_fwd"] for r in runs) if runs else None,
-                "bytes_per_token_bwd": statistics.fmean(r["bytes_per_token_bwd"] or 0 for r in runs) if runs else None,
+                "step_s": step_s, "round_steps": (fast or {}).get("round_steps"), "loads": (fast or {}).get("loads"),
+                "limit_s": (fast or {}).get("limit_s"),
+                "of_limit": round(fast["limit_s"] / step_s, 3) if fast and fast.get("limit_s") else None,
+                "T_s": T, "T_vs_dense": round(T / dense["T"], 3) if T and dense["T"] else None,
+                "T_vs_dense_per_seed": [round(r, 3) for r in ratios],
+                "T_vs_dense_interval": _rounded(t_interval(ratios)),
+                "bytes_per_token_fwd": _mean([r["bytes_per_token_fwd"] for r in runs.values()]),
+                "bytes_per_token_bwd": _mean([r["bytes_per_token_bwd"] or 0 for r in runs.values()]),
                 "target": target, "reached": reached,
-                "final_loss": [round(r["final_loss"], 4) for r in runs],
+                "final_loss": [round(r["final_loss"], 4) for r in runs.values()],
                 "compute_s": busiest_compute(fast),
                 "wire_s": fast["wire_s"] if fast else None})
     return rows
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _rounded(interval: tuple[float, float] | None) -> list[float] | None:
+    return None if interval is None or any(math.isnan(v) for v in interval) else [round(v, 3) for v in interval]
 
 
 def steps_source(setting: dict, settings: list[dict], fast: dict | None) -> dict | None:
@@ -280,8 +329,9 @@ def busiest_compute(fast: dict | None) -> float | None:
 
 
 def table(rows: list[dict]) -> str:
-    cols = [("setting", "setting", 34, "s"), ("Mbit/s", "link_mbit", 8, ".3g"), ("steps", "steps", 7, ".0f"),
-            ("step_s", "step_s", 7, ".2f"), ("T_s", "T_s", 8, ".0f"), ("T/dense", "T_vs_dense", 8, ".3f"),
+    cols = [("setting", "setting", 34, "s"), ("rate", "rate", 5, "s"), ("Mbit/s", "link_mbit", 8, ".3g"),
+            ("steps", "steps", 7, ".0f"), ("step_s", "step_s", 7, ".2f"), ("limit", "limit_s", 6, ".2f"),
+            ("T_s", "T_s", 8, ".0f"), ("T/dense", "T_vs_dense", 8, ".3f"),
             ("B/tok fwd", "bytes_per_token_fwd", 10, ".1f"), ("B/tok bwd", "bytes_per_token_bwd", 10, ".1f"),
             ("reached", "reached", 8, "s"), ("comp", "compute_s", 6, ".2f"), ("wire", "wire_s", 6, ".2f")]
     lines = [" ".join(f"{t:<{w}}" if f == "s" else f"{t:>{w}}" for t, _, w, f in cols)]
@@ -291,7 +341,12 @@ def table(rows: list[dict]) -> str:
             value = row[key]
             cells.append(f"{'-':>{w}}" if value is None else f"{str(value):<{w}}" if f == "s" else f"{value:>{w}{f}}")
         borrowed = f" (chose {row['chosen']}: steps of {row['steps_from']})" if row["chosen"] is not None else ""
-        lines.append(" ".join(cells) + f"  seeds {row['seeds']}: steps {row['steps_per_seed']}{borrowed}")
+        spread = f"; rounds {row['round_steps']} at load {row['loads']}" if row["round_steps"] else ""
+        interval = f", 95% t {row['steps_interval']}" if row["steps_interval"] else ""
+        ratio = f"; T/dense 95% t {row['T_vs_dense_interval']}" if row["T_vs_dense_interval"] else ""
+        lines.append(" ".join(cells) + f"  seeds {row['seeds']}: steps {row['steps_per_seed']}{interval}{ratio}"
+                     f"{spread}{borrowed}")
     lines.append(f"(target validation loss {rows[0]['target']}; T_s = steps x step_s; T/dense: T_s / the first "
-                 "setting's at the same rate; B/tok: payload bytes per token on a link, each way)")
+                 "setting's at the same rate, and per seed with its t interval over seeds; limit: the busiest "
+                 "resource per step plus one fill; B/tok: payload bytes per token on a link, each way)")
     return "\n".join(lines)

@@ -40,7 +40,8 @@ WARMUP = 4  # untimed first steps: G runs ahead on its credit before D paces it,
 CORPUS_EVERY, VALID_LINES = 10, 200  # the bench's copy of the generator's corpus (bench_data)
 # options of `nebula bench wan` that vary a link's compression (Table 5): their defaults
 COMPRESSION_ONLY = {"job": None, "link": None, "quality": False, "setting": None, "schedule": None,
-                    "staleness": None, "micro_batches": None, "plot": None}
+                    "staleness": None, "micro_batches": None, "plot": None, "peer": None, "schedules": None,
+                    "bound_factors": None, "png": False}
 
 
 class Lab(Protocol):
@@ -75,9 +76,6 @@ class ElectraScenario:
                                 f"(default {t.DEFAULT_MAX_RANKS})")
         group.add_argument("--table", type=int, choices=(3, 4), default=None,
                            help="run one of the two tables (default: both)")
-        group.add_argument("--rounds", type=int, default=None,
-                           help=f"run every configuration this many times, alternating (default {t.ROUNDS[0]}, "
-                                f"quick {t.ROUNDS[1]})")
 
     def bench(self, args: argparse.Namespace, lab: Lab) -> int:
         # why here: torch, kept off `nebula --help`

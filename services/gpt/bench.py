@@ -66,6 +66,30 @@ class GptScenario:
             points[record["step"]] = record["loss"]
         return [[step, loss] for step, loss in sorted(points.items())]
 
+    # -- the torch.distributed.pipelining peer (nebula_lab.bench.torch_peer) ---------------------------------
+    def peer_module(self, stage, first: bool, last: bool, dtype):
+        """The stage's own module as torch's pipeline calls it: tokens in at the first stage, the previous
+        stage's activation elsewhere; the activation out in `dtype` (what crosses the link), logits at the last."""
+        import torch
+
+        class Boundary(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.part = stage.module
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                out = self.part(x) if first else self.part(None, x.float())
+                return out if last else out.to(dtype)
+        return Boundary()
+
+    def peer_batch(self, stage, indices: list[int]):
+        """(inputs, targets) of the training windows at `indices`, (B, T) each."""
+        return stage.data.windows("train", indices)
+
+    def peer_loss(self, logits, targets):
+        from services.gpt.model import lm_loss
+        return lm_loss(logits, targets)
+
     def step_bytes(self, raw: dict) -> int:
         """One step of the residual stream on a link, (B, T, d) float32."""
         stage = next(iter(raw["stages"].values()))

@@ -67,14 +67,16 @@ class Block(nn.Module):
 class GptPart(nn.Module):
     """Blocks [first, last) of the model; `embed`: the token embedding (first stage); `head`: the final
     LayerNorm and output head (last stage); `code_in`/`code_out`: the width of the code received / sent
-    (0: the residual stream itself, or nothing at the model's ends)."""
+    (0: the residual stream itself, or nothing at the model's ends); `stream_embed`: a receiver of the
+stream itself adds its own embedding of the tokens to it (the code's tables without the code)."""
 
     def __init__(self, cfg: GptConfig, first: int, last: int, *, embed: bool, head: bool, code_in: int = 0,
-                 code_out: int = 0, reembed: bool = True, tie: bool = False):
+                 code_out: int = 0, reembed: bool = True, tie: bool = False, stream_embed: bool = False):
         super().__init__()
         self.cfg, self.first, self.last = cfg, first, last
         d = cfg.d_model
-        self.embed = nn.Embedding(cfg.vocab_size, d) if embed or (code_in and reembed) else None
+        self.stream_embed = stream_embed and not code_in and not embed
+        self.embed = nn.Embedding(cfg.vocab_size, d) if embed or (code_in and reembed) or self.stream_embed else None
         self.code_up = nn.Linear(code_in, d, bias=False) if code_in else None
         self.code_ln = nn.LayerNorm(d) if code_out else None
         self.code_down = nn.Linear(d, code_out, bias=False) if code_out else None
@@ -113,7 +115,7 @@ class GptPart(nn.Module):
         if received is None:
             return self.embed(tokens)
         if self.code_up is None:
-            return received
+            return received + self.embed(tokens) if self.stream_embed else received
         x = self.code_up(received)
         return x + self.embed(tokens) if self.embed is not None else x
 

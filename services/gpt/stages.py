@@ -38,6 +38,9 @@ class GptOptions:
     # width k of the learned code on this stage's boundary links (0: the residual stream, d_model wide)
     bottleneck: int = field(default=0, metadata=limits(at_least=0))
     reembed: bool = True  # with a bottleneck: the receiver adds its own embedding of the tokens it reads
+    # without one: the receiver adds its own embedding of the tokens to the stream it receives (the code
+    # model's tables on a dense link: the baseline that tells the code from the tables)
+    reembed_stream: bool = False
     tie_embeddings: bool = False  # gpt-whole only: the head shares the embedding's weights
     lr: float = field(default=1e-3, metadata=limits(above=0, below=1))
     warmup_steps: int = field(default=20, metadata=limits(at_least=0))  # linear warm-up, then constant
@@ -64,7 +67,8 @@ class _Gpt(Stage):
         code_in = o.bottleneck if isinstance(self, (GptMiddle, GptLast)) else 0
         code_out = o.bottleneck if isinstance(self, (GptFirst, GptMiddle)) else 0
         self.module = GptPart(cfg, o.layers[0], o.layers[1], embed=self.embeds, head=self.heads, code_in=code_in,
-                              code_out=code_out, reembed=o.reembed, tie=o.tie_embeddings).to(self.device)
+                              code_out=code_out, reembed=o.reembed, tie=o.tie_embeddings,
+                              stream_embed=o.reembed_stream).to(self.device)
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=o.lr, betas=(0.9, 0.95),
                                            weight_decay=o.weight_decay)
         warmup = max(1, o.warmup_steps)

@@ -1,5 +1,8 @@
 """nebula_lab.bench.wan_ttl: steps to a target loss from real one-site training of a tiny GPT, a finished
 run kept for any target its curve answers, and a setting that misses the target reported, not dropped."""
+import statistics
+
+import pytest
 import tomllib
 
 from nebula_lab.bench.wan_ttl import combine, setting_job, train_to_target, verdict
@@ -47,10 +50,13 @@ def test_rows_keep_a_setting_that_missed_the_target_without_a_time():
                ("code", 1): {**run, **verdict([[300, 6.7]], 6.5, 300)}}
     speed = {("dense", "bound"): {"s_per_step": 2.0, "link_mbit": 10.0, "rtt_ms": 0.0, "wire_s": 1.5},
              ("code", "bound"): {"s_per_step": 0.5, "link_mbit": 10.0, "rtt_ms": 0.0, "wire_s": 0.1}}
-    dense, code, *png = combine(settings, [1, 2], quality, speed, 6.5)  # then the rows of the 200 Mbit/s run
-    assert [r["setting"] for r in png] == ["dense", "code"] and png[0]["step_s"] is None  # not timed: kept
+    dense, code = combine(settings, [1, 2], quality, speed, 6.5)  # a row per setting and rate timed
     assert dense["steps"] == 150 and dense["T_s"] == 300.0 and dense["T_vs_dense"] == 1.0
+    half = 12.706 * statistics.stdev([100, 200]) / 2 ** 0.5  # Student's t over the 2 seeds
+    assert dense["steps_interval"] == pytest.approx([150 - half, 150 + half], abs=1e-3)
+    assert dense["T_vs_dense_per_seed"] == [1.0, 1.0]
     assert code["seeds"] == [1] and not code["reached"] and code["T_s"] is None and code["T_vs_dense"] is None
+    assert code["steps_interval"] is None  # one seed: no interval
 
 
 def test_auto_takes_the_steps_of_the_setting_trained_with_the_rung_it_chose_on_that_link():

@@ -19,6 +19,7 @@ from nebula_lab.bench.scenarios import (
     OwnBenchmark,
     Scenario,
     TimeToLoss,
+    TorchPeer,
     hooks,
     kind_of,
     load_scenario,
@@ -138,8 +139,8 @@ def test_every_installed_scenario_has_every_hook_of_its_kind():
 
 
 def test_the_lab_calls_no_scenario_hook_its_protocols_do_not_declare():
-    """Every `scenario.X` and `load_scenario(...).X` in the lab is declared by Scenario or OwnBenchmark."""
-    declared = set(hooks(Scenario)) | set(hooks(OwnBenchmark)) | set(hooks(TimeToLoss))
+    """Every `scenario.X` and `load_scenario(...).X` in the lab is declared by one of the scenario protocols."""
+    declared = set(hooks(Scenario)) | set(hooks(OwnBenchmark)) | set(hooks(TimeToLoss)) | set(hooks(TorchPeer))
     used = {}
     for path in (ROOT / "nebula_lab").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -148,5 +149,5 @@ def test_the_lab_calls_no_scenario_hook_its_protocols_do_not_declare():
                     or isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "load_scenario"):
                 used.setdefault(node.attr, path.name)
     # the scan sees the calls
-    assert {"speed_job", "quality", "sentence_stats", "bench", "job", "eval_curve"} <= set(used)
+    assert {"speed_job", "quality", "sentence_stats", "bench", "job", "eval_curve", "peer_module"} <= set(used)
     assert set(used) <= declared, {hook: where for hook, where in used.items() if hook not in declared}
