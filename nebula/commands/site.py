@@ -93,6 +93,7 @@ def _up(args) -> int:
     from nebula.site.config import load_site_config
     from nebula.site.control import refuse_second_set
     from nebula.site.site import check_credentials, run_site, site_services
+    from nebula.site.slurm_jobs import check as check_scheduler
 
     config = site_config(args)
     if args.steps is not None and args.steps < 1:
@@ -100,7 +101,10 @@ def _up(args) -> int:
     if args.foreground:
         return run_site(config, args.service, args.steps)
     site = load_site_config(config)  # every mistake surfaces here, before anything starts
-    check_credentials(site, site_services(site, config.resolve(), args.service))
+    services = site_services(site, config.resolve(), args.service)
+    check_credentials(site, services)
+    if site.scheduler.slurm:
+        check_scheduler(site, services)  # the partition, the account, sbatch --test-only of each job
     if args.service is None:
         refuse_second_set(site, config)
     return _start_detached(site, config, args)
