@@ -17,6 +17,7 @@ from tests.support.compose import wait_until
 from tests.support.slurm import (
     PARTITION,
     STAGES,
+    job_done,
     ledger,
     losses,
     nebula,
@@ -40,12 +41,6 @@ def cluster():
     slurm_or_skip()
     yield
     assert site_jobs("b") == [], "a test left jobs of site b in the queue"
-
-
-def job_done(configs) -> bool:
-    """Both stages say they are done, and the decoder's Slurm job has ended COMPLETED (its ranks exited 0)."""
-    return (all(stage_status(configs[s], STAGES[s]).get("state") == "done" for s in STAGES)
-            and slurm_jobs(configs["b"])["decoder"]["state"] == "done")
 
 
 def test_site_b_under_slurm_trains_to_the_same_losses_as_under_site_up(tmp_path):

@@ -69,14 +69,20 @@ def stage_status(config: Path, stage: str) -> dict:
         return {}
 
 
+def job_done(configs: dict[str, Path]) -> bool:
+    """Both stages say they are done and, b on Slurm, the decoder's job ended COMPLETED (its ranks exited 0)."""
+    jobs = configs["b"].parent / "run" / "slurm" / "jobs.json"
+    return (all(stage_status(configs[s], STAGES[s]).get("state") == "done" for s in STAGES)
+            and (not jobs.exists() or slurm_jobs(configs["b"])["decoder"]["state"] == "done"))
+
+
 def run_to_end(configs: dict[str, Path], timeout: float = 400) -> None:
-    """`site up` at both sites, wait until both stages are done, `site down` at both (also on failure)."""
+    """`site up` at both sites, wait until the job is done, `site down` at both (also on failure)."""
     try:
         for site in STAGES:
             up = nebula("site", "up", configs[site])
             assert up.returncode == 0, f"site up {site}:\n{up.stdout}\n{up.stderr}"
-        wait_until("the job to end at both sites", lambda: all(
-            stage_status(configs[s], STAGES[s]).get("state") == "done" for s in STAGES), timeout=timeout)
+        wait_until("the job to end at both sites", lambda: job_done(configs), timeout=timeout)
     finally:
         for site in STAGES:
             nebula("site", "down", configs[site])
