@@ -88,9 +88,6 @@ def batch_script(spec: ServiceSpec, scheduler: SchedulerConfig, site: str, gatew
     """The job of `spec`: srun starts its ranks, each with torchrun's variables from Slurm's."""
     env = {**spec.env, "NEBULA_SERVICE": spec.name, "NEBULA_STATUS_FILE": str(spec.status_file),
            "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # as the local supervisor's environment
-    rank_log = shlex.quote(str(spec.rank_log(1)).removesuffix("1.log"))
-    task = ("export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE; "
-            f'[ "$RANK" = 0 ] || exec >>{rank_log}"$RANK.log" 2>&1; exec "$@"')
     lines = ["#!/bin/bash", *(f"#SBATCH {o}" for o in sbatch_options(spec, scheduler, site, gateway)),
              f"# site {site}, service {spec.name}: written by `nebula site up` (docs/operate.md, \"A site on Slurm\")",
              "set -u",
@@ -99,9 +96,17 @@ def batch_script(spec: ServiceSpec, scheduler: SchedulerConfig, site: str, gatew
              "export MASTER_ADDR MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000)) WORLD_SIZE=$SLURM_NTASKS",
              'echo "nebula: slurm job $SLURM_JOB_ID on $SLURM_JOB_NODELIST: $SLURM_NTASKS rank(s), rendezvous '
              '$MASTER_ADDR:$MASTER_PORT"',
-             f"exec srun --kill-on-bad-exit=1 --unbuffered bash -c {shlex.quote(task)} nebula-rank "
+             f"exec srun --kill-on-bad-exit=1 --unbuffered bash -c {shlex.quote(rank_command(spec))} nebula-rank "
              + " ".join(map(shlex.quote, spec.argv))]
     return "\n".join(lines) + "\n"
+
+
+def rank_command(spec: ServiceSpec) -> str:
+    """What each srun task runs (`bash -c` with the service's argv after it): torchrun's per-rank variables
+    from Slurm's, rank r > 0's output to <name>.rank<r>.log (rank 0's is the job's output)."""
+    rank_log = shlex.quote(str(spec.rank_log(1)).removesuffix("1.log"))
+    return ("export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID LOCAL_WORLD_SIZE=$SLURM_NTASKS_PER_NODE; "
+            f'[ "$RANK" = 0 ] || exec >>{rank_log}"$RANK.log" 2>&1; exec "$@"')
 
 
 # -- the commands ------------------------------------------------------------------------------------------------

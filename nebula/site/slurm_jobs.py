@@ -120,7 +120,11 @@ class SlurmJobs:
         self._end(entry, end)
 
     def _end(self, entry: dict, end: slurm.JobState, why: str | None = None) -> None:
-        """What follows a job's end: done, a resubmission after backoff, or failed for good."""
+        """What follows a job's end: done, a resubmission after backoff, or failed for good; then the ledger."""
+        self._next(entry, end, why)
+        self.save()
+
+    def _next(self, entry: dict, end: slurm.JobState, why: str | None) -> None:
         entry["submissions"][-1].update(state=end.state, exit_code=end.exit_code, ended=time.time())
         entry.update(slurm_state=end.state, exit_code=end.exit_code, reason=end.reason)
         what = f"{entry['name']}'s slurm job {entry['job']} ended {end.state} (exit code {end.exit_code})"
