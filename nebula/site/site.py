@@ -48,7 +48,7 @@ def site_services(site: SiteConfig, config_path: Path, only: str | None = None,
     job_args: tuple[str, ...] = ("--steps", str(steps)) if steps is not None else ()
     if principal is not None and principal.job:
         job_args += ("--job-id", principal.job, "--user", principal.user)
-    for name, stage in _stages(site).items():
+    for name, stage in stages_here(site).items():
         argv = nebula_argv("stage", "run", "--job", str(site.stages.job), "--stage", name, "--site", str(config_path),
                            "--workdir", str(site.run / name), *job_args)
         specs.append(ServiceSpec(name=name, argv=argv, run=site.run, env={"NEBULA_ADDRESS": stage.address},
@@ -62,7 +62,7 @@ def site_services(site: SiteConfig, config_path: Path, only: str | None = None,
     return [s for s in specs if only in (None, s.name)]
 
 
-def _stages(site: SiteConfig) -> dict[str, StageConfig]:
+def stages_here(site: SiteConfig) -> dict[str, StageConfig]:
     """name -> StageConfig of the stages this site runs."""
     if site.stages.job is None:
         return {}
@@ -87,7 +87,7 @@ def finished_stages(site: SiteConfig, steps: int | None = None) -> dict[str, int
     if site.stages.job is None:
         return {}
     last = steps if steps is not None else load_job(site.stages.job).train.steps
-    done = {name: finished_steps(site.run / name) for name in _stages(site)}
+    done = {name: finished_steps(site.run / name) for name in stages_here(site)}
     return {name: step for name, step in done.items() if step is not None and step >= last}
 
 
@@ -108,6 +108,7 @@ def check_credentials(site: SiteConfig, services: list[ServiceSpec]) -> None:
 def run_site(config_path: Path, only: str | None = None, steps: int | None = None) -> int:
     """Supervise the site's services until SIGTERM / SIGINT; then stop them all and return 0."""
     site = load_site_config(config_path)
+    site.scheduler.site_up(site.source)
     services = site_services(site, Path(config_path).resolve(), only, steps=steps)
     check_credentials(site, services)
     if site.scheduler.slurm:
