@@ -33,7 +33,7 @@ LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"
                   "REQUEUE_HOLD", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
 # Reasons a job pends that no wait cures: the configuration asks for what this cluster will not give.
 HOPELESS = ("account", "AccountNotAllowed", "InvalidAccount", "InvalidQOS", "QOSNotAllowed", "PartitionConfig",
-            "BadConstraints", "PartitionNodeLimit", "PartitionTimeLimit", "ReqNodeNotAvail, UnavailableNodes")
+            "BadConstraints", "PartitionNodeLimit", "PartitionTimeLimit")
 
 
 class SlurmUnavailable(NebulaError):

@@ -104,7 +104,9 @@ class SlurmJobs:
         self.save()
 
     def _update(self, entry: dict, seen: slurm.JobState | None) -> None:
-        if seen is not None and seen.live:
+        if seen is None:  # not in squeue's answer: how it ended, or (a controller catching up) that it still runs
+            seen = slurm.ended(entry["job"])
+        if seen.live:
             entry.update(slurm_state=seen.state, reason=seen.reason)
             if seen.state == "PENDING" and any(h.lower() in seen.reason.lower() for h in slurm.HOPELESS):
                 slurm.cancel([entry["job"]])
@@ -114,10 +116,8 @@ class SlurmJobs:
             elif seen.state == "PENDING":
                 entry["state"] = "pending"
             return
-        end = slurm.ended(entry["job"])
-        if end.state == "UNKNOWN" and seen is not None:
-            end = seen
-        self._end(entry, end)
+        end = seen if seen.exit_code is not None else slurm.ended(entry["job"])  # squeue shows no exit code
+        self._end(entry, seen if end.state == "UNKNOWN" else end)
 
     def _end(self, entry: dict, end: slurm.JobState, why: str | None = None) -> None:
         """What follows a job's end: done, a resubmission after backoff, or failed for good; then the ledger."""
