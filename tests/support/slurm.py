@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nebula.site.ports import free_port
-from tests.support.compose import nebula_cli, wait_until
+from tests.support.compose import host_sites, wait_until
 from tests.support.sites import write_job
 
 PARTITION = "nebula"  # scripts/slurm-check's default partition; "restricted" allows the account "physics" only
@@ -35,15 +35,7 @@ def tiny_job(root: Path, steps: int = 8, decoder_ranks: int = 2, checkpoint_ever
 def two_sites(root: Path, job: Path, scheduler: dict[str, object] | None) -> dict[str, Path]:
     """Sites a and b under root, trusting each other, each running `job`'s stages; b's [scheduler] is
     `scheduler` (None: local processes). -> site -> its site.toml."""
-    lines, configs = {}, {}
-    for site in STAGES:
-        public, internal = free_port(), free_port()
-        out = nebula_cli("site", "init", site, "--dir", root / site, "--public", f"tcp://127.0.0.1:{public}",
-                         "--internal", f"tcp://127.0.0.1:{internal}", "--job", job, "--days", 1)
-        lines[site] = next(ln.split()[4:] for ln in out.splitlines() if ln.strip().startswith("nebula site trust"))
-        configs[site] = root / site / "site.toml"
-    for site, other in (("a", "b"), ("b", "a")):
-        nebula_cli("site", "trust", configs[site], root / other / lines[other][0], *lines[other][1:])
+    configs = host_sites(root, job, {site: (free_port(), free_port()) for site in STAGES})
     if scheduler is not None:
         set_scheduler(configs["b"], scheduler)
     return configs
