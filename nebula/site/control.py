@@ -174,6 +174,10 @@ def ask_restart(site: SiteConfig, service: str, timeout: float) -> Running:
     if read_pid(pid_file(site)) is None:
         raise ConfigError(f"site {site.name} is not up; `nebula site up {site.source}` starts every service")
     before = {s["name"]: s for s in read_json_or_empty(state_file(site)).get("services", [])}
+    job = next((r["job"] for r in recorded(site) if r["name"] == service), None)
+    if service not in before and job is not None:
+        raise ConfigError(f"{service} is Slurm job {job}: `scancel {job}` and the site's supervisor resubmits it, to "
+                          "resume from its checkpoint (docs/operate.md, \"A site on Slurm\")")
     if service not in before:
         raise ConfigError(f"site {site.name} runs no service {service!r}; it runs {', '.join(before) or 'none'}")
     request = restart_request(site, service)
