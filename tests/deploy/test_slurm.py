@@ -83,7 +83,7 @@ def test_a_cancelled_stage_job_is_resubmitted_once_and_resumes_from_its_checkpoi
     """`scancel` of the decoder's job mid-run, as an administrator (or a preemption) does: the supervisor sees
     CANCELLED, resubmits after its backoff, and the new job resumes from the checkpoint; every step is applied
     once at both sites. Site b's gateway runs as a Slurm job of its own, pinned to this host's node."""
-    steps = 30
+    steps = 20
     job = tiny_job(tmp_path / "job", steps=steps)
     node = socket.gethostname().split(".")[0]
     configs = two_sites(tmp_path / "sites", job, {**SLURM, "gateway": "job", "gateway_node": node})
