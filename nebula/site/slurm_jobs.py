@@ -32,7 +32,7 @@ from nebula.site.service import ServiceSpec, tail
 from nebula.site.supervisor import STABLE_S
 
 BACKOFF_FIRST, BACKOFF_MAX = 2.0, 120.0  # seconds before a resubmission: 2, 4, 8, ... 120
-ACTIVE = ("new", "submitted", "pending", "running")  # a service whose job is (or is about to be) the scheduler's
+ACTIVE = ("new", "submitting", "submitted", "pending", "running")  # its job is (or may be) the scheduler's
 
 
 def ledger_file(site: SiteConfig) -> Path:
@@ -73,14 +73,34 @@ class SlurmJobs:
         entry["submissions"].append(submission)
         self.save()  # before sbatch: a job is never without its record
         try:
-            submission["job"] = slurm.submit(script, comment)
-        except (ConfigError, slurm.SlurmUnavailable) as exc:
+            self._submitted(entry, slurm.submit(script, comment))
+        except ConfigError as exc:
             entry.update(state="failed", why=str(exc))
             self._say(f"{entry['name']} not submitted: {exc}")
-        else:
-            entry.update(state="submitted", job=submission["job"], slurm_state="PENDING", running_since=None)
-            self._say(f"{entry['name']} submitted as slurm job {submission['job']}")
+        except slurm.SlurmUnavailable as exc:  # sbatch may have submitted it all the same: its comment tells
+            entry["state"] = "submitting"
+            self._say(f"{entry['name']}: sbatch did not answer ({exc}); looking for the job by its comment")
         self.save()
+
+    def _submitted(self, entry: dict, job: str) -> None:
+        entry["submissions"][-1]["job"] = job
+        entry.update(state="submitted", job=job, slurm_state="PENDING", running_since=None)
+        self._say(f"{entry['name']} submitted as slurm job {job}")
+
+    def _find(self, entry: dict) -> None:
+        """A submission sbatch did not confirm: the job with its comment is adopted; if the controller knows
+        none, it is submitted again; if the controller does not answer, asked again next round."""
+        comment = entry["submissions"][-1]["comment"]
+        try:
+            found = slurm.queue(self.key, [slurm.job_name(self.site.name, entry["name"])])
+        except slurm.SlurmUnavailable:
+            return
+        job = next((j for j, seen in found.items() if seen.comment == comment), None)
+        if job is not None:
+            self._submitted(entry, job)
+        else:
+            entry["submissions"][-1]["state"] = "NOT_SUBMITTED"
+            self._submit(entry)
 
     # -- watching --------------------------------------------------------------------------------------------------
     def poll(self) -> None:
@@ -92,6 +112,8 @@ class SlurmJobs:
         if time.monotonic() - self.last_poll < self.site.scheduler.poll:
             return
         self.last_poll = time.monotonic()
+        for entry in [e for e in self.jobs.values() if e["state"] == "submitting"]:
+            self._find(entry)
         watched = [e for e in self.jobs.values() if e["state"] in ACTIVE and e["job"] is not None]
         if not watched:
             return
