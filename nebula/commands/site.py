@@ -1,4 +1,4 @@
-"""`nebula site init | trust | up | down | restart | status | logs`: run one site on its own machines
+"""`nebula site init | trust | up | down | restart | status | logs | k8s`: run one site on its own machines
 (docs/operate.md)."""
 from __future__ import annotations
 
@@ -68,6 +68,10 @@ def register(sub) -> None:
     p.add_argument("-n", "--lines", type=int, default=20)
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines (Ctrl-C ends)")
     p.set_defaults(func=_logs)
+    p = site_sub.add_parser("k8s", help="write the site's Kubernetes manifests ([scheduler] kind = \"kubernetes\")")
+    _config_arguments(p)
+    p.add_argument("--out", type=Path, required=True, help="the directory the manifests go to (kubectl apply -f)")
+    p.set_defaults(func=_k8s)
 
 
 def _register_init(site_sub) -> None:
@@ -93,14 +97,19 @@ def _up(args) -> int:
     from nebula.site.config import load_site_config
     from nebula.site.control import refuse_second_set
     from nebula.site.site import check_credentials, run_site, site_services
+    from nebula.site.slurm_jobs import check as check_scheduler
 
     config = site_config(args)
+    load_site_config(config).scheduler.site_up(str(config))  # a Kubernetes site is applied, not brought up
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps {args.steps}: must be a positive number of steps")
     if args.foreground:
         return run_site(config, args.service, args.steps)
     site = load_site_config(config)  # every mistake surfaces here, before anything starts
-    check_credentials(site, site_services(site, config.resolve(), args.service))
+    services = site_services(site, config.resolve(), args.service)
+    check_credentials(site, services)
+    if site.scheduler.slurm:
+        check_scheduler(site, services)  # the partition, the account, sbatch --test-only of each job
     if args.service is None:
         refuse_second_set(site, config)
     return _start_detached(site, config, args)
@@ -215,4 +224,17 @@ def _trust(args) -> int:
     config = site_config(args)
     peer = trust_site(config, args.bundle, args.endpoint, args.fingerprint, args.replace, args.force)
     print(f"site {peer} trusted; [peers.{peer}] endpoint = {args.endpoint!r} in {config}")
+    return 0
+
+
+def _k8s(args) -> int:
+    # why here: torch (a job file imports its stages), pynacl, kept off `nebula --help`
+    from nebula.site.config import load_site_config
+    from nebula.site.k8s import manifests, write_manifests
+    from nebula.site.site import stages_here
+
+    site = load_site_config(site_config(args))
+    written = write_manifests(manifests(site, stages_here(site)), args.out)
+    print(f"site {site.name}: {len(written)} manifests in {args.out} ({', '.join(p.name for p in written)}); "
+          f"`kubectl apply -f {args.out}` runs them (docs/operate.md, \"A site on Kubernetes\")")
     return 0

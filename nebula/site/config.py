@@ -33,6 +33,10 @@ port = 0                           # Prometheus: gateway on port, k-th stage on 
 
 [channel]                          # optional, reliability timings for stages (seconds)
 window_messages = 8
+
+[scheduler]                        # optional: the stages as Slurm jobs (nebula.site.scheduler)
+kind = "slurm"
+partition = "gpu"
 ```
 """
 from __future__ import annotations
@@ -49,6 +53,7 @@ from nebula.config import build, limits, read_toml
 from nebula.errors import ConfigError
 from nebula.security.certs import address_filename, check_site_name
 from nebula.security.keyfile import write_atomic
+from nebula.site.scheduler import SchedulerConfig
 from nebula.transport.config import ChannelConfig, check_endpoint, connectable
 
 
@@ -114,6 +119,7 @@ class SiteConfig:
     channel: ChannelConfig = field(default_factory=ChannelConfig)
     stages: StagesConfig = field(default_factory=StagesConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     source: str = "<memory>"
 
     @property
@@ -184,7 +190,7 @@ def load_site_config(path: str | os.PathLike) -> SiteConfig:
 
 
 def parse_site_config(data: dict[str, Any], base: Path = Path("."), source: str = "<memory>") -> SiteConfig:
-    known = {"site", "gateway", "peers", "channel", "stages", "metrics"}
+    known = {"site", "gateway", "peers", "channel", "stages", "metrics", "scheduler"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise ConfigError(f"{source}: unknown table [{unknown[0]}]; known: {', '.join(sorted(known))}")
@@ -206,6 +212,7 @@ def parse_site_config(data: dict[str, Any], base: Path = Path("."), source: str 
         channel=build(ChannelConfig, _table(data, "channel", source), f"{source} [channel]"),
         stages=_stages(base, _table(data, "stages", source), f"{source} [stages]"),
         metrics=build(MetricsConfig, _table(data, "metrics", source), f"{source} [metrics]"),
+        scheduler=build(SchedulerConfig, _table(data, "scheduler", source), f"{source} [scheduler]"),
         source=source)
 
 
@@ -296,7 +303,7 @@ def site_table(config: SiteConfig, base: Path) -> dict[str, Any]:
     if config.stages.run is not None:
         stages["run"] = list(config.stages.run)
     for key, values in (("channel", _changed(config.channel)), ("stages", stages),
-                        ("metrics", _changed(config.metrics))):
+                        ("metrics", _changed(config.metrics)), ("scheduler", _changed(config.scheduler))):
         if values:
             table[key] = values
     return table

@@ -29,6 +29,7 @@ from nebula.site.jobs import ACTIVE, Site, finish
 from nebula.site.pidfile import Running, pid_file, read_json_or_empty, read_pid, recorded_services, state_file
 from nebula.site.process import ProcessId
 from nebula.site.service import tail
+from nebula.site.slurm_jobs import cancel_jobs, live_jobs, recorded
 
 STARTED = ("starting", "running", "done")  # a service's own status once it is past its config
 
@@ -77,9 +78,10 @@ def job_groups(jobs: Path) -> list[Group]:
 def refuse_second_set(site: SiteConfig, config: Path) -> None:
     """One set of services per site: refuse while any process of the site runs, a supervisor's or
     one a dead supervisor left (two gateways on one port, two `a/encoder/0` at once)."""
-    own = [g for g in site_groups(site) if g.job is None]
+    own = [g.describe() for g in site_groups(site) if g.job is None]
+    own += [f"slurm job {job} ({s.comment.split(' ')[-1]}, {s.state})" for job, s in live_jobs(site).items()]
     if own:
-        running = "; ".join(g.describe() for g in own)
+        running = "; ".join(own)
         raise ConfigError(f"site {site.name} is already up ({running}); `nebula site status {config}` shows it, "
                           f"`nebula site down {config}` stops it")
 
@@ -105,7 +107,7 @@ def take_down(site: SiteConfig, timeout: float, jobs: bool = True) -> list[str]:
     for path in site.run.glob("supervisor*.pid"):
         if read_pid(path) is None:
             path.unlink(missing_ok=True)
-    return lines
+    return lines + cancel_jobs(site, timeout)  # jobs a dead supervisor left, or one that never got its id
 
 
 def _signal(process: ProcessId, sig: int) -> bool:
@@ -134,10 +136,11 @@ def wait_started(site: SiteConfig, state: Path, supervisor: ProcessId, timeout: 
     end of its log if one fails or crashes meanwhile, or if `timeout` passes first."""
     deadline = time.monotonic() + timeout
     while True:
-        services = read_json_or_empty(state).get("services", [])
+        services = read_json_or_empty(state).get("services", []) + recorded(site)  # + the site's Slurm jobs
         for s in services:
             if s["state"] in ("failed", "backoff"):
-                raise ConfigError(f"{s['name']} failed at start-up (exit code {s['exit_code']}); the end of "
+                why = f": {s['why']}" if s.get("why") else ""  # a Slurm job's: sbatch's refusal, a hopeless reason
+                raise ConfigError(f"{s['name']} failed at start-up (exit code {s['exit_code']}){why}; the end of "
                                   f"{s['log']}:\n{tail(Path(s['log']), 15)}")
         waiting = [s for s in services if not _started(site, s, healthy)]
         if services and not waiting:
@@ -157,6 +160,8 @@ def _started(site: SiteConfig, service: dict, healthy: bool) -> bool:
     if service["state"] == "done":
         return True
     path = site.run / "status" / f"{service['name']}.json"
+    if "submissions" in service:  # a Slurm job: started once submitted (it may pend for long), or healthy
+        return service["job"] is not None and (not healthy or health(path).ok)
     status = read_json_or_empty(path)
     if (status.get("pid"), status.get("pid_start")) != (service["pid"], (service.get("pid_starts") or [None])[0]):
         return False  # an earlier start's file, or none yet
@@ -169,6 +174,10 @@ def ask_restart(site: SiteConfig, service: str, timeout: float) -> Running:
     if read_pid(pid_file(site)) is None:
         raise ConfigError(f"site {site.name} is not up; `nebula site up {site.source}` starts every service")
     before = {s["name"]: s for s in read_json_or_empty(state_file(site)).get("services", [])}
+    job = next((r["job"] for r in recorded(site) if r["name"] == service), None)
+    if service not in before and job is not None:
+        raise ConfigError(f"{service} is Slurm job {job}: `scancel {job}` and the site's supervisor resubmits it, to "
+                          "resume from its checkpoint (docs/operate.md, \"A site on Slurm\")")
     if service not in before:
         raise ConfigError(f"site {site.name} runs no service {service!r}; it runs {', '.join(before) or 'none'}")
     request = restart_request(site, service)

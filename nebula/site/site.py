@@ -9,6 +9,7 @@ read what it and the services write under the site's run directory:
     <run>/status/<service>.json   what the service itself reports (nebula.observe: step, loss, bytes)
     <run>/logs/<service>.log      each service's output (rank r > 0: <service>.rank<r>.log)
     <run>/<stage>/              each stage's workdir (checkpoints, metrics, ledger)
+    <run>/slurm/                [scheduler] kind = "slurm": each job's script, jobs.json (nebula.site.slurm_jobs)
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ from nebula.site.config import SiteConfig, load_site_config
 from nebula.site.control import refuse_second_set, restart_request
 from nebula.site.pidfile import claim_pid_file, pid_file, state_file
 from nebula.site.service import ServiceSpec, nebula_argv
+from nebula.site.slurm_jobs import SlurmJobs, scheduled
+from nebula.site.slurm_jobs import check as check_scheduler
 from nebula.site.supervisor import Supervisor, stop_signals
 
 REFRESH_S = 2.0  # credential refresh from the CA store
@@ -45,7 +48,7 @@ def site_services(site: SiteConfig, config_path: Path, only: str | None = None,
     job_args: tuple[str, ...] = ("--steps", str(steps)) if steps is not None else ()
     if principal is not None and principal.job:
         job_args += ("--job-id", principal.job, "--user", principal.user)
-    for name, stage in _stages(site).items():
+    for name, stage in stages_here(site).items():
         argv = nebula_argv("stage", "run", "--job", str(site.stages.job), "--stage", name, "--site", str(config_path),
                            "--workdir", str(site.run / name), *job_args)
         specs.append(ServiceSpec(name=name, argv=argv, run=site.run, env={"NEBULA_ADDRESS": stage.address},
@@ -59,7 +62,7 @@ def site_services(site: SiteConfig, config_path: Path, only: str | None = None,
     return [s for s in specs if only in (None, s.name)]
 
 
-def _stages(site: SiteConfig) -> dict[str, StageConfig]:
+def stages_here(site: SiteConfig) -> dict[str, StageConfig]:
     """name -> StageConfig of the stages this site runs."""
     if site.stages.job is None:
         return {}
@@ -84,7 +87,7 @@ def finished_stages(site: SiteConfig, steps: int | None = None) -> dict[str, int
     if site.stages.job is None:
         return {}
     last = steps if steps is not None else load_job(site.stages.job).train.steps
-    done = {name: finished_steps(site.run / name) for name in _stages(site)}
+    done = {name: finished_steps(site.run / name) for name in stages_here(site)}
     return {name: step for name, step in done.items() if step is not None and step >= last}
 
 
@@ -105,39 +108,50 @@ def check_credentials(site: SiteConfig, services: list[ServiceSpec]) -> None:
 def run_site(config_path: Path, only: str | None = None, steps: int | None = None) -> int:
     """Supervise the site's services until SIGTERM / SIGINT; then stop them all and return 0."""
     site = load_site_config(config_path)
+    site.scheduler.site_up(site.source)
     services = site_services(site, Path(config_path).resolve(), only, steps=steps)
     check_credentials(site, services)
+    if site.scheduler.slurm:
+        check_scheduler(site, services)
     supervisor = Supervisor(strict=False, state_file=state_file(site, only))
     with stop_signals() as stopped:
         if only is None:  # a container's one service (--service) cannot see the others' processes
             refuse_second_set(site, Path(config_path))
         claim_pid_file(pid_file(site, only))
+        jobs = SlurmJobs(site, [s for s in services if scheduled(site, s)]) if site.scheduler.slurm else None
         try:
             finished = finished_stages(site, steps)
             for spec in services:
+                runner = jobs if jobs is not None and scheduled(site, spec) else supervisor
                 if spec.name in finished:  # started again, it would evaluate again and wait for the other sites
-                    supervisor.finished(spec)
+                    runner.finished(spec)
                     print(f"site {site.name}: {spec.name} finished the job at step {finished[spec.name]} already; "
                           "not started (`nebula site up --steps N` trains on to step N)", flush=True)
                 else:
-                    supervisor.start(spec)
+                    runner.start(spec)
+            supervisor.save()  # names this supervisor even when every service is a Slurm job
             print(f"site {site.name}: {', '.join(s.name for s in services)} started", flush=True)
-            supervisor.run(lambda: bool(stopped), each=refresher(site, supervisor))
+            supervisor.run(lambda: bool(stopped), each=refresher(site, supervisor, jobs))
         finally:
+            if jobs is not None:
+                jobs.stop()
             supervisor.stop()
             pid_file(site, only).unlink(missing_ok=True)
             print(f"site {site.name}: stopped", flush=True)
     return 0
 
 
-def refresher(site: SiteConfig, supervisor: Supervisor | None = None) -> Callable[[], None]:
+def refresher(site: SiteConfig, supervisor: Supervisor | None = None,
+              jobs: SlurmJobs | None = None) -> Callable[[], None]:
     """What a site's supervisor does besides watching: restart what `nebula site restart` asks for
-    (every round) and refresh the credentials (every REFRESH_S)."""
+    (every round), watch its Slurm jobs, and refresh the credentials (every REFRESH_S)."""
     last = [time.monotonic()]
 
     def each() -> None:
         if supervisor is not None:
             _restart_requested(site, supervisor)
+        if jobs is not None:
+            jobs.poll()
         if time.monotonic() - last[0] > REFRESH_S:
             _refresh(site)
             last[0] = time.monotonic()

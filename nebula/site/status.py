@@ -9,10 +9,12 @@ import time
 
 from nebula.site.config import SiteConfig
 from nebula.site.pidfile import pid_file, read_json_or_empty, read_pid, recorded_services
+from nebula.site.slurm_jobs import scheduled_status
 
 STALE_S = 10.0  # a status file not rewritten for this long (services rewrite theirs every 2 s) is stale
 LIVE = ("running", "orphaned")  # states whose process runs: its pid and uptime are shown
 COLUMNS = ("service", "state", "pid", "uptime", "restarts", "bytes_in", "bytes_out", "step", "loss", "step_s")
+SLURM_COLUMNS = ("slurm_job", "slurm_state")  # shown when the site runs Slurm jobs
 
 
 def site_status(site: SiteConfig) -> dict:
@@ -27,18 +29,19 @@ def site_status(site: SiteConfig) -> dict:
     # a service whose recorded process still runs while no supervisor does: orphaned, not down
     orphans = set() if up else {r.what for r in recorded_services(site.run / "status")}
     services = []
-    for s in records:
+    slurm = scheduled_status(site, up)  # [scheduler] kind = "slurm": the jobs' states are the scheduler's
+    for s in records + slurm:
         reported = read_json_or_empty(site.run / "status" / f"{s['name']}.json")
         fresh = time.time() - reported.get("updated", 0) < STALE_S
-        state = (s["state"] if up or s["state"] in ("done", "failed") else "orphaned" if s["name"] in orphans
-                 else reported.get("state", "down") if fresh else "down")
+        state = (s["state"] if up or s["state"] in ("done", "failed") or s in slurm else "orphaned"
+                 if s["name"] in orphans else reported.get("state", "down") if fresh else "down")
         services.append({
             "service": s["name"], "state": state, "pid": s["pid"] if state in LIVE else None,
             "uptime": time.time() - s["started"] if state in LIVE else None, "restarts": s["restarts"],
             "exit_code": s["exit_code"], "log": s["log"],
             "bytes_in": reported.get("bytes_in"), "bytes_out": reported.get("bytes_out"),
             "step": reported.get("step"), "loss": reported.get("loss"), "step_s": reported.get("step_s"),
-            "reported": reported})
+            "reported": reported, **{k: s[k] for k in SLURM_COLUMNS if k in s}})
     return {"site": site.name, "up": up, "supervisor_pid": supervisor.pid if supervisor else None, "run": str(site.run),
             "services": services}
 
@@ -50,8 +53,9 @@ def format_status(status: dict) -> str:
                                          "`nebula site down` stops them" if orphaned else "down")
     if not status["services"]:
         return head + f"\n(no services have run from {status['run']})"
-    rows = [COLUMNS] + [tuple(_cell(k, s.get(k)) for k in COLUMNS) for s in status["services"]]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+    columns = COLUMNS + (SLURM_COLUMNS if any("slurm_job" in s for s in status["services"]) else ())
+    rows = [columns] + [tuple(_cell(k, s.get(k)) for k in columns) for s in status["services"]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
     return "\n".join([head] + ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows])
 
 

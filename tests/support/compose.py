@@ -135,18 +135,26 @@ def wait_until(what: str, predicate, timeout: float, every: float = 2.0) -> None
         time.sleep(every)
 
 
-def site_up_step_seconds(root: Path, steps: int) -> float:
-    """The tiny job under `nebula site up` (both sites' processes on this host, loopback): a's median step."""
-    job, lines, configs = tiny_job(root / "jobs", steps), {}, {}
-    # the containers' ../../data is their mount; on the host, the same corpus where it is
-    job.write_text(job.read_text().replace('"../../data/es-en"', f'"{REPO / "tests" / "e2e" / "data" / "es-en"}"'))
-    for site, port in (("a", 5610), ("b", 5710)):
-        out = nebula_cli("site", "init", site, "--dir", root / site, "--public", f"tcp://127.0.0.1:{port}",
-                         "--internal", f"tcp://127.0.0.1:{port + 1}", "--job", job, "--days", 1)
+def host_sites(root: Path, job: Path, ports: dict[str, tuple[int, int]]) -> dict[str, Path]:
+    """Sites `ports` names (site -> its gateway's public and internal port on 127.0.0.1) as two operators make
+    them under root: `nebula site init` with `job`, then each `site trust`s the other; -> site -> its site.toml."""
+    lines, configs = {}, {}
+    for site, (public, internal) in ports.items():
+        out = nebula_cli("site", "init", site, "--dir", root / site, "--public", f"tcp://127.0.0.1:{public}",
+                         "--internal", f"tcp://127.0.0.1:{internal}", "--job", job, "--days", 1)
         lines[site] = next(ln.split()[4:] for ln in out.splitlines() if ln.strip().startswith("nebula site trust"))
         configs[site] = root / site / "site.toml"
     for site, other in (("a", "b"), ("b", "a")):
         nebula_cli("site", "trust", configs[site], root / other / lines[other][0], *lines[other][1:])
+    return configs
+
+
+def site_up_step_seconds(root: Path, steps: int) -> float:
+    """The tiny job under `nebula site up` (both sites' processes on this host, loopback): a's median step."""
+    job = tiny_job(root / "jobs", steps)
+    # the containers' ../../data is their mount; on the host, the same corpus where it is
+    job.write_text(job.read_text().replace('"../../data/es-en"', f'"{REPO / "tests" / "e2e" / "data" / "es-en"}"'))
+    configs = host_sites(root, job, {"a": (5610, 5611), "b": (5710, 5711)})
     try:
         for site in SITES:
             nebula_cli("site", "up", configs[site])
