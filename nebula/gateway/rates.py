@@ -1,7 +1,7 @@
 """How many messages per second the gateway takes from each authenticated sender: a token bucket each.
 
-A legitimate stage's reliable channel keeps at most `window_messages` in flight, so it sends a few to a
-few hundred messages a second (acks and heartbeats included); a stage that ignores its window can send
+A legitimate stage's reliable channel keeps at most `window_messages` in flight per peer, so it sends a
+few to a few hundred messages a second (acks and heartbeats included); a stage that ignores its window can send
 tens of thousands, and each one it gets forwarded costs an audit record, and each refusal CPU. The
 gateway takes `burst` messages at once and `rate` a second after that from one sender (one
 certificate, whatever its connections); beyond, it answers ERROR "rate-limited", which a channel treats

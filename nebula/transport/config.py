@@ -13,7 +13,7 @@ _ENDPOINT_HINT = "a ZeroMQ endpoint like tcp://10.0.0.1:5600"
 class ChannelConfig:
     """Reliability knobs of a stage's channel; the defaults suit 25 MB messages on a 60 Mbit/s WAN."""
 
-    window_messages: int = 8  # unacked messages in flight, all destinations together
+    window_messages: int = 8  # unacked messages in flight to one destination
     window_bytes: int = 512 << 20  # ... and their bytes (one larger message still passes alone)
     inbox_messages: int = 64  # delivered but not yet recv()'d; beyond, data is dropped unacked
     resend_timeout: float = 5.0  # no ACK progress for this long: go back N (grows with ack spacing)

@@ -35,7 +35,7 @@ class Window:
         """Wait for room, then assign the next seq of the stream to `dst` and queue `encode(seq, epoch)`."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.cond:
-            while not self._has_room(nbytes):
+            while not self._has_room(dst, nbytes):
                 self.raise_if_failed(dst)
                 if self.outage and timeout is not None:  # the ACKs cannot come: not this send's time out
                     deadline = time.monotonic() + timeout
@@ -70,17 +70,21 @@ class Window:
         if peer is not None and peer in self.dead:
             raise TransportError(f"{self.owner}: {self.dead[peer]}")
 
-    def _has_room(self, nbytes: int) -> bool:
-        if self.in_flight == 0:
+    def _has_room(self, dst: str, nbytes: int) -> bool:
+        """The window is per destination: a stage in a pipeline sends activations one way and gradients
+        the other, and with one window for both, a slow link's unacknowledged activations held the
+        gradients for the other link back (the two directions of a pipeline would take turns)."""
+        stream = self.streams.get(dst)
+        if stream is None or not stream.unacked:
             return True  # a single message larger than window_bytes still goes, alone
-        return (self.in_flight < self.config.window_messages
-                and self.in_flight_bytes + nbytes <= self.config.window_bytes)
+        held = sum(p.nbytes for p in stream.unacked.values())
+        return len(stream.unacked) < self.config.window_messages and held + nbytes <= self.config.window_bytes
 
     def _full_message(self, dst: str, timeout: float | None) -> str:
-        waiting = sorted(s.dst for s in self.streams.values() if s.unacked)
+        stream = self.streams[dst]
         return (f"{self.owner}: send to {dst} timed out after {timeout} s: window full "
-                f"({self.in_flight} unacked messages, {self.in_flight_bytes} bytes, waiting for ACKs "
-                f"from {', '.join(waiting)}); the receiver is slow or not running")
+                f"({len(stream.unacked)} unacked messages, {sum(p.nbytes for p in stream.unacked.values())} "
+                f"bytes, waiting for ACKs from {dst}); the receiver is slow or not running")
 
     # --- I/O side --------------------------------------------------------------------------
     def acked(self, stream: SendStream, epoch: int, ack: int, now: float) -> bool:

@@ -108,7 +108,7 @@ def rank_main(args: argparse.Namespace) -> None:
     from nebula.runtime.service import build_stage
     from nebula_lab.bench.scenarios import load_scenario
 
-    faulthandler.dump_traceback_later(120, repeat=True)  # a rank that hangs says where, in its log
+    faulthandler.dump_traceback_later(600, repeat=True)  # a rank that hangs says where, in its log
     scenario, job = load_scenario(args.scenario), load_job(args.job)
     names, train = list(job.stages), job.train
     name, world = names[args.rank], len(names)
