@@ -156,3 +156,19 @@ def test_compression_options_are_refused_not_ignored():
     args.setting = [["fp16", "int8"]]
     with pytest.raises(ConfigError, match="--setting does not apply"):
         bench.check_options(args, 5.0)
+
+
+def test_the_all_reduce_of_table_4_is_sized_as_the_paper_proportioned_d(tmp_path):
+    """The stand-in's gradients plus sync_numel zeros = every weight of the paper-proportioned D (embeddings,
+    layers, the RTD and tied CLM heads), ~24x the stand-in's at the bench's vocabulary."""
+    import torch
+
+    from services.models.vocab import VocabMap
+    vocab = tmp_path / "vocab.json"
+    VocabMap(torch.arange(1000), 2000, 3).save(vocab)
+    paper = bench_tables.paper_proportioned(bench_tables.SIZES["generator"])
+    big, small = (bench_tables.discriminator_numel(vocab, size, 64) for size in (paper, bench_tables.STAND_IN))
+    hidden, ffn, layers = paper["hidden"], paper["ffn"], paper["layers"]
+    per_layer = 4 * (hidden * hidden + hidden) + 2 * hidden * ffn + ffn + hidden + 2 * 2 * hidden  # + 2 LayerNorms
+    assert big > 1000 * hidden + layers * per_layer  # embeddings and layers, at least
+    assert big > 10 * small > 0
