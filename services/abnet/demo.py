@@ -64,8 +64,8 @@ DEMO = Demo(summary="train ABNet-Cloud es->en across two local sites, print BLEU
 POLL_S = 0.5  # how often the parent looks at the sink's metrics and the processes
 # the estimate of the time left: the steps timed (after the first, which load the models and warm up)
 TIMED_FROM, TIMED_STEPS = 10, 20
-# the held-out translation's time in training steps of this job, as measured on two machines (docs/abnet.md, "A
-# demo that translates in ten minutes"): its beam search runs on the same cores at the same speed as a step
+# the held-out translation's time in training steps, a sentence: 0.12-0.18 in the runs of docs/abnet.md ("Ten
+# minutes on a slower machine"); its beam search runs on the same cores as the steps, so it scales with them
 EVAL_STEPS_PER_SENTENCE = 0.15
 
 
@@ -121,10 +121,11 @@ def watch(group, run: Path, total: int, driver: str, sink: str, sentences: int) 
 
 def introduce(job, source: str, sentences: int) -> None:
     """What the demo does and will show, before it starts (its time follows once the first steps are timed)."""
-    tokens = getattr(job.stage(source).options, "max_len", "?")
+    options = job.stage(source).options
+    tokens, split = getattr(options, "max_len", "?"), getattr(options, "eval_splits", ("test",))[0]
     print(f"nebula demo: {job.name}, ABNet-Cloud across two sites on this machine (a gateway each, CURVE): "
           f"{job.train.steps} training steps of {job.train.batch_size} sentence pairs (sources of at most {tokens} "
-          f"tokens), {codecs_label(job)}; then {sentences} held-out test sentences translated across the sites. "
+          f"tokens), {codecs_label(job)}; then {sentences} held-out {split} sentences translated across the sites. "
           f"It shows BLEU with its 95% interval, six translations beside their references and the bytes sent "
           f"each way, and says how long it will take here once its first {TIMED_FROM + TIMED_STEPS} steps are "
           "timed.", flush=True)
