@@ -64,9 +64,9 @@ DEMO = Demo(summary="train ABNet-Cloud es->en across two local sites, print BLEU
 POLL_S = 0.5  # how often the parent looks at the sink's metrics and the processes
 # the estimate of the time left: the steps timed (after the first, which load the models and warm up)
 TIMED_FROM, TIMED_STEPS = 10, 20
-# the held-out translation's time in training steps, a sentence: 0.12-0.18 in the runs of docs/abnet.md ("Ten
+# the held-out translation's time in training steps, a sentence: 0.07-0.18 in the runs of docs/abnet.md ("Ten
 # minutes on a slower machine"); its beam search runs on the same cores as the steps, so it scales with them
-EVAL_STEPS_PER_SENTENCE = 0.15
+EVAL_STEPS_PER_SENTENCE = 0.1
 
 
 class Estimate:
