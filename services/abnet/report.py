@@ -65,7 +65,8 @@ def summary_lines(scores: dict, steps: int, train_s: float, wall_s: float,
                   forward: Traffic, backward: Traffic) -> list[str]:
     ci = f" ± {scores['bleu_ci']:.2f} (95% bootstrap)" if "bleu_ci" in scores else ""
     return [
-        f"BLEU {scores['bleu']:.2f}{ci} on {scores['n']} held-out test sentences (sacrebleu, case-insensitive)",
+        f"BLEU {scores['bleu']:.2f}{ci} on {scores['n']} held-out {scores.get('split', 'test')} sentences (sacrebleu, "
+        "case-insensitive)",
         f"{steps} steps, training {train_s / 60:.1f} min, whole demo {wall_s / 60:.1f} min",
         f"sent a->b {megabytes(forward.wire)} ({'+'.join(forward.codecs)}: {forward.ratio:.3f} of the raw "
         f"{megabytes(forward.raw)}); b->a {megabytes(backward.wire)} ({'+'.join(backward.codecs)}: "

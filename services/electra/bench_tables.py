@@ -12,8 +12,11 @@ paper's model would.
 Table 4, an emulated device. D's compute per micro-batch at this machine's speed is measured on a
 paper-proportioned D (ERNIE-M Large over Base: twice the layers, 4/3 the width of G), times k: that is
 each sub's `device_time`, while a stand-in D (STAND_IN) computes for real, so n subs cost this machine
-n stand-ins, not n Ds. G is pinned to a core of its own and D's ranks to the others. What it measures is
-the runtime's coordination overhead (scatter, the all-reduce barrier, pace, the credit over the WAN).
+n stand-ins, not n Ds; each all-reduce carries as many gradient values as that paper-proportioned D has (the
+stand-in's own, ~1/27 of them, and zeros: `sync_numel`), so the synchronisation is the size the paper's
+would be, over gloo on this machine. G is pinned to a core of its own and D's ranks to the others. What it
+measures is the runtime's coordination overhead (scatter, the all-reduce, pace, the credit over the WAN);
+n above r = T / t_G is capped by G (the ratio cannot pass r), so each row is read against min(1, r / n).
 """
 from __future__ import annotations
 
@@ -167,14 +170,15 @@ def cores() -> tuple[list[int], list[int]]:
     return allowed[:1], allowed[1:] or allowed[:1]
 
 
-def device_job(raw: dict, device_time: float, ranks: int | str, most: int) -> dict:
-    """Table 4's job: G on its own core, D a stand-in on the others with `device_time` per micro-batch."""
+def device_job(raw: dict, device: dict, ranks: int | str, most: int) -> dict:
+    """Table 4's job: G on its own core, D a stand-in on the others with the device's time per micro-batch,
+    all-reducing as many gradient values as the paper-proportioned D it stands for (measure_device)."""
     raw = copy.deepcopy(raw)
     g_core, d_cores = cores()
     raw["stages"][stage_named(raw, "electra-generator")]["cpus"] = g_core
     disc = raw["stages"][stage_named(raw, "electra-discriminator")]
-    disc.update(size=dict(STAND_IN), clm_weight=0.0, device_time=round(device_time, 4), cpus=d_cores, ranks=ranks,
-                max_ranks=most)
+    disc.update(size=dict(STAND_IN), clm_weight=0.0, device_time=round(device["device_time_s"], 4), cpus=d_cores,
+                ranks=ranks, max_ranks=most, sync_numel=device["sync_numel"])
     if isinstance(ranks, int):  # "auto": resolving scales the step by the n it measures
         from nebula.runtime.autoranks import scale_step  # why here: torch, kept off `nebula --help`
         scale_step(raw["train"], ranks)
@@ -192,8 +196,20 @@ def measure_device(raw: dict, work: Path, slowdown: float) -> dict:
     (work / "probe").mkdir(parents=True, exist_ok=True)
     _, ev = warm_up(parse_job(probe, work / "probe" / "job.toml"), stage_named(probe, "electra-discriminator"), 1)
     t_g = 1 / sum(1 / t for t in ev["t_generator_s"].values())
+    disc = probe["stages"][stage_named(probe, "electra-discriminator")]
+    paper, stand_in = (discriminator_numel(Path(disc["vocab_file"]), s, disc["max_len"]) for s in (size, STAND_IN))
     return {"paper_d": size, "t_generator_s": round(t_g, 4), "t_paper_d_s": ev["t_sub_s"], "slowdown": slowdown,
-            "device_time_s": round(slowdown * ev["t_sub_s"], 4), "r": round(slowdown * ev["t_sub_s"] / t_g, 2)}
+            "device_time_s": round(slowdown * ev["t_sub_s"], 4), "r": round(slowdown * ev["t_sub_s"] / t_g, 2),
+            "paper_d_numel": paper, "stand_in_numel": stand_in, "sync_numel": max(0, paper - stand_in)}
+
+
+def discriminator_numel(vocab_file: Path, size: dict, max_len: int) -> int:
+    """The gradient values of a D of `size` (all its weights: the paper's D trains its CLM head too)."""
+    from services.electra.model import Discriminator, Size  # why here: torch, kept off `nebula --help`
+    from services.models.plm import BertModel
+    from services.models.vocab import VocabMap
+    model = Discriminator(BertModel(Size(**size).bert(len(VocabMap.load(vocab_file)), max_len)))
+    return sum(p.numel() for p in model.parameters())
 
 
 def table4(scenario, args: argparse.Namespace, work: Path, lab: Lab) -> list[dict]:
@@ -205,7 +221,7 @@ def table4(scenario, args: argparse.Namespace, work: Path, lab: Lab) -> list[dic
     progress(f"table 4: {device}")
     configs = [replace(Config(f"n{n}", False, RATES[0]), ranks=n) for n in SUBS]
     configs.append(replace(Config("auto", False, RATES[0]), ranks="auto"))
-    jobs = {c.key: device_job(base, device["device_time_s"], c.ranks, most) for c in configs}
+    jobs = {c.key: device_job(base, device, c.ranks, most) for c in configs}
     progress(f"table 4: calibrating ranks = \"auto\" (max_ranks {most}): warm-up micro-batches of G and one sub")
     jobs["auto"], evidence = resolve_auto(jobs["auto"], work / "t4-calibration")
     progress(f"table 4: ranks = \"auto\" chose n = {evidence['ranks']} ({evidence})")
@@ -225,14 +241,18 @@ def resolve_auto(raw: dict, work: Path) -> tuple[dict, dict]:
 
 
 def table4_rows(configs: list[Config], results: dict[str, list[dict]], evidence: dict, device: dict) -> list[dict]:
-    """One row per n; throughput_ratio against n = 1 (the first row, see round_ratios)."""
+    """One row per n; throughput_ratio against n = 1 (the first row, see round_ratios); per_sub = ratio / n,
+    beside its ceiling: G, at r = T / t_G micro-batches per D micro-batch, caps the ratio at r, so per_sub at
+    min(1, r / n). A row at its ceiling measures r, not the runtime."""
     rows = []
     for config in configs:
         auto = config.ranks == "auto"
+        n = evidence["ranks"] if auto else config.ranks
         ratios = round_ratios(results[config.key], results[configs[0].key])
-        rows.append({"table": 4, "link_mbit": config.rate, "n": evidence["ranks"] if auto else config.ranks,
-                     "auto": auto, **rates(pooled(results[config.key])),
-                     "throughput_ratio": round(statistics.median(ratios), 3), "throughput_ratio_rounds": ratios,
+        ratio = statistics.median(ratios)
+        rows.append({"table": 4, "link_mbit": config.rate, "n": n, "auto": auto, **rates(pooled(results[config.key])),
+                     "throughput_ratio": round(ratio, 3), "per_sub": round(ratio / n, 3),
+                     "per_sub_ceiling": round(min(1.0, device["r"] / n), 3), "throughput_ratio_rounds": ratios,
                      "throughput_runs": [rates(s)["throughput"] for s in results[config.key]], "device": device,
                      **({"calibration": evidence} if auto else {})})
     return rows

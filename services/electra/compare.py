@@ -3,7 +3,10 @@
 Run by `nebula electra eval` and by `nebula demo electra`. Given a job (the stages' options, the data), a
 fixed corruptor (a generator checkpoint and a seed) and, per training seed, D's untrained and pre-trained
 checkpoints, it scores every D on the same held-out items and reports per evaluation the values of each
-seed, the mean change and its 95% paired bootstrap interval (services.electra.paired). Retrieval and the
+seed, the mean change, its 95% paired bootstrap interval over items and, with several seeds, the 95% t
+interval over seeds (services.electra.paired). The alignment test comes with the shared-token baseline (a
+copy detector, services.electra.heldout) that D must beat, and with D on the pairs that baseline cannot
+rank. The held-out split is test, or valid where a setting (e.g. the step count) is chosen. Retrieval and the
 cross-lingual probe (services.electra.evaluate) are reported beside them with their own intervals: at
 this scale they are no measure of learning (docs/electra.md, "Evaluation"), and not targets.
 """
@@ -29,6 +32,7 @@ SEQUENCES = 256  # held-out sequences corrupted once
 # it looks for (+0.01 to +0.03); at 4,000 it is ~±0.021 (docs/electra.md). Both test splits hold more (6,218 es-en
 # and 5,058 zh-en lines); each pair costs D two forward passes, ~15 s more of the evaluation in all
 PAIRS = 4000
+OWN_FIRST = "own translation ranked first"  # the alignment test's metric
 
 
 @dataclass(frozen=True)
@@ -37,10 +41,11 @@ class Setting:
 
     job: JobConfig
     corruptor: Path | None  # a generator checkpoint; None: the generator as the job builds it (its init)
-    seed: int = 0  # of the corruption, the samples of the test split, the bootstrap
+    seed: int = 0  # of the corruption, the samples of the held-out split, the bootstrap
     sequences: int = SEQUENCES
     pairs: int = PAIRS
-    encoder_evals: bool = True  # retrieval and the probe: reported, slower
+    encoder_evals: bool = True  # retrieval and the probe: reported, slower; on the test split only
+    split: str = "test"  # or "valid": where a setting is chosen, so that test stays unseen
 
     def stage(self, impl: str) -> str:
         names = [n for n, s in self.job.stages.items() if s.impl == impl]
@@ -64,15 +69,17 @@ def evaluate_runs(s: Setting, runs: list[tuple[Path | None, Path]]) -> dict[str,
     """runs: per training seed, (D untrained: its step-0 checkpoint, or None for D as built; D pre-trained)."""
     if not runs:
         raise ConfigError("give at least one pair of discriminator checkpoints (untrained, pre-trained)")
+    if s.split not in ("test", "valid"):
+        raise ConfigError(f"split {s.split!r}: evaluate on a held-out split, \"test\" or \"valid\"")
     data_root = Path(s.job.data or "")
-    pairs = [p for p in evaluate.PAIRS if (data_root / p / "test.src").is_file()]
+    pairs = [p for p in evaluate.PAIRS if (data_root / p / f"{s.split}.src").is_file()]
     with tempfile.TemporaryDirectory(prefix="nebula-electra-eval-") as tmp:
         gen = load(s.job, s.stage("electra-generator"), s.corruptor, Path(tmp))
-        corruption = heldout.fixed_corruption(gen, s.sequences, s.seed)
+        corruption = heldout.fixed_corruption(gen, s.sequences, s.seed, s.split)
         unigram, mlm = heldout.mlm_metrics(corruption)
         disc = s.stage("electra-discriminator")
         first = load(s.job, disc, None, Path(tmp))
-        aligned = {pair: heldout.alignment_set(first, data_root, pair, s.pairs, s.seed) for pair in pairs}
+        aligned = {pair: heldout.alignment_set(first, data_root, pair, s.pairs, s.seed, s.split) for pair in pairs}
         scored = [[score(load(s.job, disc, checkpoint, Path(tmp)), corruption, aligned, s) for checkpoint in run]
                   for run in runs]
     n = len(corruption.ids)
@@ -85,11 +92,23 @@ def evaluate_runs(s: Setting, runs: list[tuple[Path | None, Path]]) -> dict[str,
             row("CLM", "D accuracy at masked positions", "-", compare(*_pairs(scored, "clm"), n, s.seed))]
     trained = {getattr(s.job.stage(name).options, "corpus", None) for name in s.job.graph.sources}
     for pair, items in aligned.items():
-        rows.append(row(f"alignment {pair}", "own translation ranked first", "0.5",
-                        compare(*_pairs(scored, f"alignment {pair}"), len(items.true), s.seed),
-                        trained=pair in trained))
+        rows += alignment_rows(pair, items, scored, s.seed, pair in trained)
     return {"rows": rows, "encoder": [[d.encoder for d in run] for run in scored], "sequences": n,
-            "corruptor": str(s.corruptor), "seed": s.seed, "seeds": len(runs)}
+            "corruptor": str(s.corruptor), "seed": s.seed, "seeds": len(runs), "split": s.split}
+
+
+def alignment_rows(pair: str, items: heldout.AlignmentSet, scored: list[list[Scored]], seed: int,
+                   trained: bool) -> list[dict]:
+    """D untrained -> trained; the shared-token baseline -> D trained (D must beat it); and untrained ->
+    trained on the pairs where the baseline has no cue."""
+    n, key = len(items.true), f"alignment {pair}"
+    copy = heldout.shared_token_hits(items)
+    tied = int((items.shared_true == items.shared_shuffled).sum())
+    return [row(key, OWN_FIRST, "0.5", compare(*_pairs(scored, key), n, seed), trained=trained),
+            row(key, f"{OWN_FIRST}: D against the shared-token baseline", "copy",
+                compare([copy] * len(scored), _pairs(scored, key)[1], n, seed), trained=trained),
+            row(key, f"{OWN_FIRST}, {tied} pairs with no shared-token cue", "0.5",
+                compare(*_pairs(scored, f"{key} no cue"), n, seed), trained=trained)]
 
 
 @dataclass
@@ -105,9 +124,11 @@ def score(disc, corruption: heldout.FixedCorruption, aligned: dict[str, heldout.
     scores = heldout.score_discriminator(disc, corruption)
     metrics = {"auc": scores.auc(), "accuracy": scores.accuracy(),
                "clm": heldout.Ratio(scores.clm_hits, corruption.masked),
-               **{f"alignment {pair}": heldout.alignment_hits(disc, items) for pair, items in aligned.items()}}
+               **{f"alignment {pair}": heldout.alignment_hits(disc, items) for pair, items in aligned.items()},
+               **{f"alignment {pair} no cue": heldout.alignment_hits(disc, items, no_shared_cue=True)
+                  for pair, items in aligned.items()}}
     encoder = []
-    if s.encoder_evals:
+    if s.encoder_evals and s.split == "test":  # evaluate.py's tasks read the test split
         for pair in aligned:
             for task in (evaluate.retrieval, evaluate.probe):
                 try:
@@ -126,20 +147,25 @@ def row(task: str, metric: str, baseline: str, result: dict, trained: bool = Tru
 
 
 def format_rows(result: dict[str, Any]) -> str:
-    """The comparison as a plain table: before = D untrained (MLM: the unigram baseline), after = D
-    pre-trained (MLM: the corruptor G); values are means over the seeds."""
+    """The comparison as a plain table: before = D untrained (MLM: the unigram baseline; against the
+    shared-token baseline: that scorer), after = D pre-trained (MLM: the corruptor G); values are means over
+    the seeds; the intervals are over items (paired bootstrap) and, with several seeds, over seeds (t)."""
     seeds = result["seeds"]
-    lines = [("evaluation", "metric", "chance", "before", "after", "change [95% paired]", "verdict")]
+    lines = [("evaluation", "metric", "chance", "before", "after", "change [95% items]", "[95% t over seeds]",
+              "seeds' changes", "verdict: items / seeds")]
     for r in result["rows"]:
-        spread = f", seeds {r['seed_spread'][0]:+.3f}..{r['seed_spread'][1]:+.3f}" if len(r["after"]) > 1 else ""
+        several = r.get("seed_interval") is not None
+        spread = f"{r['seed_spread'][0]:+.3f}..{r['seed_spread'][1]:+.3f}" if several else ""
+        over = f"[{r['seed_interval'][0]:+.3f}, {r['seed_interval'][1]:+.3f}]" if several else ""
         note = "" if r["trained_on"] else " (never trained on)"
         lines.append((r["task"], r["metric"], r["baseline"], f"{statistics.fmean(r['before']):.3f}",
                       f"{statistics.fmean(r['after']):.3f}",
-                      f"{r['change']:+.3f} [{r['interval'][0]:+.3f}, {r['interval'][1]:+.3f}]{spread}",
-                      r["verdict"] + note))
+                      f"{r['change']:+.3f} [{r['interval'][0]:+.3f}, {r['interval'][1]:+.3f}]", over, spread,
+                      r["verdict"] + (f" / {r['seed_verdict']}" if several else "") + note))
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     table = "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
-    head = (f"held-out test packages: {result['sequences']} sequences corrupted once by {result['corruptor']} "
+    head = (f"held-out {result.get('split', 'test')} packages: {result['sequences']} sequences corrupted once by "
+            f"{result['corruptor']} "
             f"(seed {result['seed']}); {seeds} training seed{'s' if seeds > 1 else ''}")
     return f"{head}\n{table}"
 

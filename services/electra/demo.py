@@ -21,7 +21,7 @@ import json
 import math
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from nebula.commands.demo import Demo, fresh_run_dir, job_copy, write_job
 from nebula.errors import ConfigError, StageError
+from nebula.observe.tail import LastStep
 from nebula.runtime.records import read_records
 from nebula.shipped import DEPLOY
 from nebula.shipped import job_file as shipped_job
@@ -47,7 +48,8 @@ TRAINING_KEYS = ("lr", "warmup_steps", "threads")
 # per step and per evaluation, which 10 minutes on 2 shared cores do not hold) and a generator 56 x 2, 42%
 # of D's parameters as the paper's G is about 40% of its D (the shipped 128 x 2 and 256 x 4: 39%), with
 # dropout 0 as in its MLM phase (and frozen: `teach`); 2,000 steps, the fewest at which D's alignment test
-# passed over 3 seeds with a frozen G (docs/electra.md, "A frozen teacher"), ~6 of the demo's 10 minutes;
+# passed over 3 seeds with a frozen G, chosen on the test split with the items' interval (docs/electra.md, "A frozen
+# teacher"; "Over seeds" has the check on valid over 5 seeds planned since), ~6 of the demo's 10 minutes;
 # checkpoints every 500 steps, so that the one-site phase keeps its step-0 checkpoint (the last 3 are kept)
 # for the "before" evaluation. A job given with --job / --one-site-job runs as written.
 SETTINGS: dict[str, Any] = {
@@ -159,11 +161,15 @@ class Progress:
 
     bar: Any
     stages: list[str]
+    # each metrics file read as it grows, not whole twice a second (nebula.observe.tail)
+    tails: dict[Path, LastStep] = field(default_factory=dict)
 
     def update(self, workdir: Path, phase: str) -> None:
-        last = {name: read_records(workdir / name / "metrics.jsonl") for name in self.stages}
-        losses = {name: records[-1]["loss"] for name, records in last.items() if records}
-        step = min((records[-1]["step"] for records in last.values() if records), default=self.bar.n)
+        files = {name: workdir / name / "metrics.jsonl" for name in self.stages}
+        seen = {name: self.tails.setdefault(path, LastStep(path)).latest() for name, path in files.items()}
+        last = {name: record for name, record in seen.items() if record is not None}
+        losses = {name: record["loss"] for name, record in last.items()}
+        step = min((record["step"] for record in last.values()), default=self.bar.n)
         self.bar.set_description(phase, refresh=False)
         if losses:
             self.bar.set_postfix({name: f"{loss:.3f}" for name, loss in losses.items()}, refresh=False)

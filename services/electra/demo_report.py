@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from services.electra.demo import SIGMAS
 
+OWN_FIRST = "own translation ranked first"  # services.electra.compare's alignment metric (that module imports torch)
+
 if TYPE_CHECKING:  # why: the job loader imports torch
     from nebula.runtime.job import JobConfig
 
@@ -46,17 +48,27 @@ def shows(s: dict) -> str:
         did.append(_change(auc, f"D's held-out RTD ROC-AUC after {steps} steps ({until} on one site, "
                                 f"{steps - until} across two)"))
         shown.append(auc["verdict"] == "better")
-    for r in (r for r in ev["rows"] if r["task"].startswith("alignment") and r["trained_on"]):
+    alignment = [r for r in ev["rows"] if r["task"].startswith("alignment") and r["trained_on"]]
+    for r in (r for r in alignment if r["metric"] == OWN_FIRST):
         did.append(_change(r, f"its {r['task']} (own translation ranked first)"))
+        shown.append(r["verdict"] == "better")
+    for r in (r for r in alignment if r["baseline"] == "copy"):  # D against the shared-token baseline
+        lo, hi = r["interval"]
+        word = {"better": "D beats it", "worse": "D is below it", "within": "no better"}[r["verdict"]]
+        did.append(f"against a scorer that sees only the tokens the two halves share, which ranks "
+                   f"{statistics.fmean(r['before']):.3f} of the pairs right, D ranks "
+                   f"{statistics.fmean(r['after']):.3f} ({r['change']:+.3f} [{lo:+.3f}, {hi:+.3f}]: {word})")
         shown.append(r["verdict"] == "better")
     judged = [v["ok"] for v in s["verdicts"].values() if v["ok"] is not None]
     if judged:
         did.append("the cross-site phase continued the one-site loss " +
                    ("with no jump beyond the run's own noise" if all(judged) else "with a jump beyond its noise"))
     learnt = "D learnt" if shown and all(shown) else "D's learning is not shown on every target evaluation"
-    if any(r["verdict"] != "better" for r in ev["rows"] if r["task"].startswith("alignment") and r["trained_on"]):
-        did.append("the alignment test is not passed by this run; the demo's settings (2,000 steps, G frozen) "
-                   "passed it over 3 seeds (docs/electra.md, \"A frozen teacher\")")
+    if any(r["verdict"] != "better" for r in alignment if r["metric"] == OWN_FIRST):
+        did.append("the alignment test is not passed by this run; over 3 seeds the demo's settings (2,000 steps, G "
+                   "frozen) changed it by +0.040, a t interval over those seeds of about [-0.10, +0.18], and a scorer "
+                   "that sees only the tokens the halves share ranks 0.755 of the test pairs right (docs/electra.md, "
+                   "\"Over seeds\")")
     return (f"What this run shows ({learnt}): " + "; ".join(did) + ". What it does not show: that this holds "
             f"over training seeds (one seed here, {ev['sequences']} held-out sequences; docs/electra.md has "
             "three); that cross-site training equals one-site training (tests/e2e/test_electra_equal.py "

@@ -40,8 +40,9 @@ PROBE_STEPS = 100  # LBFGS iterations at most
 WEIGHT_DECAY = 1e-3  # on the mean cross-entropy; about scikit-learn's C=1 for ~1000 examples
 
 
-def load_test(data_root: Path, pair: str) -> list[Example]:
-    """The test split of `pair` as (package, source, English), each text kept once (first occurrence).
+def load_test(data_root: Path, pair: str, split: str = "test") -> list[Example]:
+    """The test split of `pair` (or another held-out `split`) as (package, source, English), each text kept
+    once (first occurrence).
 
     A text that occurs twice would make the "right" translation or package ambiguous, so a pair whose
     source or English text (case and spacing ignored) was already seen is dropped.
@@ -50,7 +51,7 @@ def load_test(data_root: Path, pair: str) -> list[Example]:
     if not root.is_dir():
         raise DataError(f"{root} not found: run `nebula data prepare --pairs {pair} --out {Path(data_root)}` "
                         f"to build the {pair} corpus, or pass the data root that holds it")
-    src, tgt = ParallelSide(root / "test", "src"), ParallelSide(root / "test", "tgt")
+    src, tgt = ParallelSide(root / split, "src"), ParallelSide(root / split, "tgt")
     check_aligned(src, tgt)
     return _unique([(i.split(":", 1)[0], s, t) for i, s, t in zip(src.ids, src.lines, tgt.lines)])
 

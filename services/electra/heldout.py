@@ -1,17 +1,22 @@
 """Held-out evaluations that can show ELECTRA-Cloud learning at the scale two CPU cores train.
 
-All on the test split (whole Debian packages never seen in training). Every D evaluated reads the same
-corrupted sequences, made once by one fixed corruptor (a generator checkpoint and a seed), so two Ds
-differ only in what they learnt:
-- RTD: D's ROC-AUC at telling replaced tokens from real ones over every real token (and its accuracy
-  at p = 0.5, beside the all-"real" majority), the task it is trained on;
+All on a held-out split (whole Debian packages never seen in training): test, or valid where a setting is
+chosen. Every D evaluated reads the same corrupted sequences, made once by one fixed corruptor (a generator
+checkpoint and a seed), so two Ds differ only in what they learnt:
+- RTD: D's ROC-AUC at telling replaced tokens from real ones over every maskable token (and its accuracy
+  at p = 0.5, beside the all-"real" majority), the task it is trained on. The specials (`<s>`, `</s>`, ...)
+  are left out: G never masks them, so they are real in every sequence, and a D that learnt only "a special
+  is real" gained up to ~0.025 of AUC from them;
 - CLM: D's accuracy at recovering the original token at the masked positions (Eq. 10's task);
 - MLM: the corruptor's own accuracy at the masked positions against the unigram baseline (always the
   most frequent token of the training text): is G the well-trained model the paper distils from?
 - alignment, what TRTD trains for: a held-out translation pair `<s> source </s> English </s>` (TRTD's
   layout) against the same English after another pair's source of the same length (so the English
   tokens sit at the same positions in both); D should find the English half less "replaced" next to
-  its own translation. Accuracy at ranking the true pair first (chance 0.5).
+  its own translation. Accuracy at ranking the true pair first (chance 0.5). Beside it, a scorer that
+  sees only the tokens the two halves share (numbers, names, placeholders: a copy detector) ranks the pair
+  whose source shares more of the English tokens first; D must beat it, and D is also scored on the pairs
+  where that scorer has no cue (both sources share as many tokens with the English half).
 Each yields per-item statistics (sequences, pairs) for the paired bootstrap (services.electra.paired).
 """
 from __future__ import annotations
@@ -44,12 +49,13 @@ class FixedCorruption:
     ids: list[str]  # the sequences' example ids
 
 
-def fixed_corruption(generator, sequences: int, seed: int) -> FixedCorruption:
-    """`sequences` test sequences spread over the split, masked and sampled by the generator stage from
+def fixed_corruption(generator, sequences: int, seed: int, split_name: str = "test") -> FixedCorruption:
+    """`sequences` sequences spread over the held-out split, masked and sampled by the generator stage from
     `seed` (chunk k from seed + k): the same for every D evaluated against them."""
-    split = generator.corpus.splits["test"]
+    split = generator.corpus.splits[split_name]
     if not split.rows:
-        raise DataError(f"the generator's corpus {generator.options.corpus!r} has no test sequences to evaluate on")
+        raise DataError(f"the generator's corpus {generator.options.corpus!r} has no {split_name} sequences to "
+                        "evaluate on")
     chosen = spread(range(len(split.rows)), sequences, seed)
     common, pad = most_frequent(generator), generator.specials.pad
     tokens: list[torch.Tensor] = []
@@ -105,7 +111,7 @@ def mlm_metrics(c: FixedCorruption) -> tuple[Ratio, Ratio]:
 
 @dataclass(frozen=True)
 class DiscriminatorScores:
-    """One D on the fixed corruption: each real token's RTD logit and label, per-sequence CLM hits."""
+    """One D on the fixed corruption: each maskable token's RTD logit and label, per-sequence CLM hits."""
 
     rtd: torch.Tensor  # (T,) logits, > 0 for "replaced"
     labels: torch.Tensor  # (T,) 1 = replaced
@@ -116,7 +122,7 @@ class DiscriminatorScores:
         return Auc(self.rtd, self.labels, self.sequence)
 
     def accuracy(self) -> Ratio:
-        """Tokens classified right at p = 0.5, an accuracy over every real token, per sequence."""
+        """Tokens classified right at p = 0.5, an accuracy over every maskable token, per sequence."""
         right = ((self.rtd > 0).double() == self.labels).double()
         return Ratio(self._per_sequence(right), self._per_sequence(torch.ones_like(right)))
 
@@ -132,16 +138,18 @@ class DiscriminatorScores:
 def score_discriminator(disc, c: FixedCorruption) -> DiscriminatorScores:
     """D (a discriminator stage, eval mode: no dropout) on every sequence of the fixed corruption."""
     rtd, labels, sequence, clm = [], [], [], []
+    last_special = max(disc.specials.as_list())  # the specials are the first ids of the cut vocabulary
     disc.module.eval()
     with torch.no_grad():
         for k in range(0, len(c.tokens), CHUNK):
             tokens, at, originals = (x[k:k + CHUNK].to(disc.device) for x in (c.tokens, c.at, c.originals))
             real = tokens != disc.specials.pad
             logits, clm_logits = disc.module(tokens, real, at)
+            scored = real & (originals > last_special)  # what G may mask: never <s>, </s>, ...
             rows = torch.arange(k, k + len(tokens), device=tokens.device)[:, None].expand_as(tokens)
-            rtd.append(logits[real].double().cpu())
-            labels.append(replaced(tokens, originals, at)[real].double().cpu())
-            sequence.append(rows[real].cpu())
+            rtd.append(logits[scored].double().cpu())
+            labels.append(replaced(tokens, originals, at)[scored].double().cpu())
+            sequence.append(rows[scored].cpu())
             clm.append(per_row(at, clm_logits.argmax(-1) == originals[at]))
     return DiscriminatorScores(torch.cat(rtd), torch.cat(labels), torch.cat(sequence), torch.cat(clm))
 
@@ -155,13 +163,15 @@ class AlignmentSet:
     shuffled: torch.Tensor  # (n, S) the same English after the source of pair other[i]
     english_true: torch.Tensor  # (n, S) bool: the English tokens (not the closing </s>)
     english_shuffled: torch.Tensor
+    shared_true: torch.Tensor  # (n,) English tokens that also occur in the pair's own source
+    shared_shuffled: torch.Tensor  # (n,) ... in the other pair's source
 
 
-def alignment_set(disc, data_root: Path, pair: str, n: int, seed: int) -> AlignmentSet:
-    """n distinct test pairs of `pair` (evaluate.load_test), cut as pack_pairs cuts (half of max_len each)."""
-    examples = spread(load_test(data_root, pair), n, seed)
+def alignment_set(disc, data_root: Path, pair: str, n: int, seed: int, split: str = "test") -> AlignmentSet:
+    """n distinct held-out pairs of `pair` (evaluate.load_test), cut as pack_pairs cuts (half of max_len each)."""
+    examples = spread(load_test(data_root, pair, split), n, seed)
     if len(examples) < 2:
-        raise DataError(f"{Path(data_root) / pair}/test has {len(examples)} distinct pairs: alignment needs 2")
+        raise DataError(f"{Path(data_root) / pair}/{split} has {len(examples)} distinct pairs: alignment needs 2")
     half = disc.options.max_len // 2 - 2
     src = [r[:half] for r in data.to_model_ids(disc.vmap, data.encode(disc.tok, [s for _, s, _ in examples]))]
     eng = [r[:half] for r in data.to_model_ids(disc.vmap, data.encode(disc.tok, [t for _, _, t in examples]))]
@@ -175,8 +185,16 @@ def alignment_set(disc, data_root: Path, pair: str, n: int, seed: int) -> Alignm
         for source, rows, masks in ((src[i], true, mask_true), (src[other[i]], shuffled, mask_shuffled)):
             rows.append([sp.bos, *source, sp.eos, *english, sp.eos])
             masks.append([0] * (len(source) + 2) + [1] * len(english) + [0])
+    shared = [(shared_tokens(src[i], english), shared_tokens(src[other[i]], english)) for i, english in enumerate(eng)]
     return AlignmentSet(pad_rows(true, sp.pad), pad_rows(shuffled, sp.pad), pad_rows(mask_true, 0).bool(),
-                        pad_rows(mask_shuffled, 0).bool())
+                        pad_rows(mask_shuffled, 0).bool(), *torch.tensor(shared, dtype=torch.float64).reshape(-1, 2).T)
+
+
+def shared_tokens(source: list[int], english: list[int]) -> int:
+    """How many of the English half's tokens (with repeats) also occur in the source half: all that a
+    copy detector sees (numbers, names, placeholders and loanwords written alike in both languages)."""
+    seen = set(source)
+    return sum(token in seen for token in english)
 
 
 def derangement(lengths: list[int], seed: int) -> list[int]:
@@ -204,12 +222,27 @@ def derangement(lengths: list[int], seed: int) -> list[int]:
     return other
 
 
-def alignment_hits(disc, pairs: AlignmentSet) -> Ratio:
+def alignment_hits(disc, pairs: AlignmentSet, no_shared_cue: bool = False) -> Ratio:
     """Per pair 1 when D finds its English half less replaced (mean sigmoid of the RTD logits) next to its
-    own translation than next to another, 1/2 on a tie, else 0."""
+    own translation than next to another, 1/2 on a tie, else 0. no_shared_cue: over the pairs whose two
+    sources share as many tokens with the English half (the others count 0 of 0)."""
     true, shuffled = (_english_score(disc, x, m) for x, m in ((pairs.true, pairs.english_true),
                                                              (pairs.shuffled, pairs.english_shuffled)))
-    return Ratio((true < shuffled).double() + 0.5 * (true == shuffled).double())
+    hits = _ranked_first(-true, -shuffled)  # less replaced = ranked first
+    if not no_shared_cue:
+        return Ratio(hits)
+    tied = (pairs.shared_true == pairs.shared_shuffled).double()
+    return Ratio(hits * tied, tied)
+
+
+def shared_token_hits(pairs: AlignmentSet) -> Ratio:
+    """The copy detector's alignment accuracy: the pair whose source shares more English tokens first."""
+    return Ratio(_ranked_first(pairs.shared_true, pairs.shared_shuffled))
+
+
+def _ranked_first(true: torch.Tensor, shuffled: torch.Tensor) -> torch.Tensor:
+    """(n,) 1 where the true pair scores higher, 1/2 on a tie, else 0."""
+    return (true > shuffled).double() + 0.5 * (true == shuffled).double()
 
 
 def _english_score(disc, rows: torch.Tensor, english: torch.Tensor) -> torch.Tensor:

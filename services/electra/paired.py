@@ -4,8 +4,10 @@ Two models scored on the same held-out items (sequences, translation pairs) are 
 resamples of those items, so the item-to-item variation that both share cancels out of the interval of
 their difference (unpaired intervals of each would overlap long after the change is clear). With
 several training seeds, each seed's untrained and pre-trained model are a pair, and the interval is that
-of the mean change over the seeds, every seed scored on the same resamples; the spread between seeds
-is reported beside it (the bootstrap resamples items, not seeds).
+of the mean change over the seeds, every seed scored on the same resamples. That interval resamples items,
+not seeds: it says how sure the mean of these seeds is, not how another seed would come out. So beside it
+goes an interval over seeds, Student's t over the per-seed changes (with 3 seeds it is wide; it is the one
+that does not take the seeds seen for all there are), and the verdict over seeds is read from it.
 
 A metric is a callable from item weights (R, n), the multiplicity of each item in each of R resamples,
 to R values; with weights of ones it is the metric itself.
@@ -21,6 +23,9 @@ from nebula.errors import DataError
 
 Metric = Callable[[torch.Tensor], torch.Tensor]
 RESAMPLES = 1000
+# Student's t, 97.5% quantile by degrees of freedom (seeds - 1); past 30, the normal's 1.96 is within 2%
+T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
 CHUNK = 64  # resamples per pass of the AUC, which holds (CHUNK, tokens) weights
 
 
@@ -71,8 +76,9 @@ class Auc:
 def compare(before: Sequence[Metric], after: Sequence[Metric], n: int, seed: int,
             resamples: int = RESAMPLES) -> dict:
     """before[s] and after[s]: seed s's two models (or a baseline and a model) scored on the same n items.
-    -> the values per seed, the mean change, its 95% paired interval and a verdict: "better" or "worse"
-    when the interval excludes 0, else "within"."""
+    -> the values per seed, the mean change, its 95% paired interval over items and a verdict: "better" or
+    "worse" when the interval excludes 0, else "within"; with 2 seeds or more, the 95% t interval over the
+    per-seed changes and its verdict (`seed_verdict`)."""
     if len(before) != len(after) or not before:
         raise DataError(f"{len(before)} models before and {len(after)} after: compare them in pairs, one per seed")
     ones = torch.ones(1, n, dtype=torch.float64)
@@ -82,6 +88,22 @@ def compare(before: Sequence[Metric], after: Sequence[Metric], n: int, seed: int
     changes = torch.stack([a(weights) - b(weights) for b, a in zip(before, after)]).mean(0)  # (R,)
     lo, hi = torch.quantile(changes, torch.tensor([0.025, 0.975], dtype=torch.float64)).tolist()
     per_seed = [a - b for b, a in zip(old, new)]
+    over_seeds = t_interval(per_seed)
     return {"before": old, "after": new, "change": statistics.fmean(per_seed), "interval": [lo, hi], "n": n,
-            "verdict": "better" if lo > 0 else "worse" if hi < 0 else "within",
-            "seed_spread": [min(per_seed), max(per_seed)]}
+            "verdict": verdict(lo, hi), "seed_changes": per_seed, "seed_spread": [min(per_seed), max(per_seed)],
+            "seed_interval": over_seeds, "seed_verdict": None if over_seeds is None else verdict(*over_seeds)}
+
+
+def verdict(lo: float, hi: float) -> str:
+    return "better" if lo > 0 else "worse" if hi < 0 else "within"
+
+
+def t_interval(values: list[float]) -> list[float] | None:
+    """95% Student's t interval of the mean of `values` (one per seed); None for fewer than 2."""
+    if len(values) < 2:
+        return None
+    df = len(values) - 1
+    t = T975.get(df) or T975[max(k for k in T975 if k <= df)]  # the next lower df: a little wider, never narrower
+    half = t * statistics.stdev(values) / len(values) ** 0.5
+    mean = statistics.fmean(values)
+    return [mean - half, mean + half]

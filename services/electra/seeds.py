@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,17 @@ from nebula.errors import ConfigError
 from services.electra import demo
 
 SEEDS = (1, 2, 3)
+CHECKPOINT_EVERY, KEPT = 500, 2  # with --evaluate-at; the runtime keeps step 0 and the 3 newest: the last + 2
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a seeds benchmark runs and reads besides the training: the split evaluated, whether each seed
+    also trains across two sites, and earlier steps evaluated too."""
+
+    split: str = "test"
+    cross_site: bool = True
+    evaluate_at: list[int] = field(default_factory=list)
 STEPS = demo.SETTINGS["train"]["steps"]  # the demo's: what its targets are measured at (~50 min on 2 cores)
 
 
@@ -40,6 +52,15 @@ def register(actions) -> None:
                    "for a spread worth the name; default 1,2,3)")
     p.add_argument("--steps", type=int, default=STEPS, help=f"distillation steps per run (default {STEPS})")
     p.add_argument("--generator-steps", type=int, default=None, help="G's MLM phase (default: the shipped job's)")
+    p.add_argument("--split", choices=("test", "valid"), default="test",
+                   help="held-out split of the evaluations: valid where a setting (the step count) is chosen, "
+                        "test where it is reported (default test)")
+    p.add_argument("--one-site-only", action="store_true",
+                   help="train each seed on one site only, no cross-site run (with G frozen the two are equal: "
+                        "docs/electra.md, \"Over seeds\"); halves the time")
+    p.add_argument("--evaluate-at", default="", metavar="STEPS",
+                   help="comma-separated earlier steps whose one-site checkpoints are evaluated too (multiples of "
+                        "500, at most 1000 before the last), e.g. 1000,1500 of 2000: where over the run they pass")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=run_seeds)
 
@@ -49,14 +70,23 @@ def run_seeds(args) -> int:
     if len(set(seeds)) < 2 or args.steps < 1:
         raise ConfigError(f"--seeds {args.seeds} --steps {args.steps}: two seeds or more (three for the targets), "
                           "one step or more")
-    result = benchmark(args.run_dir, seeds, args.steps, args.generator_steps)
+    at = sorted({int(x) for x in args.evaluate_at.split(",") if x.strip()})
+    if any(x >= args.steps or x < args.steps - KEPT * CHECKPOINT_EVERY or x % CHECKPOINT_EVERY for x in at):
+        raise ConfigError(f"--evaluate-at {args.evaluate_at}: steps below --steps {args.steps}, multiples of "
+                          f"{CHECKPOINT_EVERY} and at most {KEPT * CHECKPOINT_EVERY} before the last (the checkpoints "
+                          "the runs keep)")
+    result = benchmark(args.run_dir, seeds, args.steps, args.generator_steps,
+                       Plan(args.split, not args.one_site_only, at))
     (args.run_dir / "seeds.json").write_text(json.dumps(result, indent=1, default=str))
     print(json.dumps(result, indent=1, default=str) if args.json else format_result(result))
     return 0
 
 
-def jobs(run: Path, seeds: list[int], steps: int, generator_steps: int | None) -> tuple[Path | None, dict]:
-    """G's MLM job (None: no phase) and, per seed, its one-site and two-site job files, in `run`."""
+def jobs(run: Path, seeds: list[int], steps: int, generator_steps: int | None,
+         every: int | None = None) -> tuple[Path | None, dict]:
+    """G's MLM job (None: no phase) and, per seed, its one-site and two-site job files, in `run`;
+    checkpoints every `every` steps (default: only the last)."""
+    every = every or steps
     from nebula.runtime.job import parse_job  # why here: torch, kept off `nebula --help`
     two, one = (demo.adapted(source, steps, demo.SETTINGS) for source in (demo.DEFAULT_JOB, demo.DEFAULT_ONE_SITE_JOB))
     job = parse_job(two, demo.DEFAULT_JOB)
@@ -69,7 +99,7 @@ def jobs(run: Path, seeds: list[int], steps: int, generator_steps: int | None) -
         files[seed] = {}
         for kind, raw, source in (("one-site", one, demo.DEFAULT_ONE_SITE_JOB), ("two-site", two, demo.DEFAULT_JOB)):
             raw = json.loads(json.dumps(raw))  # a copy per seed
-            raw["train"].update(seed=seed, checkpoint_every=steps)  # keeps step 0 and the last
+            raw["train"].update(seed=seed, checkpoint_every=every)  # keeps step 0 and the last (3)
             if gen is not None:
                 demo.teach(raw["stages"][job.graph.sources[0]], corruptor(run, job, gen))
             files[seed][kind] = write_job(raw, run / f"seed-{seed}" / f"{kind}.toml", source)
@@ -81,8 +111,8 @@ def corruptor(run: Path, job, gen: dict) -> Path:
     return run / "generator" / job.graph.sources[0] / "checkpoints" / f"step-{steps:08d}.pt"
 
 
-def train_both(run: Path, files: dict[str, Path], steps: int) -> dict[str, float]:
-    """One seed's one-site and two-site runs, from step 0, and their seconds."""
+def train_both(run: Path, files: dict[str, Path], steps: int, cross_site: bool = True) -> dict[str, float]:
+    """One seed's one-site and (cross_site) two-site runs, from step 0, and their seconds."""
     from nebula.runtime.job import load_job  # why here: torch, kept off `nebula --help`
     from nebula.site.local import start_sites
     job = load_job(files["two-site"])
@@ -90,6 +120,8 @@ def train_both(run: Path, files: dict[str, Path], steps: int) -> dict[str, float
     with tqdm(total=steps, desc=f"{run.name} one site", unit="step") as bar:
         times["one_site_s"] = demo.one_site_phase(run, files["one-site"], "one-site", None,
                                                   demo.Progress(bar, list(job.stages)))
+    if not cross_site:
+        return times
     with tqdm(total=steps, desc=f"{run.name} two sites", unit="step") as bar:
         started = time.monotonic()
         group = start_sites(run / "two-site", files["two-site"])
@@ -98,10 +130,11 @@ def train_both(run: Path, files: dict[str, Path], steps: int) -> dict[str, float
     return times
 
 
-def benchmark(run: Path, seeds: list[int], steps: int, generator_steps: int | None) -> dict[str, Any]:
+def benchmark(run: Path, seeds: list[int], steps: int, generator_steps: int | None,
+              plan: Plan = Plan()) -> dict[str, Any]:
     from nebula.runtime.job import load_job  # why here: torch, kept off `nebula --help`
     from services.electra.compare import Setting, evaluate_runs
-    gen_file, files = jobs(run, seeds, steps, generator_steps)
+    gen_file, files = jobs(run, seeds, steps, generator_steps, CHECKPOINT_EVERY if plan.evaluate_at else None)
     job = load_job(files[seeds[0]]["two-site"])
     times: dict[str, Any] = {}
     g_ckpt = None
@@ -111,14 +144,18 @@ def benchmark(run: Path, seeds: list[int], steps: int, generator_steps: int | No
             times["generator_s"] = demo.one_site_phase(run, gen_file, "generator", None,
                                                        demo.Progress(bar, list(job.graph.sources)))
     for seed in seeds:
-        times[f"seed-{seed}"] = train_both(run / f"seed-{seed}", files[seed], steps)
+        times[f"seed-{seed}"] = train_both(run / f"seed-{seed}", files[seed], steps, plan.cross_site)
     sink = job.graph.sinks[0]
     ckpt = lambda seed, kind, step: run / f"seed-{seed}" / kind / sink / "checkpoints" / f"step-{step:08d}.pt"  # noqa: E731
-    setting = Setting(job, g_ckpt, encoder_evals=False)
-    learnt = evaluate_runs(setting, [(ckpt(s, "one-site", 0), ckpt(s, "one-site", steps)) for s in seeds])
-    sites = evaluate_runs(setting, [(ckpt(s, "one-site", steps), ckpt(s, "two-site", steps)) for s in seeds])
-    return {"seeds": seeds, "steps": steps, "times": times, "learnt": learnt, "cross_site": sites,
-            "auc_spread": auc_spread(learnt, sites)}
+    setting = Setting(job, g_ckpt, encoder_evals=False, split=plan.split)
+    at = lambda step: evaluate_runs(setting, [(ckpt(s, "one-site", 0), ckpt(s, "one-site", step)) for s in seeds])  # noqa: E731
+    out = {"seeds": seeds, "steps": steps, "split": plan.split, "times": times, "learnt": at(steps),
+           "earlier": {step: at(step) for step in plan.evaluate_at}}
+    learnt = out["learnt"]
+    if plan.cross_site:
+        sites = evaluate_runs(setting, [(ckpt(s, "one-site", steps), ckpt(s, "two-site", steps)) for s in seeds])
+        out.update(cross_site=sites, auc_spread=auc_spread(learnt, sites))
+    return out
 
 
 def auc_spread(learnt: dict, sites: dict) -> dict:
@@ -135,10 +172,15 @@ def auc_spread(learnt: dict, sites: dict) -> dict:
 
 def format_result(r: dict) -> str:
     from services.electra.compare import format_rows  # why here: torch, kept off `nebula --help`
+    earlier = "".join(f"D untrained -> step {step} (of {r['steps']}), over seeds {r['seeds']}:\n{format_rows(e)}\n\n"
+                      for step, e in r.get("earlier", {}).items())
+    learnt = (f"{earlier}D untrained (step 0) -> one-site pre-trained ({r['steps']} steps), over seeds {r['seeds']}:\n"
+              f"{format_rows(r['learnt'])}")
+    if "auc_spread" not in r:
+        return learnt
     a = r["auc_spread"]
     per_seed = ", ".join(f"seed {s}: {o:.4f} / {t:.4f}" for s, o, t in zip(r["seeds"], a["one_site"], a["cross_site"]))
-    return (f"D untrained (step 0) -> one-site pre-trained ({r['steps']} steps), over seeds {r['seeds']}:\n"
-            f"{format_rows(r['learnt'])}\n\nD one-site -> cross-site (credit as the job's), final step:\n"
+    return (f"{learnt}\n\nD one-site -> cross-site (credit as the job's), final step:\n"
             f"{format_rows(r['cross_site'])}\n\nfinal RTD AUC one-site / cross-site: {per_seed}; mean difference "
             f"{a['mean_difference']:+.4f}, one-site seeds' range {a['one_site_range']:.4f} "
             f"(sd {a['one_site_sd']:.4f}): "

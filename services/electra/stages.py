@@ -82,6 +82,9 @@ class DiscriminatorOptions(_Options):
     # many seconds of wall clock, the stand-in model's real compute included; 0: off. It measures the
     # runtime's coordination overhead (paper Table 4), not compute scaling
     device_time: float = field(default=0.0, metadata=limits(at_least=0, hint="seconds per micro-batch"))
+    # a benchmark's too: this many more gradient values in each all-reduce of the ranks (zeros, never applied),
+    # so that a stand-in for a larger D on an emulated device synchronises as much as that D would
+    sync_numel: int = field(default=0, metadata=limits(at_least=0, hint="gradient values"))
 
 
 def pin(cpus: tuple[int, ...], key: str) -> None:
@@ -237,11 +240,18 @@ class ElectraDiscriminator(_Electra):
         else:
             bert = BertModel(options.size.bert(len(self.vmap), options.max_len))
         self.module = Discriminator(bert, pretrained=options.init != "random")
-        self.clock = None
+        self.clock, self.ballast = None, None
         if options.device_time > 0:  # the embeddings' output: its backward is the last of the micro-batch
             clock = self.clock = DeviceTime(options.device_time, self.device, f"[stages.{context.name}] device_time")
             bert.embeddings.register_forward_hook(lambda _m, _i, out: clock.wrap(out))
         self._optimise()
+        # after the optimiser is built, which never sees it: the runtime all-reduces every trainable gradient
+        self.ballast = torch.nn.Parameter(torch.zeros(options.sync_numel, device=self.device)) \
+            if options.sync_numel else None
+
+    def trainable(self) -> dict[str, torch.nn.Parameter]:
+        weights = super().trainable()
+        return weights if self.ballast is None else {**weights, "sync_ballast": self.ballast}
 
     @classmethod
     def choose_ranks(cls, job: JobConfig, name: str, most: int) -> tuple[int, dict]:

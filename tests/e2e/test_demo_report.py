@@ -27,6 +27,9 @@ def test_the_demo_shows_held_out_examples_writes_its_report_and_translates_line_
     shown = [line.split("es:", 1)[1].strip() for line in done.stdout.splitlines() if line.strip().startswith("es:")]
     assert shown == [sources[i * 24 // EXAMPLES] for i in range(EXAMPLES)]  # evenly spaced, not chosen
     assert "BLEU" in done.stdout and "sent a->b" in done.stdout and "80 steps" in done.stdout
+    # what it will show, up front, then how long the rest takes here once steps 10-30 are timed
+    assert done.stdout.startswith("nebula demo: ") and "It shows BLEU with its 95% interval" in done.stdout
+    assert "at this machine's pace" in done.stdout and "min translating 24 sentences" in done.stdout
     report = (run / "report.md").read_text()
     assert report.count("\n| ") == EXAMPLES + 1 and "![training loss](loss.png)" in report
     assert (run / "loss.png").stat().st_size > 0

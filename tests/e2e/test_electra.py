@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nebula.errors import StageError
+from nebula.runtime.checkpoint import CheckpointDir
 from nebula.security.audit import verify
 from tests.support.electra import electra_job, expected_ledger, ledger, vocabulary_size
 from tests.support.faulty_electra import BAD_STEP
@@ -20,6 +21,8 @@ from tests.support.sites import JOB_TIMEOUT, records
 REPO = Path(__file__).resolve().parents[2]
 
 RANKS_2 = {'impl = "electra-discriminator"': 'impl = "electra-discriminator"\nranks = 2'}
+# and the all-reduce of a larger D's gradient size (Table 4's paper-proportioned D): zeros, never applied
+SYNC_NUMEL = 100_000
 
 
 def step_records(sites, stage: str) -> list[dict]:
@@ -33,9 +36,13 @@ def assert_each_step_once(sites, sources: dict[str, list[str]]) -> None:
 
 
 def test_generator_teaches_a_discriminator_of_two_ranks_over_ids_only(tmp_path, start_job):
-    sites = start_job(electra_job(tmp_path, RANKS_2))
+    ranks = {k: f"{v}\nsync_numel = {SYNC_NUMEL}" for k, v in RANKS_2.items()}
+    sites = start_job(electra_job(tmp_path, ranks))
     sites.wait()
     assert len(sites.group.services["disc"].procs) == 2 and (sites.run / "logs" / "disc.rank1.log").exists()
+    last = CheckpointDir(sites.run / "disc" / "checkpoints")
+    ballast = last.load(last.steps()[-1])["stage"]["weights"]["sync_ballast"]
+    assert ballast.numel() == SYNC_NUMEL and not ballast.any()  # all-reduced every step, never stepped
     assert_each_step_once(sites, {"generator": ["generator"], "disc": ["generator"]})
     assert ledger(sites.run / "disc") == ledger(sites.run / "generator")  # the same examples, step by step
     steps = sites.job.train.steps

@@ -115,7 +115,9 @@ def test_electra_demo_hot_starts_across_sites_and_reports(tmp_path):
     rows = summary["evaluation"]["rows"]
     assert [(r["task"], r["metric"].split(",")[0]) for r in rows] == [
         ("MLM", "corruptor G"), ("RTD", "ROC-AUC"), ("RTD", "accuracy at p = 0.5"),
-        ("CLM", "D accuracy at masked positions"), ("alignment es-en", "own translation ranked first")]
+        ("CLM", "D accuracy at masked positions"), ("alignment es-en", "own translation ranked first"),
+        ("alignment es-en", "own translation ranked first: D against the shared-token baseline"),
+        ("alignment es-en", "own translation ranked first")]  # ..., N pairs with no shared-token cue
     assert all(r["verdict"] in ("better", "worse", "within") and len(r["after"]) == 1 for r in rows)
     assert summary["evaluation_text"] in report and summary["evaluation_text"] in done.stdout
     assert summary["shows"].startswith("What this run shows") and "What it does not show" in summary["shows"]

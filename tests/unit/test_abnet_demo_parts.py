@@ -102,3 +102,38 @@ def test_a_speed_run_of_the_demo_job_truncates_and_cuts_its_linear_warm_up_to_fi
     assert not any("long_sentences" in s for s in stages)  # truncated to max_len: "skip" would leave none
     lr_factor(10, "linear", 11)  # what the stages then build: accepted
     assert (tmp_path / "work" / "data" / "train.src").read_text() == f"{long}\n"  # the fixed-shape pairs only
+
+
+def test_the_demo_s_monitor_reads_only_what_was_appended_and_its_cost_does_not_grow_with_the_run(tmp_path):
+    """LastStep: the newest step record; a line half written waits for the next look; each look reads the new
+    bytes only, so 800 steps in, a look costs what it did at step 1 (re-reading the whole file did not)."""
+    from nebula.observe.tail import LastStep
+    metrics = tmp_path / "metrics.jsonl"
+    tail = LastStep(metrics)
+    assert tail.latest() is None  # no file yet: the stage has not started
+    record = {"t": 0.0, "kind": "step", "step": 1, "step_s": 0.5, "compute_s": 0.4, "loss": 9.1, "sent": {"x": 9}}
+    metrics.write_text(json.dumps(record) + "\n" + '{"kind": "event", "event": "checkpoint", "step": 1}\n{"kind": "st')
+    assert tail.latest()["step"] == 1 and tail.tail.offset < metrics.stat().st_size
+    with open(metrics, "a") as f:
+        f.write('ep", "step": 2, "loss": 8.0}\n')
+    assert tail.latest() == {"kind": "step", "step": 2, "loss": 8.0}
+    assert tail.latest()["step"] == 2  # nothing new: the last one again
+
+    lines = "".join(json.dumps({**record, "step": s}) + "\n" for s in range(3, 803))
+    with open(metrics, "a") as f:
+        f.write(lines)
+    assert tail.latest()["step"] == 802 and tail.tail.offset == metrics.stat().st_size
+    metrics.write_bytes(b"x" * tail.tail.offset + b'{"kind": "step", "step": 803, "loss": 7.0}\n')  # old bytes unread
+    assert tail.latest()["step"] == 803
+
+
+def test_the_demo_estimates_its_time_from_its_own_steps_once():
+    from services.abnet.demo import EVAL_STEPS_PER_SENTENCE, TIMED_FROM, TIMED_STEPS, Estimate
+    estimate = Estimate(total=400, sentences=400)
+    assert estimate.see(1, 0.0) is None and estimate.see(TIMED_FROM, 100.0) is None  # the start, then the clock
+    assert estimate.see(TIMED_FROM + TIMED_STEPS - 1, 109.5) is None
+    line = estimate.see(TIMED_FROM + TIMED_STEPS, 110.0)  # 0.5 s a step
+    left, evaluate = (400 - TIMED_FROM - TIMED_STEPS) * 0.5, 400 * EVAL_STEPS_PER_SENTENCE * 0.5
+    assert line.startswith(f"at this machine's pace (0.50 s a step over steps {TIMED_FROM}-{TIMED_FROM + TIMED_STEPS})")
+    assert f"~{left / 60:.1f} min of training left, then ~{evaluate / 60:.1f} min translating 400 sentences" in line
+    assert estimate.see(TIMED_FROM + TIMED_STEPS + 1, 111.0) is None  # said once

@@ -90,7 +90,8 @@ def test_table4_ratios_are_against_n_1_and_the_auto_row_carries_its_evidence():
 
 
 DEVICE = {"paper_d": {"hidden": 170, "layers": 4, "heads": 2, "ffn": 680}, "t_generator_s": 0.1,
-          "t_paper_d_s": 0.35, "slowdown": 4.0, "device_time_s": 1.4, "r": 14.0}
+          "t_paper_d_s": 0.35, "slowdown": 4.0, "device_time_s": 1.4, "r": 14.0, "paper_d_numel": 6_300_000,
+          "stand_in_numel": 240_000, "sync_numel": 6_060_000}
 
 
 def test_table_4_alone_prints_its_label_evidence_and_verdict(capsys):
@@ -105,8 +106,18 @@ def test_table_4_alone_prints_its_label_evidence_and_verdict(capsys):
     out = capsys.readouterr().out
     assert "Table 3" not in out and "DEVICE-TIME EMULATION" in out and "not of compute scaling" in out
     assert "1.400 s = k 4 x 0.350 s" in out and "n in [0.9 r, r / 0.85] = [1.92, 2.51]" in out
-    assert "auto n = 3: generator busy 0.96 (met, target >= 0.95)" in out
-    assert "n = 2: 1.90x = 0.95 x n (met, target >= 0.85 x n)" in out
+    assert "auto n = 3: generator busy 0.96 (met, target >= 0.95); 2.38x = 0.79 x n per sub; ceiling 1.00" in out
+    assert "n = 2: 1.90x = 0.95 x n (met, target >= 0.85 x n); ceiling 1.00" in out
+    assert "each all-reduce carries 6,300,000 gradient values" in out
+    # r = 7: n = 8 at 0.86 x n sits on its ceiling 7 / 8, so it says what it measures
+    low = {**DEVICE, "r": 7.0}
+    rows = bench_tables.table4_rows([Config("n1", False, 170.0, ranks=1), Config("n8", False, 170.0, ranks=8)],
+                                    {"n1": results["n1"], "n8": [bench.step_sums(records([1.0] * 20, tokens=6880,
+                                                                                         busy=1.0), [])]},
+                                    evidence, low)
+    assert rows[1]["per_sub"] == 0.86 and rows[1]["per_sub_ceiling"] == 0.875
+    bench_report.print_verdict([], rows)
+    assert "at its ceiling r / n = 0.88: this measures r, not the runtime" in capsys.readouterr().out
     assert "inter/intra" not in out.split("targets:")[1]
 
 
@@ -120,11 +131,12 @@ def test_jobs_at_the_tables_sizes_and_the_emulated_device(tmp_path):
     # CPU cores even on a GPU host: with "auto", a 16-core H100 machine put both subs of n = 2 on one GPU
     assert {s["device"] for s in t3["stages"].values()} == {"cpu"}
     base = bench_tables.bench_job(bench.SCENARIO, Config("t4", False, 170.0), tmp_path, 10, None, 4)
-    fixed = bench_tables.device_job(base, 1.4, 4, 16)
-    auto = bench_tables.device_job(base, 1.4, "auto", 16)
+    fixed = bench_tables.device_job(base, DEVICE, 4, 16)
+    auto = bench_tables.device_job(base, DEVICE, "auto", 16)
     assert (fixed["train"]["batch_size"], fixed["train"]["micro_batches"]) == (4 * base["train"]["batch_size"], 4)
     assert auto["stages"]["disc"]["ranks"] == "auto" and auto["stages"]["disc"]["max_ranks"] == 16
     assert fixed["stages"]["disc"]["device_time"] == 1.4 and fixed["stages"]["disc"]["size"] == bench_tables.STAND_IN
+    assert fixed["stages"]["disc"]["sync_numel"] == DEVICE["sync_numel"]  # the all-reduce at the paper D's size
     g_core, d_cores = bench_tables.cores()
     assert fixed["stages"]["generator"]["cpus"] == g_core and fixed["stages"]["disc"]["cpus"] == d_cores
     assert "device_time" not in base["stages"]["disc"]  # device_job copies, it does not change the base
@@ -144,3 +156,19 @@ def test_compression_options_are_refused_not_ignored():
     args.setting = [["fp16", "int8"]]
     with pytest.raises(ConfigError, match="--setting does not apply"):
         bench.check_options(args, 5.0)
+
+
+def test_the_all_reduce_of_table_4_is_sized_as_the_paper_proportioned_d(tmp_path):
+    """The stand-in's gradients plus sync_numel zeros = every weight of the paper-proportioned D (embeddings,
+    layers, the RTD and tied CLM heads), ~24x the stand-in's at the bench's vocabulary."""
+    import torch
+
+    from services.models.vocab import VocabMap
+    vocab = tmp_path / "vocab.json"
+    VocabMap(torch.arange(1000), 2000, 3).save(vocab)
+    paper = bench_tables.paper_proportioned(bench_tables.SIZES["generator"])
+    big, small = (bench_tables.discriminator_numel(vocab, size, 64) for size in (paper, bench_tables.STAND_IN))
+    hidden, ffn, layers = paper["hidden"], paper["ffn"], paper["layers"]
+    per_layer = 4 * (hidden * hidden + hidden) + 2 * hidden * ffn + ffn + hidden + 2 * 2 * hidden  # + 2 LayerNorms
+    assert big > 1000 * hidden + layers * per_layer  # embeddings and layers, at least
+    assert big > 10 * small > 0

@@ -126,4 +126,5 @@ def test_the_plain_words_follow_the_verdicts():
     assert "an improvement" in good and "no jump" in good
     flat = shows(_summary(0.3, 0.0))
     assert "not shown on every target evaluation" in flat and "no change beyond the interval" in flat
-    assert "A frozen teacher" in flat and "A frozen teacher" not in good
+    assert "a scorer that sees only the tokens the halves share" in flat and "t interval over those seeds" in flat
+    assert "t interval over those seeds" not in good

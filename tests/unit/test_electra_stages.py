@@ -324,6 +324,24 @@ def test_an_emulated_device_takes_its_time_and_refuses_to_be_faster_than_the_mod
         micro_batch(disc, inputs)
 
 
+def test_sync_numel_sends_a_larger_d_s_gradient_size_through_the_all_reduce_and_never_applies_it(tmp_path, sent):
+    """The runtime all-reduces every trainable gradient (a missing one as zeros): the ballast makes the stand-in's
+    all-reduce as large as the paper-proportioned D's, while its optimiser never sees it and a checkpoint loads."""
+    job = load_job(electra_job(tmp_path, {'impl = "electra-discriminator"':
+                                          'impl = "electra-discriminator"\nsync_numel = 5000'}))
+    disc = build_stage(job, "disc", tmp_path / "disc", quiet=True)
+    plain = build_stage(load_job(electra_job(tmp_path / "plain")), "disc", tmp_path / "plain-disc", quiet=True)
+    weights = disc.trainable()
+    assert weights["sync_ballast"].numel() == 5000 and set(weights) - set(plain.trainable()) == {"sync_ballast"}
+    stepped = {id(p) for group in disc.optimizer.param_groups for p in group["params"]}
+    assert id(weights["sync_ballast"]) not in stepped and len(stepped) == len(weights) - 1
+    micro_batch(disc, sent[0])
+    assert weights["sync_ballast"].grad is None  # no gradient of its own: the all-reduce sends zeros
+    disc.optimizer_step(1)
+    assert not weights["sync_ballast"].any()
+    disc.load_state_dict(disc.state_dict())
+
+
 def test_cpus_outside_this_process_s_cores_are_refused(tmp_path):
     job = load_job(electra_job(tmp_path, {'corpus = "es-en"': 'corpus = "es-en"\ncpus = [4096]'}))
     with pytest.raises(ConfigError, match=r"\[stages\.generator\] cpus = \[4096\]: this process may run on cores"):
