@@ -23,6 +23,7 @@ import zmq
 from nebula.errors import ConfigError, NebulaError
 from nebula.gateway.admission import EXTERNAL, INTERNAL, PEER, Admission, Inbound, Refusal
 from nebula.gateway.live import Credential, LiveConnections, connection_of, credential_problem
+from nebula.gateway.memory import Reclaim
 from nebula.gateway.meter import Meter
 from nebula.gateway.peers import PeerLinks
 from nebula.gateway.queues import HopQueues
@@ -63,8 +64,12 @@ class Gateway:
         limits = Limits(max_frames=site.gateway.max_frames)
         g = site.gateway
         rates = SenderRates(g.rate_limit, g.rate_burst, g.peer_rate_limit, g.peer_rate_burst)
+        # per link: the first audit_transfer_burst transfer records, then audit_transfer_rate a second in full
+        self.audit_rates = SenderRates(g.audit_transfer_rate, g.audit_transfer_burst, g.audit_transfer_rate,
+                                       g.audit_transfer_burst)
         self.admission = Admission(site.name, self.store, limits, g.max_message_bytes, rates=rates)
         self.queues = HopQueues(g.queue_bytes, g.queue_bytes_total)  # bytes held for next hops
+        self.reclaim = Reclaim()  # what a drained queue held goes back to the system (memory.py)
         self.ctx = zmq.Context(io_threads=site.gateway.io_threads)
         self.zap: ZapHandler | None = None
         self.links = PeerLinks(self.ctx, self.identity, site, self.store, self.audit)
@@ -144,6 +149,7 @@ class Gateway:
                     self.meter.queues[names[sock]] = self._drain(sock, origin, peer_gateway)
                 self._connections_ended()
                 self.queues.settle()  # what the next hops took since the last turn
+                self.reclaim.observe(self.queues.held)
                 self.meter.queued_bytes = self.queues.status()
                 self._maybe_log_stats()
                 if self.observer is not None:
@@ -370,7 +376,11 @@ class Gateway:
         own refusals coming back are recorded as this gateway's refusals going out are: the first few
         per (gateway, stage) and interval in full, the rest counted into a `transfer.in.summary` by code.
         Each forwarded message can draw one, and a peer gateway can send them at will: recorded one by
-        one they were half of what a flood into a full stage of the peer site wrote (issue 42, class 5)."""
+        one they were half of what a flood into a full stage of the peer site wrote (issue 42, class 5).
+        The other records of a link (direction, job, src, dst, kind) are written in full up to its rate
+        ([gateway] audit_transfer_burst, then audit_transfer_rate a second); past it, its messages and
+        bytes are counted into a `transfer.<direction>.summary` per interval: a stage at its rate limit
+        wrote 0.34 MB of records a second (issue 55)."""
         env = msg.env
         if env.kind in SUMMARISED:
             self.audit.tally("transfer.summary", msg.nbytes, **tally_key(direction, env))
@@ -379,7 +389,12 @@ class Gateway:
             self.audit.repeated("transfer.in", refusal_key(env), refusal_fields(env, msg.nbytes),
                                 reason=clip(env.error.code, CODE_CLIP))
             return
-        self.audit.append(f"transfer.{direction}", **transfer_fields(env, msg.nbytes))
+        key = tally_key(direction, env)
+        if self.audit_rates.take("\0".join(map(str, key.values())), False):
+            self.audit.append(f"transfer.{direction}", **transfer_fields(env, msg.nbytes))
+        else:  # past the link's rate: counted, messages and bytes, into one summary per interval
+            del key["direction"]
+            self.audit.tally(f"transfer.{direction}.summary", msg.nbytes, **key)
 
     def _maybe_log_stats(self) -> None:
         interval = self.site.gateway.stats_interval
