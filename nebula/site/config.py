@@ -81,6 +81,9 @@ class GatewayConfig:
     # are counted into one `transfer.<dir>.summary` per interval (messages, bytes), not a record each.
     audit_transfer_rate: float = field(default=20.0, metadata=limits(above=0))
     audit_transfer_burst: int = field(default=200, metadata=limits(at_least=1))
+    # A link to a peer gateway renews its CURVE session after this many seconds or bytes (nebula.gateway.peers).
+    rekey_interval: float = field(default=120.0, metadata=limits(above=0))
+    rekey_bytes: int = field(default=16 << 30, metadata=limits(above=0))
     # Flood limits (docs/security.md, "Under a flood"): messages a second from one stage / peer gateway,
     # and bytes held for next hops that do not read (ZeroMQ's HWM counts messages, not bytes).
     rate_limit: float = field(default=1000.0, metadata=limits(above=0))  # more: ERROR "rate-limited"
@@ -157,6 +160,8 @@ class _GatewayTable:
     audit_summary_interval: float = 10.0
     audit_transfer_rate: float = 20.0
     audit_transfer_burst: int = 200
+    rekey_interval: float = 120.0
+    rekey_bytes: int = 16 << 30
     rate_limit: float = 1000.0
     rate_burst: int = 2000
     peer_rate_limit: float = 20000.0
