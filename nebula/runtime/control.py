@@ -41,12 +41,16 @@ class Hello:
     incarnation: int  # random per process start: a new one means the member restarted
     checkpoints: tuple[int, ...]  # steps of the member's good checkpoints
     generation: int = field(metadata=GENERATION)
+    job: str  # the digest of the job definition it runs (nebula.runtime.job_digest)
+    job_keys: dict[str, str]  # ... and its keys, to name the first that differs
     answer_to: int = 0  # the RESYNC round this answers; 0: sent on start
 
 
 @dataclass(frozen=True, kw_only=True)
 class Resync:
     round: int
+    job: str  # the coordinator's job definition, as in Hello: a member checks it too
+    job_keys: dict[str, str]
 
 
 @dataclass(frozen=True, kw_only=True)

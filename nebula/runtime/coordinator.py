@@ -31,6 +31,7 @@ from nebula.errors import StageError
 from nebula.runtime import control as ctl
 from nebula.runtime.control import Hello, Ready, Topic
 from nebula.runtime.generations import Resync
+from nebula.runtime.job_digest import JobDefinition
 
 if TYPE_CHECKING:  # the runner holds its role: a type only, to name what a role may call
     from nebula.runtime.runner import StageRunner
@@ -102,6 +103,7 @@ class Role:
         self.coordinator = runner.graph.coordinator
         self.members = [s for s in runner.graph.stages if s != runner.name]
         self.incarnation = random.SystemRandom().randrange(1, 1 << 62)  # a new one per process start
+        self.definition = JobDefinition.of(runner.job)  # announced in HELLO and RESYNC, checked in both
 
     @staticmethod
     def of(runner: StageRunner) -> Role:
@@ -139,7 +141,8 @@ class Role:
     def hello(self, answer_to: int) -> ctl.Hello:
         runner = self.runner
         return ctl.Hello(incarnation=self.incarnation, checkpoints=tuple(runner.good_checkpoints()),
-                         generation=runner.generations.current, answer_to=answer_to)
+                         generation=runner.generations.current, answer_to=answer_to,
+                         job=self.definition.digest, job_keys=self.definition.keys)
 
     def refuse(self, sender: str, topic: Topic) -> StageError:
         role = "coordinates" if isinstance(self, Coordinator) else f"is coordinated by {self.coordinator}"
@@ -166,7 +169,7 @@ class Coordinator(Role):
         runner.abandon()
         round_ = coordination.start_round()
         for member in self.members:
-            runner.tell(member, ctl.Resync(round=round_))
+            runner.tell(member, ctl.Resync(round=round_, job=self.definition.digest, job_keys=self.definition.keys))
         runner.pump(coordination.all_answered)
         step, generation = coordination.decide(self.hello(0))
         runner.restore(step)
@@ -180,6 +183,7 @@ class Coordinator(Role):
 
     def on_protocol(self, sender: str, topic: Topic, body: Any) -> None:
         if topic is Topic.HELLO:
+            self.definition.check(f"{sender} ({self.runner.addresses[sender]})", body.job, body.job_keys)
             if self.finish_at is not None:
                 self._late_joiner(sender, body)
             elif self.coordination.on_hello(sender, body):
@@ -260,6 +264,7 @@ class Member(Role):
 
     def on_protocol(self, sender: str, topic: Topic, body: Any) -> None:
         if sender == self.coordinator and topic is Topic.RESYNC:
+            self.definition.check(f"{sender} ({self.runner.addresses[sender]})", body.job, body.job_keys)
             if self.joining is None:
                 raise Resync(body.round)
             self.joining = body.round  # a new round began while we waited: answer it too

@@ -20,7 +20,7 @@ import torch
 from nebula.errors import DataError
 from nebula.runtime.compression import LinkCodecs, LinkMeter
 from nebula.runtime.control import DataKind, DataTopic
-from nebula.runtime.graph import LinkConfig
+from nebula.runtime.graph import LinkConfig, shape_text
 from nebula.runtime.job import JobConfig
 from nebula.runtime.sender import BackgroundSender
 from nebula.runtime.stage import FLOAT, Port
@@ -38,6 +38,8 @@ class Link:
         self.peer = config.dst if self.outgoing else config.src  # the stage at the other end
         self.address = job.stage(self.peer).address
         self.ports = {name: ports[name] for name in config.tensors}  # this end's ports for the link's tensors
+        options = job.stage(here).options
+        self.dims = {name: port.dims(options) for name, port in self.ports.items()}  # declared sizes, or None
         self.compression, self.sender = compression, sender
         self.direction = "forward" if self.outgoing else "backward"  # what this end sends on it
         # what comes back on an out-link: the gradients of its floating-point tensors
@@ -96,7 +98,16 @@ class Link:
             if why:
                 raise DataError(f"{where}: {name!r} with {why} (port {port.name}: {port.dtype}, rank {port.rank}); "
                                 "check the stage implementations at both ends")
+            self._check_sizes(where, name, tensor)
         return {n: t.to(device) for n, t in tensors.items()}, example_ids
+
+    def _check_sizes(self, where: str, name: str, tensor: torch.Tensor) -> None:
+        """A gradient comes back in the shape its activation went out (the executor checks that); what
+        arrives on an in-link must have the sizes this stage declares for its input port, if it does."""
+        dims = None if self.outgoing else self.dims[name]
+        if dims is not None and any(d is not None and d != n for d, n in zip(dims, tensor.shape[1:])):
+            raise DataError(f"{where}: {name!r} has shape {tuple(tensor.shape)}, but {self.config.dst} declares "
+                            f"{shape_text(dims)} for its input port {name!r}; make the stages' options agree")
 
     def take_bytes(self) -> dict[str, int]:
         """Wire bytes sent each way since the last call, keyed "link:direction"."""

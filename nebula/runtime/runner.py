@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import torch
 
-from nebula.errors import DataError, LinkDown, RecvTimeout, RemoteError, StageError, TransportError
+from nebula.errors import DataError, LinkDown, PeerFailed, RecvTimeout, RemoteError, StageError, TransportError
 from nebula.runtime import control as ctl
 from nebula.runtime.checkpoint import (
     CheckpointDir,
@@ -328,15 +328,15 @@ class StageRunner:
                     noticed = now
                     self._waiting(now - started, outages)
         if msg.kind == Kind.ERROR:  # gateways' refusals are handled by the channel: this is a stage's
-            raise RemoteError(msg.error_code, f"{msg.src} failed: {msg.error_message}; fix the cause there, "
-                                              "then restart the job's stages")
+            raise PeerFailed(msg.error_code, f"{msg.src} failed: {msg.error_message}; fix the cause there, "
+                                             "then restart the job's stages")
         return msg
 
     def handle(self, msg: Message) -> None:
         sender = self.names.get(msg.src)
         if sender is None:
             raise StageError(f"{msg.src} sent a {msg.kind.name} message but is not a stage of job {self.job.name}")
-        if msg.job and msg.job != self.job.name:  # every stage names its job; a bare test message may not
+        if msg.job != self.job.name:  # every stage names its job: a message without one is refused too
             raise StageError(f"{msg.src} sent a message of job {msg.job!r} to a stage of job {self.job.name!r}: "
                              "submit every site's half of a job under the id the first site issued "
                              "(`nebula job submit JOB.toml --join ID`)")

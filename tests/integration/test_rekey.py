@@ -106,6 +106,7 @@ def test_sessions_rekey_every_second_under_load_and_nothing_is_lost_or_duplicate
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_thirty_minutes_of_rekeys_every_minute_lose_and_duplicate_nothing(tmp_path):
     """The target of issue 55: 30 minutes (and half a minute for the last rekey's timing) with a rekey
     every 60 s under load (100 messages of 64 KiB a second each way, 13 MB/s through both gateways: the

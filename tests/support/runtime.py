@@ -12,6 +12,7 @@ import torch
 
 from nebula.errors import DataError
 from nebula.runtime.job import parse_job
+from nebula.runtime.job_digest import SITE_LOCAL
 from nebula.runtime.service import build_stage, make_runner
 from nebula.runtime.stage import FLOAT, Output, Port, Stage
 from services.example.stages import Options, Sink, Source
@@ -100,8 +101,9 @@ def run_job(job, root: Path, crash: str | None = None, crashed_job=None, timeout
 
 @dataclass(frozen=True, kw_only=True)
 class CrashOptions(Options):
-    crash_at: int = 0  # die (as a killed process would) in the middle of this step
-    slow_infer: float = 0.0  # seconds per inference batch
+    # faults injected into one incarnation of a stage: not the job's definition, which the restart shares
+    crash_at: int = field(default=0, metadata=SITE_LOCAL)  # die (as a killed process would) in the middle of this step
+    slow_infer: float = field(default=0.0, metadata=SITE_LOCAL)  # seconds per inference batch
 
 
 class CrashingSink(Sink):
