@@ -64,6 +64,7 @@ def definition(job: JobConfig) -> dict[str, str]:
     for name, stage in job.stages.items():
         out[f"stages.{name}.address"], out[f"stages.{name}.impl"] = _json(stage.address), _json(stage.impl)
         _flatten(f"stages.{name}", stage.options, out)
+    _flatten("integrity", job.integrity, out)
     for link in job.links:
         _flatten(f"links.{link.name}", {"tensors": list(link.tensors), "backward": link.backward,
                                         "compression": link.compression}, out)

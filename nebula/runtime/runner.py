@@ -42,6 +42,7 @@ from nebula.runtime.executor import Executor
 from nebula.runtime.generations import Generations, Resync
 from nebula.runtime.graph import Item, LinkConfig
 from nebula.runtime.inference import Inference
+from nebula.runtime.integrity import Integrity
 from nebula.runtime.job import JobConfig
 from nebula.runtime.link import Link
 from nebula.runtime.metrics import MetricsLog
@@ -79,6 +80,7 @@ class StageRunner:
         self.addresses = {n: s.address for n, s in job.stages.items()}
         self.names = {a: n for n, a in self.addresses.items()}
         self.sender = BackgroundSender(channel, timeout)
+        self.integrity = Integrity.for_stage(job.integrity, self.workdir, metrics)  # what it receives, its loss
         self.links = self._open_links()
         self.in_links = [self.links[link.name] for link in self.graph.in_links[name]]
         self.out_links = [self.links[link.name] for link in self.graph.out_links[name]]
@@ -108,7 +110,7 @@ class StageRunner:
                  "out": {p.name: p for p in type(self.stage).outputs}}
         on_switch = lambda **event: self.metrics.event("compression", **event)  # noqa: E731 - `auto` changed rung
         return {config.name: Link.open(config, self.name, self.job, ports["out" if config.src == self.name else "in"],
-                                       self.sender, self.channel, meter, self.workdir, on_switch)
+                                       self.sender, self.channel, meter, self.workdir, on_switch, self.integrity)
                 for config in (*self.graph.in_links[self.name], *self.graph.out_links[self.name])}
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -161,6 +163,7 @@ class StageRunner:
 
     def close(self) -> None:
         self.sender.close()
+        self.integrity.close()
 
     def _final(self) -> None:
         if self.step not in self.checkpoints.steps():
@@ -276,6 +279,7 @@ class StageRunner:
             tally = self.executor.apply(state.step)
         now, t = time.perf_counter(), state.step
         since = state.started if self.last_update is None else self.last_update  # update to update
+        self.integrity.check_loss(tally.loss, t)  # before this step is saved or recorded as applied
         self.step, self.last_update = t, now
         self.ledger.append([t, digest(state.ids)])
         if tally.stats.get("tokens"):  # bytes_per_token below: this step's messages, all encoded, none of the next
