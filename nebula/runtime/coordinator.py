@@ -18,23 +18,25 @@ after FINISH went out is resumed at the end, or, if it lacks the final checkpoin
 back as during training.
 
 `Coordination` is the coordinator's decisions as a socket-free state machine; `Coordinator` and
-`Member` are the two roles a stage's runner holds (`Role.of`), which act through the runner's pump.
+`Member` are the two roles a stage holds (`Role.of`), which act on their stage through a `Handle`: what
+the protocol may see and do of it, nothing else.
 """
 from __future__ import annotations
 
 import enum
 import random
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from nebula.errors import StageError
 from nebula.runtime import control as ctl
 from nebula.runtime.control import Hello, Ready, Topic
-from nebula.runtime.generations import Resync
+from nebula.runtime.generations import Generations, Resync
+from nebula.runtime.graph import Graph
 from nebula.runtime.job_digest import JobDefinition
-
-if TYPE_CHECKING:  # the runner holds its role: a type only, to name what a role may call
-    from nebula.runtime.runner import StageRunner
+from nebula.runtime.metrics import MetricsLog
+from nebula.runtime.outbox import Outbox
+from nebula.runtime.progress import Progress
 
 PROTOCOL = (Topic.HELLO, Topic.RESYNC, Topic.RESUME, Topic.READY)  # handled in any generation
 
@@ -95,19 +97,38 @@ class Coordination:
         self.phase = Phase.TRAINING
 
 
+@dataclass(frozen=True)
+class Handle:
+    """What a stage's role may see and do of its stage."""
+
+    name: str
+    graph: Graph
+    progress: Progress  # the step applied, the checkpoints held, restore
+    outbox: Outbox  # tell
+    generations: Generations
+    metrics: MetricsLog
+    pump: Callable[[Callable[[], bool]], None]  # handle messages until the condition holds
+    abandon: Callable[[], None]  # drop the work in flight (a resume begins)
+    replay: Callable[[], None]  # handle what arrived early for the generation just entered
+
+    @property
+    def is_source(self) -> bool:
+        return not self.graph.in_links[self.name]
+
+
 class Role:
     """A stage's part in resuming and ending the job."""
 
-    def __init__(self, runner: StageRunner):
-        self.runner = runner
-        self.coordinator = runner.graph.coordinator
-        self.members = [s for s in runner.graph.stages if s != runner.name]
+    def __init__(self, stage: Handle):
+        self.stage = stage
+        self.coordinator = stage.graph.coordinator
+        self.members = [s for s in stage.graph.stages if s != stage.name]
         self.incarnation = random.SystemRandom().randrange(1, 1 << 62)  # a new one per process start
-        self.definition = JobDefinition.of(runner.job)  # announced in HELLO and RESYNC, checked in both
+        self.definition = JobDefinition.of(stage.progress.job)  # announced in HELLO and RESYNC, checked in both
 
     @staticmethod
-    def of(runner: StageRunner) -> Role:
-        return Coordinator(runner) if runner.name == runner.graph.coordinator else Member(runner)
+    def of(handle: Handle) -> Role:
+        return Coordinator(handle) if handle.name == handle.graph.coordinator else Member(handle)
 
     def start(self) -> None:
         """Agree with every other stage on the last checkpoint they all hold, and load it."""
@@ -139,19 +160,20 @@ class Role:
         raise NotImplementedError
 
     def hello(self, answer_to: int) -> ctl.Hello:
-        runner = self.runner
-        return ctl.Hello(incarnation=self.incarnation, checkpoints=tuple(runner.good_checkpoints()),
-                         generation=runner.generations.current, answer_to=answer_to,
+        stage = self.stage
+        return ctl.Hello(incarnation=self.incarnation, checkpoints=tuple(stage.progress.good_checkpoints()),
+                         generation=stage.generations.current, answer_to=answer_to,
                          job=self.definition.digest, job_keys=self.definition.keys)
 
     def refuse(self, sender: str, topic: Topic) -> StageError:
         role = "coordinates" if isinstance(self, Coordinator) else f"is coordinated by {self.coordinator}"
-        return StageError(f"{self.runner.addresses[sender]} sent {topic.value!r} to {self.runner.name}, which {role}")
+        return StageError(f"{self.stage.outbox.addresses[sender]} sent {topic.value!r} to {self.stage.name}, "
+                          f"which {role}")
 
 
 class Coordinator(Role):
-    def __init__(self, runner: StageRunner):
-        super().__init__(runner)
+    def __init__(self, stage: Handle):
+        super().__init__(stage)
         self.coordination = Coordination(list(self.members))
         self.ended: set[str] = set()  # sources through training
         self.done: set[str] = set()  # members that saved and exit
@@ -165,25 +187,26 @@ class Coordinator(Role):
                 continue  # a member restarted meanwhile: start over
 
     def _round(self) -> None:
-        runner, coordination = self.runner, self.coordination
-        runner.abandon()
+        stage, coordination = self.stage, self.coordination
+        stage.abandon()
         round_ = coordination.start_round()
         for member in self.members:
-            runner.tell(member, ctl.Resync(round=round_, job=self.definition.digest, job_keys=self.definition.keys))
-        runner.pump(coordination.all_answered)
+            stage.outbox.tell(member, ctl.Resync(round=round_, job=self.definition.digest,
+                                                 job_keys=self.definition.keys))
+        stage.pump(coordination.all_answered)
         step, generation = coordination.decide(self.hello(0))
-        runner.restore(step)
-        runner.generations.enter(generation)
+        stage.progress.restore(step)
+        stage.generations.enter(generation)
         for member in self.members:
-            runner.tell(member, ctl.Resume(round=round_, step=step, generation=generation))
-        runner.replay()
-        runner.pump(coordination.all_ready)
+            stage.outbox.tell(member, ctl.Resume(round=round_, step=step, generation=generation))
+        stage.replay()
+        stage.pump(coordination.all_ready)
         coordination.resumed()
-        runner.metrics.event("resumed", step=step, generation=generation)
+        stage.metrics.event("resumed", step=step, generation=generation)
 
     def on_protocol(self, sender: str, topic: Topic, body: Any) -> None:
         if topic is Topic.HELLO:
-            self.definition.check(f"{sender} ({self.runner.addresses[sender]})", body.job, body.job_keys)
+            self.definition.check(f"{sender} ({self.stage.outbox.addresses[sender]})", body.job, body.job_keys)
             if self.finish_at is not None:
                 self._late_joiner(sender, body)
             elif self.coordination.on_hello(sender, body):
@@ -203,14 +226,14 @@ class Coordinator(Role):
         return True
 
     def end(self, target: int) -> None:
-        runner = self.runner
-        if runner.is_source:
-            self.ended.add(runner.name)
-        runner.pump(lambda: self.ended >= set(runner.graph.sources))
+        stage = self.stage
+        if stage.is_source:
+            self.ended.add(stage.name)
+        stage.pump(lambda: self.ended >= set(stage.graph.sources))
         self.finish_at = target
         for member in self.members:
-            runner.tell(member, ctl.Finish(step=target))
-        runner.pump(lambda: runner.step >= target and self.done >= set(self.members))
+            stage.outbox.tell(member, ctl.Finish(step=target))
+        stage.pump(lambda: stage.progress.step >= target and self.done >= set(self.members))
 
     def awaited_resume(self) -> list[str] | None:
         coordination = self.coordination
@@ -220,23 +243,23 @@ class Coordinator(Role):
         return [m for m in self.members if m not in got]
 
     def awaited_end(self) -> list[str] | None:
-        if self.runner.step < self.runner.train.steps:
+        if self.stage.progress.step < self.stage.progress.train.steps:
             return None
         if self.finish_at is not None:
             return [m for m in self.members if m not in self.done]
-        return [s for s in self.runner.graph.sources if s not in self.ended]
+        return [s for s in self.stage.graph.sources if s not in self.ended]
 
     def _late_joiner(self, sender: str, hello: ctl.Hello) -> None:
         """A member restarted after the job's end was announced: resume it at the end and finish it,
         or, if it died before saving the final step, roll every stage back as during training."""
-        coordination, runner = self.coordination, self.runner
+        coordination, stage = self.coordination, self.stage
         if coordination.incarnations.get(sender) == hello.incarnation:
             return
         coordination.incarnations[sender] = hello.incarnation
         if self.finish_at in hello.checkpoints:
-            runner.tell(sender, ctl.Resume(round=coordination.round, step=self.finish_at,
-                                           generation=runner.generations.current))
-            runner.tell(sender, ctl.Finish(step=self.finish_at))
+            stage.outbox.tell(sender, ctl.Resume(round=coordination.round, step=self.finish_at,
+                                           generation=stage.generations.current))
+            stage.outbox.tell(sender, ctl.Finish(step=self.finish_at))
             return
         exited = sorted(self.done - {sender})
         if exited:  # they saved the end and are gone: nobody can replay the steps it lacks with it
@@ -249,26 +272,26 @@ class Coordinator(Role):
 
 
 class Member(Role):
-    def __init__(self, runner: StageRunner):
-        super().__init__(runner)
+    def __init__(self, stage: Handle):
+        super().__init__(stage)
         self.joining: int | None = None  # the RESYNC round answered last, while awaiting RESUME
         self.finish_at: int | None = None  # the step FINISH asked this stage to reach
 
     def recover(self, resync: Resync) -> None:
         """Answer the coordinator and wait for its RESUME (round 0: unasked, on start)."""
-        runner = self.runner
-        runner.abandon()
+        stage = self.stage
+        stage.abandon()
         self.joining = resync.round
-        runner.tell(self.coordinator, self.hello(resync.round))
-        runner.pump(lambda: self.joining is None)
+        stage.outbox.tell(self.coordinator, self.hello(resync.round))
+        stage.pump(lambda: self.joining is None)
 
     def on_protocol(self, sender: str, topic: Topic, body: Any) -> None:
         if sender == self.coordinator and topic is Topic.RESYNC:
-            self.definition.check(f"{sender} ({self.runner.addresses[sender]})", body.job, body.job_keys)
+            self.definition.check(f"{sender} ({self.stage.outbox.addresses[sender]})", body.job, body.job_keys)
             if self.joining is None:
                 raise Resync(body.round)
             self.joining = body.round  # a new round began while we waited: answer it too
-            self.runner.tell(sender, self.hello(body.round))
+            self.stage.outbox.tell(sender, self.hello(body.round))
         elif sender == self.coordinator and topic is Topic.RESUME:
             if self.joining is not None and body.round >= self.joining:
                 self._resume(body)
@@ -276,17 +299,17 @@ class Member(Role):
             raise self.refuse(sender, topic)
 
     def _resume(self, body: ctl.Resume) -> None:
-        runner = self.runner
-        if body.generation < runner.generations.floor:  # the coordinator's decide() never gives one
-            raise StageError(f"{runner.addresses[self.coordinator]} resumed {runner.name} into generation "
-                             f"{body.generation}, below {runner.generations.floor}, the first it has not "
+        stage = self.stage
+        if body.generation < stage.generations.floor:  # the coordinator's decide() never gives one
+            raise StageError(f"{stage.outbox.addresses[self.coordinator]} resumed {stage.name} into generation "
+                             f"{body.generation}, below {stage.generations.floor}, the first it has not "
                              "abandoned: it would drop every message of it as abandoned work")
-        runner.restore(body.step)
-        runner.generations.enter(body.generation)
+        stage.progress.restore(body.step)
+        stage.generations.enter(body.generation)
         self.joining = None
-        runner.tell(self.coordinator, ctl.Ready(round=body.round, step=body.step))
-        runner.metrics.event("resumed", step=body.step, generation=body.generation)
-        runner.replay()
+        stage.outbox.tell(self.coordinator, ctl.Ready(round=body.round, step=body.step))
+        stage.metrics.event("resumed", step=body.step, generation=body.generation)
+        stage.replay()
 
     def on_control(self, sender: str, topic: Topic, body: Any) -> bool:
         if topic is Topic.FINISH and sender == self.coordinator:
@@ -295,17 +318,17 @@ class Member(Role):
         return False
 
     def end(self, target: int) -> None:
-        runner = self.runner
-        if runner.is_source:
-            runner.tell(self.coordinator, ctl.Ended(step=runner.step))
-        runner.pump(lambda: self.finish_at is not None and runner.step >= self.finish_at)
+        stage = self.stage
+        if stage.is_source:
+            stage.outbox.tell(self.coordinator, ctl.Ended(step=stage.progress.step))
+        stage.pump(lambda: self.finish_at is not None and stage.progress.step >= self.finish_at)
 
     def final(self) -> None:
-        self.runner.tell(self.coordinator, ctl.Done(step=self.runner.step))
+        self.stage.outbox.tell(self.coordinator, ctl.Done(step=self.stage.progress.step))
 
     def awaited_resume(self) -> list[str] | None:
         return [self.coordinator] if self.joining is not None else None  # its RESUME
 
     def awaited_end(self) -> list[str] | None:
-        runner = self.runner
-        return [self.coordinator] if runner.step >= (self.finish_at or runner.train.steps) else None  # its FINISH
+        stage = self.stage
+        return [self.coordinator] if stage.progress.step >= (self.finish_at or stage.progress.train.steps) else None

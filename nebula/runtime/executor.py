@@ -1,8 +1,9 @@
-"""One stage's maths, micro-batch by micro-batch: forward, backward, optimiser step. No sockets.
+"""One stage's maths in this process, micro-batch by micro-batch: forward, backward (whole, or its input
+and weight halves apart), optimiser step. No sockets (nebula.runtime.compute, the interface).
 
-The runner (nebula.runtime.runner) decides *when*; the executor does the work and hands what must
-cross a link to `emit(direction, link, step, micro_batch, tensors, ids)`. On rank 0 that queues a
-message; on another rank of a data-parallel stage it goes to rank 0 first (nebula.runtime.ranks).
+The schedule decides *when*; the executor does the work and hands what must cross a link to
+`emit(direction, link, step, micro_batch, tensors, ids)`. On rank 0 that queues a message (the stage's
+outbox); on another rank of a data-parallel stage it goes to rank 0 first (nebula.runtime.ranks).
 
 Which weights a step runs at is the schedule's (nebula.runtime.schedules): `weights.for_step(t)` gives
 None for the live ones (W_{t-1}) or a stash (one-step-stale: W_{t-2}), which the forward then runs at
@@ -11,41 +12,30 @@ through torch.func.functional_call, so the stash's leaves collect the step's gra
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from nebula.errors import DataError, StageError
-from nebula.runtime.graph import Graph, Item, LinkConfig
+from nebula.runtime import split_backward
+from nebula.runtime.compute import Compute, Emit, Part, Tally
+from nebula.runtime.graph import Graph, Item
 from nebula.runtime.job import JobConfig
 from nebula.runtime.schedules import ExactWeights
 from nebula.runtime.stage import Batch, Output, Stage, finished
 
-Emit = Callable[[str, LinkConfig, int, int, dict, "torch.Tensor | None"], None]
-
 
 @dataclass
 class _Pending:
-    """A forward whose gradients are awaited from the two-way out-links."""
+    """A forward whose backward has not run (or whose weight half has not)."""
 
     loss: torch.Tensor | None
     needs: dict[str, dict[str, torch.Tensor]]  # out-link -> tensors (with graph) that want a gradient
-    leaves: dict[str, torch.Tensor]  # inputs from a two-way in-link: their .grad goes back
+    leaves: dict[str, torch.Tensor]  # inputs from a two-way in-link: their gradient goes back
     item: Item
-
-
-@dataclass
-class Tally:
-    """What one step cost and scored at this stage."""
-
-    losses: list[float] = field(default_factory=list)
-    compute_s: float = 0.0
-    stats: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def loss(self) -> float | None:
-        return sum(self.losses) / len(self.losses) if self.losses else None
+    params: dict[str, torch.Tensor]  # the weights the forward ran at (live, or a stash)
+    weight_half: Callable[[], None] | None = None  # after the input half: the weight gradients
 
 
 class _Bound(torch.nn.Module):
@@ -59,18 +49,18 @@ class _Bound(torch.nn.Module):
         return self._stage.forward(batch, inputs)
 
 
-class Executor:
+class Executor(Compute):
     def __init__(self, stage: Stage, graph: Graph, name: str, weights: ExactWeights, emit: Emit,
                  reduce: Callable[[list[torch.nn.Parameter]], None] | None = None):
         self.stage, self.graph, self.name, self.weights = stage, graph, name, weights
         self.emit, self.reduce = emit, reduce
         self.per_step = graph.per_step(name)
-        self.waits = graph.waits_for_gradients(name)
         self.out_links = graph.out_links[name]
         self.ports = {p.name: p for p in type(stage).outputs}
         self.pending: dict[tuple[int, int], _Pending] = {}
         self.tallies: dict[int, Tally] = {}
         self._bound = _Bound(stage)
+        self._split: bool | None = None  # whether the two backward halves are exact here (found once)
 
     @classmethod
     def for_job(cls, job: JobConfig, name: str, stage: Stage, emit: Emit,
@@ -80,7 +70,6 @@ class Executor:
         return cls(stage, job.graph, name, job.schedule.weights(waits, job.train), emit, reduce)
 
     def ready_for(self, step: int) -> bool:
-        """Whether step `step`'s forward may run now (the weights it needs exist)."""
         return self.weights.ready_for(step)
 
     # -- forward / backward ----------------------------------------------------------------------
@@ -115,44 +104,66 @@ class Executor:
         if out.loss is not None:
             tally.losses.append(float(out.loss.detach()))
             loss = out.loss / self.per_step  # the step's loss is the mean over its micro-batches
-        pending = _Pending(loss, needs, leaves, item)
-        if self.waits:
-            self.pending[(batch.step, item.index)] = pending
-        else:
-            self._backprop(pending, [], [], batch.step)
+        params: dict[str, torch.Tensor] = dict(self.stage.trainable() if weights is None else weights)
+        self.pending[(batch.step, item.index)] = _Pending(loss, needs, leaves, item, params)
         tally.compute_s += self._since(t0)
 
-    def backward(self, step: int, index: int, grads: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Gradients for micro-batch `index` of `step` from every two-way out-link arrived."""
+    def backward(self, step: int, index: int, grads: dict[str, dict[str, torch.Tensor]], part: Part) -> None:
         t0 = time.perf_counter()
-        pending = self.pending.pop((step, index))
-        outs, given = [], []
+        if part == "weight":
+            pending = self.pending.pop((step, index))
+            if pending.weight_half is not None:  # None: the input half ran the whole backward
+                pending.weight_half()
+        else:
+            pending = self.pending[(step, index)]
+            roots, given = self._roots(pending, grads, step)
+            if part == "input" and pending.leaves and roots and self._exact(pending, roots):
+                back, pending.weight_half = split_backward.backward_input(
+                    roots, given, list(pending.leaves.values()), list(pending.params.values()))
+                self._send_back(pending, step, dict(zip(pending.leaves, back)))
+            else:
+                self._whole(pending, roots, given, step)
+            if part == "all":
+                del self.pending[(step, index)]
+        self.tallies.setdefault(step, Tally()).compute_s += self._since(t0)
+
+    def _roots(self, pending: _Pending, grads: dict[str, dict[str, torch.Tensor]], step: int) -> tuple[list, list]:
+        """The tensors to backpropagate from and their gradients (None: the stage's scalar loss)."""
+        roots: list[torch.Tensor] = []
+        given: list[torch.Tensor | None] = []
+        if pending.loss is not None and pending.loss.requires_grad:
+            roots.append(pending.loss)
+            given.append(None)
         for link, needed in pending.needs.items():
             for name, tensor in needed.items():
                 grad = grads[link][name]
                 if grad.shape != tensor.shape:
                     raise DataError(f"the gradient of {name!r} on {link} has shape {tuple(grad.shape)} but "
                                     f"{self.name} sent {tuple(tensor.shape)}: both stages must run the same job")
-                outs.append(tensor)
+                roots.append(tensor)
                 given.append(grad.to(tensor.device, tensor.dtype))
-        self._backprop(pending, outs, given, step)
-        self.tallies.setdefault(step, Tally()).compute_s += self._since(t0)
+        return roots, given
 
-    def _backprop(self, pending: _Pending, outs: list, grads: list, step: int) -> None:
-        tensors, given = list(outs), list(grads)
-        if pending.loss is not None and pending.loss.requires_grad:
-            tensors.insert(0, pending.loss)
-            given.insert(0, None)
-        if tensors:
-            torch.autograd.backward(tensors, given)
+    def _exact(self, pending: _Pending, roots: list) -> bool:
+        """Whether the halves are exact for this stage's graph: found at its first backward, kept."""
+        if self._split is None:
+            self._split = split_backward.exact(roots, list(pending.leaves.values()), list(pending.params.values()))
+        return self._split
+
+    def _whole(self, pending: _Pending, roots: list, given: list, step: int) -> None:
+        if roots:
+            torch.autograd.backward(roots, given)
+        if pending.leaves:
+            self._send_back(pending, step, {name: leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+                                            for name, leaf in pending.leaves.items()})
+
+    def _send_back(self, pending: _Pending, step: int, back: dict[str, torch.Tensor]) -> None:
         link = pending.item.link
-        if link is not None and link.backward:
-            back = {name: leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
-                    for name, leaf in pending.leaves.items()}
-            self.emit("backward", link, step, pending.item.micro_batch, back, None)
+        assert link is not None and link.backward  # leaves come only from a two-way in-link
+        self.emit("backward", link, step, pending.item.micro_batch, back, None)
 
     # -- the optimiser step --------------------------------------------------------------------
-    def apply(self, step: int) -> Tally:
+    def apply(self, step: int, ahead: Callable[[], None] | None = None) -> Tally:
         t0 = time.perf_counter()
         params = self.stage.trainable()
         self.weights.before_update(step, params)  # one step stale: keeps W_{step-1}, takes the stash's gradients

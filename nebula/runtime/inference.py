@@ -9,26 +9,44 @@ stage's final weights even where a forward-only link lets a receiver lag.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import torch
 
 from nebula.errors import StageError
 from nebula.runtime import control as ctl
+from nebula.runtime.compute import Compute
 from nebula.runtime.control import DataTopic, Topic
+from nebula.runtime.graph import Graph
 from nebula.runtime.link import Link
-from nebula.runtime.stage import Batch
+from nebula.runtime.metrics import MetricsLog
+from nebula.runtime.outbox import Outbox
+from nebula.runtime.progress import Progress
+from nebula.runtime.stage import Batch, Stage
 from nebula.wire import Message
-
-if TYPE_CHECKING:  # the runner holds its inference passes: a type only, to name what they may call
-    from nebula.runtime.runner import StageRunner
 
 PASS_TOPICS = (Topic.INFER_END, Topic.INFER_PROGRESS, Topic.SCORES)
 
 
+@dataclass(frozen=True)
+class Handle:
+    """What inference passes may see and do of their stage."""
+
+    name: str
+    graph: Graph
+    stage: Stage  # infer, score
+    compute: Compute  # infer_forward
+    outbox: Outbox  # the out-links, tell
+    progress: Progress  # the step whose weights are used
+    metrics: MetricsLog
+    pump: Callable[[Callable[[], bool]], None]
+    hashes: Callable[[str], torch.Tensor]  # a split's example-id hashes
+
+
 class Inference:
-    def __init__(self, runner: StageRunner):
-        self.runner = runner
+    def __init__(self, handle: Handle):
+        self.handle = handle
         self.queue: deque = deque()  # (message, link, inputs, ids, topic or end marker), arrival order
         self.results: dict[tuple[str, str], list] = {}  # sink: (origin, split) -> results so far
         self.ends: dict[tuple[str, str], int] = {}  # sink: end markers seen per pass
@@ -45,23 +63,23 @@ class Inference:
     def evaluate(self, split: str, indices: list[int], batch_size: int) -> dict[str, Any]:
         """Inference from this source on examples `indices` of `split`: its outputs travel the links
         (with their codecs) to the sinks, which run their `infer` and `score`; -> {sink: scores}."""
-        runner = self.runner
-        topic, hashes = ctl.infer_topic(runner.name, split), runner.example_hashes(split)
-        sinks = runner.graph.reachable_sinks(runner.name)
+        handle = self.handle
+        topic, hashes = ctl.infer_topic(handle.name, split), handle.hashes(split)
+        sinks = handle.graph.reachable_sinks(handle.name)
         self.asked[split], self._asking, local = {}, (len(indices), batch_size), []
         for b, start in enumerate(range(0, len(indices), batch_size)):
             chosen = indices[start:start + batch_size]
-            batch = Batch(split, runner.step, b, ids=hashes[chosen], training=False, indices=chosen)
-            if not runner.out_links:  # a one-stage job: this stage is its own sink
+            batch = Batch(split, handle.progress.step, b, ids=hashes[chosen], training=False, indices=chosen)
+            if not handle.outbox.out_links:  # a one-stage job: this stage is its own sink
                 local += self._sink_infer(batch, {})
                 continue
-            out = runner.executor.infer_forward(batch, {})
-            self._forward(runner.step, b, out.tensors, batch.ids, topic)
-        if not runner.out_links:
-            return {runner.name: runner.stage.score(split, local)}
-        for link in runner.out_links:
-            runner.tell(link.peer, ctl.InferEnd(origin=runner.name, split=split))
-        runner.pump(lambda: set(self.asked[split]) >= set(sinks))
+            out = handle.compute.infer_forward(batch, {})
+            self._forward(handle.progress.step, b, out.tensors, batch.ids, topic)
+        if not handle.outbox.out_links:
+            return {handle.name: handle.stage.score(split, local)}
+        for link in handle.outbox.out_links:
+            handle.outbox.tell(link.peer, ctl.InferEnd(origin=handle.name, split=split))
+        handle.pump(lambda: set(self.asked[split]) >= set(sinks))
         return self.asked.pop(split)
 
     def received(self, msg: Message, link: Link, inputs: dict | None, ids: Any, what: Any) -> None:
@@ -74,7 +92,7 @@ class Inference:
         if topic is Topic.INFER_PROGRESS and body.split in self.asked:
             total, batch_size = self._asking
             if body.n == total or body.n % (8 * batch_size) < batch_size:  # every 8th batch, and the last
-                self.runner.metrics.event("decoded", split=body.split, n=body.n, of=total)
+                self.handle.metrics.event("decoded", split=body.split, n=body.n, of=total)
         elif topic is Topic.SCORES and body.split in self.asked:
             self.asked[body.split][body.sink] = body.scores
         else:
@@ -83,52 +101,53 @@ class Inference:
 
     def due(self) -> bool:
         """Whether the next batch or end marker may run: the stage's weights are those it evaluates."""
-        return bool(self.queue) and self.queue[0][0].step <= self.runner.step
+        return bool(self.queue) and self.queue[0][0].step <= self.handle.progress.step
 
     def run_next(self) -> None:
         msg, link, inputs, ids, what = self.queue.popleft()
-        runner = self.runner
+        handle = self.handle
         if isinstance(what, ctl.InferEnd):
             return self._end(msg, what)
         batch = Batch(what.split, msg.step, msg.micro_batch, ids=ids, training=False, link=link.name)
-        if runner.out_links:
-            out = runner.executor.infer_forward(batch, inputs)
+        if handle.outbox.out_links:
+            out = handle.compute.infer_forward(batch, inputs)
             return self._forward(msg.step, msg.micro_batch, out.tensors, ids, what)
         results = self.results.setdefault((what.origin, what.split), [])
         results += self._sink_infer(batch, inputs)
         # the origin hears that decoding goes on: a long evaluation is progress, not a silent peer
-        runner.tell(what.origin, ctl.InferProgress(split=what.split, n=len(results)), step=msg.step)
+        handle.outbox.tell(what.origin, ctl.InferProgress(split=what.split, n=len(results)), step=msg.step)
 
     def check(self, msg: Message, origin: str) -> None:
-        runner = self.runner
-        if origin not in runner.addresses:
+        handle = self.handle
+        if origin not in handle.graph.stages:
             raise StageError(f"{msg.src} sent an inference pass of {origin!r}, which is no stage of the job "
-                             f"({', '.join(sorted(runner.addresses))})")
-        if not 0 <= msg.step <= runner.train.steps:
+                             f"({', '.join(sorted(handle.graph.stages))})")
+        if not 0 <= msg.step <= handle.progress.train.steps:
             raise StageError(f"{msg.src} sent an inference pass at step {msg.step}; the job has "
-                             f"{runner.train.steps} steps")
+                             f"{handle.progress.train.steps} steps")
 
     def _forward(self, step: int, micro_batch: int, tensors: dict, ids: torch.Tensor, topic: DataTopic) -> None:
-        runner = self.runner
-        for link in runner.out_links:
-            link.send(step, micro_batch, {n: tensors[n] for n in link.tensors}, ids, runner.generations.current,
-                      topic)
+        handle = self.handle
+        for link in handle.outbox.out_links:
+            handle.outbox.emit("forward", link.config, step, micro_batch, {n: tensors[n] for n in link.tensors}, ids,
+                               topic)
 
     def _end(self, msg: Message, what: ctl.InferEnd) -> None:
-        runner = self.runner
-        if runner.out_links:
-            for out in runner.out_links:
-                runner.tell(out.peer, what, step=msg.step)
+        handle = self.handle
+        if handle.outbox.out_links:
+            for out in handle.outbox.out_links:
+                handle.outbox.tell(out.peer, what, step=msg.step)
             return
         key = (what.origin, what.split)
         self.ends[key] = self.ends.get(key, 0) + 1
-        if self.ends[key] == runner.graph.paths(what.origin, runner.name):
-            scores = runner.stage.score(what.split, self.results.pop(key, []))
+        if self.ends[key] == handle.graph.paths(what.origin, handle.name):
+            scores = handle.stage.score(what.split, self.results.pop(key, []))
             del self.ends[key]
-            runner.tell(what.origin, ctl.Scores(split=what.split, sink=runner.name, scores=scores), step=msg.step)
+            handle.outbox.tell(what.origin, ctl.Scores(split=what.split, sink=handle.name, scores=scores),
+                               step=msg.step)
 
     def _sink_infer(self, batch: Batch, inputs: dict) -> list:
-        stage = self.runner.stage
+        stage = self.handle.stage
         stage.module.train(False)
         with torch.no_grad():
             results = stage.infer(batch, inputs)

@@ -3,10 +3,15 @@ resumed job neither skips nor repeats an example. The ledger records what each a
 from __future__ import annotations
 
 import hashlib
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import xxhash
+
+from nebula.errors import DataError
+
+if TYPE_CHECKING:  # the stage module reads its own examples: a type only
+    from nebula.runtime.stage import Stage
 
 
 def id_hash(example_id: str) -> int:
@@ -45,3 +50,33 @@ def digest(id_hashes: list[int]) -> str:
     """Order-free fingerprint of the examples one step trained on."""
     ordered = torch.tensor(sorted(id_hashes), dtype=torch.int64)
     return hashlib.sha256(ordered.numpy().tobytes()).hexdigest()[:16]
+
+
+class Examples:
+    """A stage's examples as the runtime sees them: each split's id hashes (read from the stage once) and,
+    at a source, which of them each training step takes."""
+
+    def __init__(self, stage: Stage, job: Any):
+        self.stage, self.job = stage, job
+        self._hashes: dict[str, torch.Tensor] = {}
+        self._order: ExampleOrder | None = None
+
+    def hashes(self, split: str) -> torch.Tensor:
+        if split not in self._hashes:
+            self._hashes[split] = id_hashes(self.stage.examples(split))
+        return self._hashes[split]
+
+    def forget(self, split: str) -> None:
+        """The stage's `split` changed (e.g. `nebula translate`'s next input): read its ids again."""
+        self._hashes.pop(split, None)
+
+    def of_step(self, step: int) -> tuple[torch.Tensor, list[int]]:
+        """(the training split's hashes, the indices of step `step`'s examples)."""
+        hashes = self.hashes("train")
+        if self._order is None:
+            if not len(hashes):
+                raise DataError(f"stage {self.stage.context.name} has no training examples: check its data "
+                                f"({self.job.data})")
+            train = self.job.train
+            self._order = ExampleOrder(len(hashes), train.batch_size, train.seed)
+        return hashes, self._order.indices(step)

@@ -15,7 +15,12 @@ as one uint8 tensor each (after its size) over two gloo groups of their own: one
 (scatter, posted without waiting for each rank to take it), one to it (gather, read by a relay
 thread, so a rank never waits on rank 0's compute). A rank reads its work in order, so rank 0 hands
 out the next step's micro-batches of the other ranks while the step is applied (before the
-all-reduce, not after it): every rank starts the next step as soon as the all-reduce ends.
+all-reduce, not after it): every rank starts the next step as soon as the all-reduce ends (handed out
+one by one after the apply, the n - 1 ranks started their micro-batches ~55 ms apart in all at n = 8 on
+one core, Table 4, and the step waited for the last). RankGroup is the stage's compute
+(nebula.runtime.compute) at rank 0: a micro-batch of another rank is a message to it, rank 0's own
+share runs in its executor. At a stage no gradient comes back to, a rank runs a micro-batch's forward and
+backward as one work item (its input gradient is sent before its weight gradient is computed).
 """
 from __future__ import annotations
 
@@ -34,9 +39,10 @@ import torch.distributed as dist
 from nebula.codecs import pack, unpack
 from nebula.errors import ConfigError, StageError, TransportError
 from nebula.runtime import checkpoint
-from nebula.runtime.executor import Executor, Tally
+from nebula.runtime.compute import Compute, Part, Tally
+from nebula.runtime.executor import Executor
 from nebula.runtime.graph import Item
-from nebula.runtime.stage import Batch, Stage
+from nebula.runtime.stage import Batch, Output, Stage
 from nebula.wire import Kind, Message, decode_message, encode_message
 
 log = logging.getLogger(__name__)
@@ -88,15 +94,18 @@ def group_backend(spec: str, device_type: str, local_world: int, gpus: int) -> s
     return "nccl" if own_gpu else "gloo"
 
 
-class RankGroup:
+class RankGroup(Compute):
     def __init__(self, job: Any, name: str, stage: Stage, rank: int, world: int, scatter: Any, gather: Any):
         self.job, self.name, self.stage, self.rank, self.world = job, name, stage, rank, world
         self.scatter, self.gather = scatter, gather
         self.items = job.graph.items(name)
+        # a stage no gradient comes back to: a rank runs a micro-batch's backward with its forward
+        self.fused = not job.graph.waits_for_gradients(name)
         self.error: str | None = None
         self.gone = False  # the error is a rank that went away (killed, its host lost), not one that failed itself
         self.generation = 0  # ranks > 0: of the work item in progress, stamped on what it sends
-        self.emit: Callable[..., None] | None = None  # rank 0: the runner's emit
+        self.emit: Callable[..., None] | None = None  # rank 0: the outbox's emit
+        self.current: Callable[[], int] = lambda: 0  # rank 0: the generation work is handed out in
         self.executor = Executor.for_job(job, name, stage, self._emit, reduce=self.reduce)
         self._relay: threading.Thread | None = None
         self._posted: list[tuple[list[Any], tuple[torch.Tensor, ...]]] = []  # rank 0: sends in flight, buffers
@@ -123,9 +132,11 @@ class RankGroup:
         return cls(job, name, stage, rank, world, scatter, gather)
 
     # -- rank 0 --------------------------------------------------------------------------------------
-    def attach(self, emit: Callable[..., None], executor: Executor) -> None:
-        """Rank 0: `emit(direction, link, step, micro_batch, tensors, ids, generation=)` sends on a link."""
-        self.emit, self.executor = emit, executor
+    def attach(self, emit: Callable[..., None], generation: Callable[[], int]) -> None:
+        """Rank 0: `emit(direction, link, step, micro_batch, tensors, ids, generation=)` sends on a link;
+        `generation()` is the one work is handed out in (what a rank sends back carries it)."""
+        self.emit, self.current = emit, generation
+        self.executor.emit = emit
         self._relay = threading.Thread(target=self._relay_loop, name=f"nebula-ranks-{self.name}", daemon=True)
         self._relay.start()
 
@@ -135,22 +146,36 @@ class RankGroup:
         rank 0 held micro-batches 1..N-1 back for its whole forward and backward of micro-batch 0)."""
         return (index + 1) % self.world
 
-    def forward(self, batch: Batch, inputs: dict, item: Item, generation: int) -> None:
+    def ready_for(self, step: int) -> bool:
+        return self.executor.ready_for(step)
+
+    def elsewhere(self, index: int) -> bool:
+        return self.owner(index) != 0
+
+    def forward(self, batch: Batch, inputs: dict, item: Item) -> None:
         if self.owner(item.index) == 0:
             return self.executor.forward(batch, inputs, item)
         body = {"index": item.index, "split": batch.split, "training": batch.training, "indices": batch.indices,
-                "generation": generation}
+                "generation": self.current()}
         tensors = [pack(n, "input", t.detach().cpu(), "none") for n, t in inputs.items()]
         tensors.append(pack("example_ids", "ids", batch.ids, "none"))
         self._send("forward", self.owner(item.index), batch.step, body, tensors, wait=False)
 
-    def backward(self, step: int, index: int, grads: dict[str, dict], generation: int) -> None:
+    def backward(self, step: int, index: int, grads: dict[str, dict], part: Part) -> None:
         if self.owner(index) == 0:
-            return self.executor.backward(step, index, grads)
+            return self.executor.backward(step, index, grads, part)
+        if self.fused:
+            return  # that rank ran it with the forward
         names = [[link, name] for link, tensors in grads.items() for name in tensors]
         tensors = [pack(name, "gradient", grads[link][name].detach().cpu(), "none") for link, name in names]
-        self._send("backward", self.owner(index), step, {"index": index, "names": names, "generation": generation},
-                   tensors, wait=False)
+        body = {"index": index, "names": names, "part": part, "generation": self.current()}
+        self._send("backward", self.owner(index), step, body, tensors, wait=False)
+
+    def reset(self, step: int) -> None:
+        self.executor.reset(step)
+
+    def infer_forward(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> Output:
+        return self.executor.infer_forward(batch, inputs)
 
     def apply(self, step: int, ahead: Callable[[], None] | None = None) -> Tally:
         """Every rank applies `step`; `ahead` may hand out the next step's micro-batches of the other ranks
@@ -167,7 +192,7 @@ class RankGroup:
         for rank in range(1, self.world):
             self._send("restore", rank, 0, {}, [pack("checkpoint", "state", data, "none")])
 
-    def raise_if_failed(self) -> None:
+    def check(self) -> None:
         if self.error is not None and self.gone:  # restarted with the others, as a killed stage is: nobody to blame
             raise TransportError(self.error)
         if self.error is not None:
@@ -312,11 +337,14 @@ class RankGroup:
             batch = Batch(body["split"], msg.step, item.index, ids=ids, training=body["training"],
                           indices=body["indices"], link=item.link.name if item.link else None)
             self.executor.forward(batch, {n: t.to(self.stage.device) for n, t in tensors.items()}, item)
+            if self.fused:  # its input gradient goes back before its weight gradient is computed
+                self.executor.backward(msg.step, item.index, {}, "input")
+                self.executor.backward(msg.step, item.index, {}, "weight")
         elif msg.topic == "backward":
             grads: dict[str, dict] = {}
             for (link, name), tensor in zip(body["names"], tensors.values()):
                 grads.setdefault(link, {})[name] = tensor.to(self.stage.device)
-            self.executor.backward(msg.step, body["index"], grads)
+            self.executor.backward(msg.step, body["index"], grads, body["part"])
         elif msg.topic == "apply":
             self._apply(msg.step)
         elif msg.topic == "restore":

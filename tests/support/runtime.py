@@ -23,7 +23,8 @@ TIMELINE: list[tuple[float, str, int]] = []  # (time, event, step) from the inst
 def example_job(stages: int = 2, schedule: str = "synchronous", backward: bool = True, steps: int = 12,
                 credit: int | None = None, compression: dict | None = None, local_loss: bool = False,
                 sink_impl: str = "example-sink", sink_options: dict | None = None, source_impl: str = "example-source",
-                checkpoint_every: int = 3, micro_batches: int = 4, sink_ranks: int = 1):
+                checkpoint_every: int = 3, micro_batches: int = 4, sink_ranks: int = 1,
+                schedule_options: dict | None = None):
     """A chain source -> [middle ->] sink on sites a, b[, c] of the example workload; stages="fan-out":
     one source feeding two sinks (src -> sink at b, src -> side at c)."""
     names = {2: ["src", "sink"], 3: ["src", "mid", "sink"], "fan-out": ["src", "sink", "side"]}[stages]
@@ -33,7 +34,7 @@ def example_job(stages: int = 2, schedule: str = "synchronous", backward: bool =
     raw = {"job": {"name": "t"},
            "train": {"steps": steps, "batch_size": 16, "micro_batches": micro_batches,
                      "checkpoint_every": checkpoint_every, "log_every": 1},
-           "schedule": {"name": schedule, **({"credit": credit} if credit else {})},
+           "schedule": {"name": schedule, **({"credit": credit} if credit else {}), **(schedule_options or {})},
            "stages": {n: {"address": f"{sites[n]}/{n}/0", "impl": impls[n]} for n in names},
            "links": [{"from": a, "to": b, "tensors": ["hidden"], "backward": backward,
                       **({"compression": compression} if compression else {})} for a, b in pairs]}

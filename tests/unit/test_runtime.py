@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-import nebula.runtime.runner as runner_module
+import nebula.runtime.inbox as inbox_module
 from nebula.runtime.executor import _Bound
 from nebula.runtime.order import ExampleOrder, digest, id_hashes
 from nebula.runtime.schedules import schedule_names
@@ -85,7 +85,11 @@ def ledgers(running) -> dict:
 CASES = {"sync": dict(stages=2), "stale": dict(stages=2, schedule="one-step-stale"),
          "chain-sync": dict(stages=3), "chain-stale": dict(stages=3, schedule="one-step-stale"),
          "fan-out": dict(stages="fan-out"), "fan-out-stale": dict(stages="fan-out", schedule="one-step-stale"),
-         "forward-only": dict(stages=2, schedule="forward-only", backward=False, local_loss=True, credit=2)}
+         "forward-only": dict(stages=2, schedule="forward-only", backward=False, local_loss=True, credit=2),
+         "gpipe": dict(stages=3, schedule="gpipe"), "gpipe-fan-out": dict(stages="fan-out", schedule="gpipe"),
+         "1f1b": dict(stages=3, schedule="1f1b", micro_batches=8),
+         "1f1b-stages": dict(stages=3, schedule="1f1b", micro_batches=8, schedule_options={"in_flight": "stages"}),
+         "1f1b-one": dict(stages="fan-out", schedule="1f1b", schedule_options={"in_flight": 1})}
 
 
 def test_the_equivalence_test_below_covers_every_registered_schedule():
@@ -200,7 +204,7 @@ def test_a_stage_that_receives_nothing_says_whom_it_waits_for_and_goes_on_waitin
     """The sink started alone waits for the coordinator (the source) to resume it: it says so every
     WAIT_NOTICE_S (10 s; shortened here) on stderr, also when quiet, and in its metrics, without giving up
     before its timeout; once the source starts, the job runs."""
-    monkeypatch.setattr(runner_module, "WAIT_NOTICE_S", 0.2)
+    monkeypatch.setattr(inbox_module, "WAIT_NOTICE_S", 0.2)
     job = example_job(steps=2)
     running = Running(job, tmp_path / "run", InProcHub())
     channels = {name: running.hub.channel(job.stage(name).address) for name in job.stages}

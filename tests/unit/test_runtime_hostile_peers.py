@@ -76,7 +76,7 @@ def test_a_bad_message_from_a_peer_stops_the_stage_saying_what_is_wrong(tmp_path
     running, src = joined_sink(tmp_path)
     send(src)
     assert says in str(stopped_with(running, "sink"))
-    assert len(running.runners["sink"].open) <= 1  # nothing of a run far ahead was kept
+    assert len(running.runners["sink"].board.open) <= 1  # nothing of a run far ahead was kept
 
 
 def test_a_micro_batch_sent_again_after_it_ran_is_refused(tmp_path):
@@ -84,7 +84,7 @@ def test_a_micro_batch_sent_again_after_it_ran_is_refused(tmp_path):
     src.send(forward(1, 0))
     runner = running.runners["sink"]
     deadline = time.monotonic() + 20
-    while (runner.open.get(1) is None or runner.open[1].forwarded < 1) and time.monotonic() < deadline:
+    while (runner.board.open.get(1) is None or runner.board.open[1].forwarded < 1) and time.monotonic() < deadline:
         time.sleep(0.01)
     src.send(forward(1, 0))  # it ran already: a second copy would have been parked and never used
     assert "twice" in str(stopped_with(running, "sink"))

@@ -1,10 +1,13 @@
 """Schedules as classes from a registry: what each answers (the contract of nebula.runtime.schedules.base),
-and what a job file may and may not say about them. Whether each one trains right is
-tests/unit/test_runtime.py's equivalence test, which covers every registered schedule."""
+the order of work each one names from a board (socket-free: arrivals played by hand), and what a job
+file may and may not say about them. Whether each one trains right is tests/unit/test_runtime.py's
+equivalence test, which covers every registered schedule."""
 import pytest
 import torch
 
 from nebula.errors import ConfigError, StageError
+from nebula.runtime.actions import Apply, Backward, BackwardInput, BackwardWeight, Forward, Open
+from nebula.runtime.board import Board
 from nebula.runtime.graph import LinkConfig
 from nebula.runtime.job import parse_job
 from nebula.runtime.schedules import (
@@ -27,8 +30,10 @@ def test_a_name_is_registered_once():
 
 
 @pytest.mark.parametrize("table, message", [
-    ({"name": "eventually"}, r"\[schedule\].name: 'eventually' is not one of 'synchronous', 'forward-only', "
-                             r"'one-step-stale'"),
+    ({"name": "eventually"}, r"\[schedule\].name: 'eventually' is not one of 'synchronous', '1f1b', "
+                             r"'forward-only', 'gpipe', 'one-step-stale'"),
+    ({"name": "1f1b", "in_flight": 0}, r"in_flight: 0 must be >= 1"),
+    ({"name": "1f1b", "in_flight": "links"}, r"\[schedule\].in_flight: 'links' is none of int, Literal"),
     ({"name": "synchronous", "credit": 3}, r"\[schedule\].credit: only name = \"forward-only\" takes a credit; "
                                           r"under 'synchronous' a forward-only link's credit is 1"),
     ({"name": "forward-only", "credit": 0}, r"\[schedule\].credit: 0 must be >= 1"),
@@ -106,3 +111,102 @@ def test_schedules_compare_by_name_and_options():
         {"name": "forward-only", "credit": 3}, "j")
     assert build_schedule({"name": "forward-only"}, "j") != build_schedule({"name": "synchronous"}, "j")
     assert isinstance(build_schedule({}, "j"), Schedule) and build_schedule({}, "j").name == "synchronous"
+
+
+# -- the order each schedule names, from a board -----------------------------------------------------------
+def board_of(schedule: dict, stage: str, stages=3, micro_batches=4) -> tuple[Board, Schedule]:
+    from tests.support.runtime import example_job
+    job = example_job(stages=stages, micro_batches=micro_batches, schedule=schedule["name"],
+                      schedule_options={k: v for k, v in schedule.items() if k != "name"})
+    graph = job.graph
+    board = Board(stage, graph, job.train, Pace(job.schedule.credit, graph.in_links[stage], graph.out_links[stage]),
+                  ready_for=lambda t: t == board.applied + 1)
+    return board, job.schedule
+
+
+SHORT = {Forward: "F", Backward: "B", BackwardInput: "BI", BackwardWeight: "BW", Apply: "A"}
+
+
+def play(schedule: dict, lag: int, stage="mid") -> tuple[list, int]:
+    """Step 1 at `stage` of a 3-stage chain: every input has arrived; the gradient of micro-batch i comes
+    back once the stage has forwarded i + lag (a downstream as slow as `lag` forwards). -> (the actions
+    named, as short strings; the most micro-batches in flight)."""
+    board, sched = board_of(schedule, stage)
+    ids = torch.zeros(4, dtype=torch.int64)
+    for m in range(4):
+        board.arrived("src", "src->mid", 1, m, {}, ids, ahead=1)
+    names, most = [], 0
+    while (action := sched.next_action(board)) is not None:
+        state = board.open.get(action.step)
+        if isinstance(action, Forward):
+            board.take_forward(state)
+            back = state.forwarded - 1 - lag  # the gradient that this forward lets come back
+            if back >= 0:
+                board.gradients("mid->sink", 1, back, {"hidden": torch.zeros(1)})
+        elif isinstance(action, (Backward, BackwardInput)):
+            board.take_gradients(state, isinstance(action, Backward))
+        elif isinstance(action, BackwardWeight):
+            board.take_weight(state)
+        elif isinstance(action, Apply):
+            board.open.pop(1)
+            board.applied = 1
+        most = max(most, state.in_flight if state else 0)
+        names.append(SHORT[type(action)] + str(getattr(action, "index", "")))
+        if lag and state and state.forwarded == 4 and not board.can_backward(state) and state.backwarded < 4:
+            for m in range(state.backwarded, 4):  # the rest comes back after the last forward
+                if m not in state.grads:
+                    board.gradients("mid->sink", 1, m, {"hidden": torch.zeros(1)})
+    return names, most
+
+
+def test_the_schedule_owns_the_order_of_work():
+    """The same arrivals at the middle of a chain, three orders: `synchronous` backwards an input gradient as
+    soon as it can and leaves weight gradients to the end; `gpipe` forwards the whole step first; `1f1b`
+    never holds more micro-batches than its bound (weight gradients free them). Each sends an input gradient
+    (BI) before computing its weight gradient (BW)."""
+    assert play({"name": "synchronous"}, lag=0)[0] == [
+        "F0", "BI0", "F1", "BI1", "F2", "BI2", "F3", "BI3", "BW0", "BW1", "BW2", "BW3", "A"]
+    assert play({"name": "gpipe"}, lag=0)[0] == [
+        "F0", "F1", "F2", "F3", "BI0", "BI1", "BI2", "BI3", "BW0", "BW1", "BW2", "BW3", "A"]
+    order, most = play({"name": "1f1b", "in_flight": 2}, lag=1)
+    assert order == ["F0", "F1", "BI0", "BW0", "F2", "BI1", "BW1", "F3", "BI2", "BI3", "BW2", "BW3", "A"]
+    assert most == 2
+    assert play({"name": "synchronous"}, lag=1)[1] == 4  # unbounded: all four held
+
+
+def test_1f1b_counts_the_links_of_a_wan_pipeline():
+    """In flight at each stage of a 3-stage chain: "stages" is torch's Schedule1F1B count (the stages from it
+    to the last), "hops" adds each link once per direction (a WAN link holds micro-batches too)."""
+    bounds = {count: [board_of({"name": "1f1b", "in_flight": count}, s)[1].in_flight(board_of(
+        {"name": "1f1b", "in_flight": count}, s)[0]) for s in ("src", "mid", "sink")] for count in ("stages", "hops")}
+    assert bounds == {"stages": [3, 2, 1], "hops": [7, 4, 1]}
+
+
+def test_a_source_opens_its_steps_through_the_schedule():
+    board, sched = board_of({"name": "one-step-stale"}, "src")
+    board.target = 12
+    assert sched.next_action(board) == Open(1)
+    board.open_step(1, torch.arange(16), list(range(16)))
+    assert sched.next_action(board) == Open(2)  # one step stale: the next step too (no checkpoint at 1)
+    board.target = 1  # training to step 1 only (or an evaluation: 0): no step past it is opened
+    assert sched.next_action(board) == Forward(1, 0)
+
+
+def test_a_new_schedule_is_one_class():
+    """A schedule of one's own is a class with `order(board)`, registered by name: here every forward of
+    a step, then its backwards whole (input and weight gradients in one pass)."""
+    @register_schedule("test-backward-last")
+    class BackwardLast(Synchronous):
+        def order(self, board):
+            for state in board.steps():
+                if board.can_forward(state):
+                    return Forward(state.step, state.forwarded)
+                if state.forwarded == len(board.items) and board.can_backward(state):
+                    return Backward(state.step, state.backwarded)
+            return None
+    try:
+        order, _ = play({"name": "test-backward-last"}, lag=0)
+        assert order == ["F0", "F1", "F2", "F3", "B0", "B1", "B2", "B3", "A"]
+    finally:
+        from nebula.runtime.schedules import base
+        base._SCHEDULES.pop("test-backward-last")

@@ -1,9 +1,15 @@
-"""The schedule's contract: how far ahead a stage may run, and at which weights each step runs.
+"""The schedule's contract: the order of one stage's work, how far ahead it may run, and at which weights.
 
 A schedule is a class chosen by name from the job's `[schedule]` table (as torch.distributed.pipelining's
-`ScheduleGPipe` / `Schedule1F1B`): the runner (nebula.runtime.runner) asks it what to do next, the
-stage module does the maths. Every schedule answers the same questions:
+`ScheduleGPipe` / `Schedule1F1B`). It owns the order of work: from a stage's board (what has arrived,
+what has run: nebula.runtime.board) it names the next action (nebula.runtime.actions: open a step,
+forward micro-batch i, backward it whole or its input and weight gradients apart, apply a step) or
+None, and the runner executes that action or waits for a message; the stage module does the maths. A
+new schedule is one file: a subclass with `order(board)` (and, where it needs them, the questions
+below), registered by name. Every schedule answers:
 
+- `order(board)`: the next forward or backward of the open steps, or None (the common parts, opening a
+  source's steps and applying a finished step, are `next_action`'s);
 - `check(graph)`: can it run this graph at all (a ConfigError before anything starts)?
 - `opens(applied, waits, train)`: once a source has applied step `applied`, which steps may it have open?
 - `credit`: forward-only links only (paper §3.3, Figure 6): a sender opens step t once every
@@ -12,24 +18,32 @@ stage module does the maths. Every schedule answers the same questions:
   how far apart two stages' checkpoints may be: nebula.runtime.checkpoint.checkpoints_to_keep);
 - `weights(waits, train)`: the per-stage policy that says which weights step t's forward and backward use
   (`ExactWeights`: W_{t-1}, the weights after step t-1);
+- `drains`: whether each step ends with an empty pipeline (the limit a benchmark prints then counts one
+  fill: nebula_lab.bench.limit);
 - `default_headroom`: the share of a step's compute that the wire may take and still hide under it,
   for `auto` compression (nebula.runtime.autocodec) where the job does not set one.
 
 Every schedule's result must equal an unpipelined one-process reference of the same job computed at
-the weights `weights()` names (tests/unit/test_runtime.py runs that test for each registered schedule).
+the weights `weights()` names (tests/unit/test_runtime.py runs that test for each registered schedule):
+whatever the order, each step's micro-batches are forwarded, backwarded and weight-backwarded in the
+stage's canonical order (the board enforces it), so gradients sum in the same order under every schedule.
 """
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, MutableMapping
 
 import torch
 
 from nebula.config import build
 from nebula.errors import ConfigError, StageError
+from nebula.runtime.actions import Action, Apply, Backward, BackwardInput, BackwardWeight, Forward, Open
 from nebula.runtime.graph import Graph
 from nebula.runtime.train import TrainConfig
+
+if TYPE_CHECKING:  # the board is built from a schedule's answers: a type only
+    from nebula.runtime.board import Board, StepState
 
 Params = MutableMapping[str, torch.Tensor]  # a stage's trainable parameters by name, or a stash of them
 
@@ -71,9 +85,28 @@ class Schedule(ABC):
     name: ClassVar[str] = ""  # set by @register_schedule
     Options: ClassVar[type] = NoOptions  # the [schedule] keys besides `name`, checked when the job loads
     default_headroom: ClassVar[float] = 0.4
+    drains: ClassVar[bool] = True  # every step ends with an empty pipeline: a fill per step
 
     def __init__(self, options: Any):
         self.options = options
+
+    def next_action(self, board: Board) -> Action | None:
+        """What the stage whose board this is does next, or None: wait for a message. A source first
+        opens the steps the schedule keeps open (as the pace credit allows); then the schedule's order;
+        a step is applied once all its micro-batches are done."""
+        if board.source:
+            t = board.next_to_open(self.opens(board.applied, board.waits, board.train))
+            if t is not None:
+                return Open(t)
+        action = self.order(board)
+        if action is not None:
+            return action
+        due = board.due()
+        return Apply(due.step) if due is not None else None
+
+    @abstractmethod
+    def order(self, board: Board) -> Action | None:
+        """The next forward or backward of the board's open steps, or None."""
 
     @property
     @abstractmethod
@@ -110,6 +143,21 @@ class Schedule(ABC):
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **{k: v for k, v in vars(self.options).items() if v is not None}}
+
+
+def backward(board: Board, state: StepState) -> Action:
+    """The backward of `state`'s next micro-batch: its input gradient apart from its weight gradient
+    where the stage sends gradients back (a peer waits for them, not for the weight gradient)."""
+    kind = BackwardInput if board.returns else Backward
+    return kind(state.step, state.backwarded)
+
+
+def forward(state: StepState) -> Action:
+    return Forward(state.step, state.forwarded)
+
+
+def weight(state: StepState) -> Action:
+    return BackwardWeight(state.step, state.weighted)
 
 
 _SCHEDULES: dict[str, type[Schedule]] = {}

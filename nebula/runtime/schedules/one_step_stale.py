@@ -12,14 +12,19 @@ Forward-only links get credit 2.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
 import torch
 
 from nebula.codecs.auto import STALE_HEADROOM
 from nebula.errors import StageError
+from nebula.runtime.actions import Action
 from nebula.runtime.schedules.base import ExactWeights, Params, Schedule, register_schedule
+from nebula.runtime.schedules.synchronous import greedy
 from nebula.runtime.train import TrainConfig
+
+if TYPE_CHECKING:
+    from nebula.runtime.board import Board
 
 
 class WeightStash(ExactWeights):
@@ -68,6 +73,10 @@ def _snapshot(params: Mapping[str, torch.Tensor]) -> Params:
 @register_schedule("one-step-stale")
 class OneStepStale(Schedule):
     default_headroom = STALE_HEADROOM  # the wire overlaps the next step's compute whole
+    drains = False  # step t+1's forwards fill step t's drain
+
+    def order(self, board: Board) -> Action | None:
+        return greedy(board)  # the stash, not the order, lets step t+1 run before t is applied
 
     @property
     def credit(self) -> int:

@@ -2,13 +2,35 @@
 one-process training up to codec error. A forward-only link runs in lock step (credit 1): the sender
 opens step t once its receiver has applied step t - 1.
 
-Each step pays the pipeline's fill and drain (docs/bench-wan.md: 1.12-1.53x above max(compute, wire)
-with 4 micro-batches); `one-step-stale` hides them.
+The order is greedy, as soon as possible: a micro-batch's input gradient as soon as its gradients
+are in (a peer waits for it), else the next forward that has arrived (a peer waits for that too), and
+weight gradients in whatever time is left before the step is applied. Nothing bounds the micro-batches
+in flight (`1f1b` does); each step pays the pipeline's fill and drain (`one-step-stale` hides them).
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from nebula.codecs.auto import SYNC_HEADROOM
-from nebula.runtime.schedules.base import Schedule, register_schedule
+from nebula.runtime.actions import Action
+from nebula.runtime.schedules.base import Schedule, backward, forward, register_schedule, weight
+
+if TYPE_CHECKING:
+    from nebula.runtime.board import Board
+
+
+def greedy(board: Board) -> Action | None:
+    """Gradients first, then forwards, then weight gradients, the earliest step first."""
+    steps = board.steps()
+    for state in steps:
+        if board.can_backward(state):
+            return backward(board, state)
+        if board.can_forward(state):
+            return forward(state)
+    for state in steps:
+        if board.can_weight(state):
+            return weight(state)
+    return None
 
 
 @register_schedule("synchronous")
@@ -18,3 +40,6 @@ class Synchronous(Schedule):
     @property
     def credit(self) -> int:
         return 1
+
+    def order(self, board: Board) -> Action | None:
+        return greedy(board)

@@ -1,0 +1,69 @@
+"""What a stage receives, and what it says while it waits: whom it needs a message from, and for how long.
+
+A stage waits up to its timeout for its next message; a WAN outage the channel reports holds that clock
+(the channel's own wan_timeout bounds an outage). Every WAIT_NOTICE_S it tells the operator whom it
+waits for, on stderr and in its metrics; with data-parallel ranks it wakes often enough to hear that
+one of them failed.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable
+
+from nebula.errors import PeerFailed, RecvTimeout
+from nebula.runtime.compute import Compute
+from nebula.runtime.metrics import MetricsLog
+from nebula.transport.base import Channel
+from nebula.wire import Kind, Message
+
+WAIT_NOTICE_S = 10.0  # a stage that has received nothing for this long says whom it waits for, and again as often
+RANK_CHECK_S = 0.5  # a stage with ranks looks this often whether one of them failed
+
+
+class Inbox:
+    def __init__(self, channel: Channel, name: str, addresses: dict[str, str], metrics: MetricsLog, timeout: float,
+                 compute: Compute, ranks: bool, awaited: Callable[[], list[str]]):
+        self.channel, self.name, self.addresses, self.metrics = channel, name, addresses, metrics
+        self.timeout, self.compute, self.ranks, self.awaited = timeout, compute, ranks, awaited
+
+    def recv(self) -> Message:
+        started = clock = noticed = time.monotonic()  # the timeout runs from `clock`, held while a site is down
+        # with ranks, wake often enough to hear that one failed (its relay records it): a stage waiting for a
+        # peer would otherwise learn it only at the next notice, 10 s later
+        slice_s = RANK_CHECK_S if self.ranks else WAIT_NOTICE_S
+        while True:
+            self.compute.check()
+            left = self.timeout - (time.monotonic() - clock)
+            try:
+                msg = self.channel.recv(timeout=max(0.0, min(slice_s, left)))
+                break
+            except RecvTimeout as exc:
+                outages = self.channel.outages()
+                now = time.monotonic()
+                if outages:  # a WAN outage: the channel's wan_timeout bounds it, not this wait
+                    clock = now
+                elif left <= slice_s:
+                    raise RecvTimeout(f"{self.name}: no message within {self.timeout:g} s; it was waiting for "
+                                      f"{self.awaited_text()}") from exc
+                if now - noticed >= WAIT_NOTICE_S - 1e-3:
+                    noticed = now
+                    self._waiting(now - started, outages)
+        if msg.kind == Kind.ERROR:  # gateways' refusals are handled by the channel: this is a stage's
+            raise PeerFailed(msg.error_code, f"{msg.src} failed: {msg.error_message}; fix the cause there, "
+                                             "then restart the job's stages")
+        return msg
+
+    def _waiting(self, waited: float, outages: dict[str, float]) -> None:
+        """The line an operator sees while this stage gets nothing (a peer down, restarting, or slow,
+        or a site unreachable)."""
+        stages = self.awaited()
+        down = "".join(f"; site {site} unreachable for {s:.0f} s" for site, s in sorted(outages.items()))
+        print(f"[{self.metrics.label}] waiting for {self.awaited_text(stages)} since {waited:.0f} s{down}",
+              file=sys.stderr, flush=True)
+        self.metrics.event("waiting", echo=False, stages=stages, since_s=round(waited, 1),
+                           **({"unreachable_s": {k: round(v, 1) for k, v in outages.items()}} if outages else {}))
+
+    def awaited_text(self, stages: list[str] | None = None) -> str:
+        stages = self.awaited() if stages is None else stages
+        return ", ".join(f"{s} ({self.addresses[s]})" for s in stages) or "messages from the other stages"

@@ -1,0 +1,102 @@
+"""What one stage sends, in order, on its one sender thread: its links' tensors and its control messages.
+
+The links (nebula.runtime.link) encode on the sender thread (nebula.runtime.sender), so codec work and
+the wire overlap the next computation, and a peer sees data and control in the order they were sent.
+Every message is stamped with the generation of the work that made it (nebula.runtime.generations).
+Computations emit through `emit`, the coordinator and the inference passes `tell`; none holds the runner.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from nebula.errors import StageError
+from nebula.runtime import control as ctl
+from nebula.runtime.compression import LinkMeter
+from nebula.runtime.control import DataTopic
+from nebula.runtime.generations import Generations
+from nebula.runtime.graph import LinkConfig
+from nebula.runtime.integrity import Integrity
+from nebula.runtime.job import JobConfig
+from nebula.runtime.link import Link
+from nebula.runtime.metrics import MetricsLog
+from nebula.runtime.sender import BackgroundSender
+from nebula.runtime.stage import Port
+from nebula.transport.base import Channel
+from nebula.wire import Kind, Message
+
+
+class Outbox:
+    def __init__(self, job: JobConfig, name: str, ports: dict[str, dict[str, Port]], channel: Channel,
+                 workdir: Path, metrics: MetricsLog, generations: Generations, applied: Callable[[], int],
+                 timeout: float):
+        self.job, self.name, self.channel, self.generations, self.applied = job, name, channel, generations, applied
+        self.addresses = {n: s.address for n, s in job.stages.items()}
+        self.sender = BackgroundSender(channel, timeout)
+        meter = LinkMeter(Path(workdir) / "link.jsonl")
+        on_switch = lambda **event: metrics.event("compression", **event)  # noqa: E731 - `auto` changed rung
+        graph = job.graph
+        self.integrity = Integrity.for_stage(job.integrity, Path(workdir), metrics)  # what its links receive
+        self.links = {config.name: Link.open(config, name, job, ports["out" if config.src == name else "in"],
+                                             self.sender, channel, meter, workdir, on_switch, self.integrity)
+                      for config in (*graph.in_links[name], *graph.out_links[name])}
+        self.in_links = [self.links[link.name] for link in graph.in_links[name]]
+        self.out_links = [self.links[link.name] for link in graph.out_links[name]]
+
+    def link(self, src: str, dst: str, what: str, backward: bool = False) -> Link:
+        """This stage's end of link src->dst, which a peer just used for `what` (a StageError if the job
+        has no such link, or it carries no gradients and `backward`)."""
+        link = self.links.get(f"{src}->{dst}")
+        if link is not None and (link.backward or not backward):
+            return link
+        who = self.addresses.get(src if dst == self.name else dst)
+        raise StageError(f"{who} {what}, but the job has no {'two-way ' if backward else ''}link {src}->{dst}")
+
+    def emit(self, direction: str, link: LinkConfig, step: int, micro_batch: int, tensors: dict,
+             ids: torch.Tensor | None, topic: DataTopic | None = None, generation: int | None = None) -> None:
+        """A computation's (or another rank's) output for `link`, sent by this stage's end of it, stamped
+        with the generation of the work item that made it."""
+        end = self.links[link.name]
+        assert end.direction == direction, (end.name, direction)  # each way on the right end
+        end.send(step, micro_batch, tensors, ids, self.generations.current if generation is None else generation,
+                 topic)
+
+    def tell(self, stage: str, body: Any, step: int | None = None) -> None:
+        """Control message `body` to `stage`, in order with the data this stage sends."""
+        msg = ctl.control(body, self.job.name, self.addresses[stage], self.generations.current)
+        msg.step = self.applied() if step is None else step
+        self.sender.submit(lambda: msg)
+
+    def report(self, exc: BaseException, timeout: float = 5.0) -> None:
+        """Best effort: tell the stages it works with why this one fails (the only ones whose channels
+        take its messages); it exits anyway."""
+        text = f"{type(exc).__name__}: {exc}"[:4000]
+        for member in sorted(self.job.graph.peers(self.name)):
+            msg = Message(kind=Kind.ERROR, job=self.job.name, dst=self.addresses[member], error_code="stage",
+                          error_message=text, step=self.applied(), generation=self.generations.current)
+            try:
+                self.channel.send(msg, timeout=timeout)  # direct: the sender thread may be what failed
+            except Exception as send_exc:  # noqa: BLE001 - reporting must not hide the original error
+                print(f"warning: could not report the failure to {member}: {send_exc}", file=sys.stderr)
+
+    def take_bytes(self) -> dict[str, int]:
+        """Wire bytes sent on every link each way since the last call ("link:direction")."""
+        return {key: n for link in self.links.values() for key, n in link.take_bytes().items()}
+
+    def codec_state(self) -> dict[str, Any]:
+        return {name: link.compression.state_dict() for name, link in self.links.items()}
+
+    def load_codec_state(self, state: dict[str, Any]) -> None:
+        for name, link in self.links.items():
+            link.compression.load_state_dict(state.get(name, {"slots": []}))
+
+    def observe_step(self, compute_s: float) -> None:
+        for link in self.links.values():
+            link.compression.observe_step(compute_s)
+
+    def close(self) -> None:
+        self.sender.close()
+        self.integrity.close()
