@@ -41,19 +41,29 @@ class IntegrityConfig:
     warmup: int = field(default=8, metadata=limits(at_least=1))  # norms seen before any is judged
     warn_factor: float = field(default=10.0, metadata=limits(above=1))  # this far from the median: a warning
     refuse_factor: float = field(default=0.0, metadata=limits(at_least=0, hint="0 = never"))  # above: refused
+    # What a bad tensor does to its step: "skip" (applied at no stage), "retry" (run again `retries` times,
+    # then skipped) or "stop" (both sites stop with the reason, exit 3). nebula.runtime.coordinator aborts it.
+    on_bad: str = "skip"
+    retries: int = field(default=2, metadata=limits(at_least=0))
 
     def __post_init__(self) -> None:
+        if self.on_bad not in ON_BAD:
+            raise ConfigError(f"[integrity] on_bad = {self.on_bad!r}: use one of {', '.join(map(repr, ON_BAD))}")
         if self.refuse_factor and self.refuse_factor < self.warn_factor:
             raise ConfigError(f"[integrity] refuse_factor {self.refuse_factor} is below warn_factor "
                               f"{self.warn_factor}: a tensor would be refused without a warning first")
 
 
+ON_BAD = ("skip", "retry", "stop")
+
+
 class BadTensor(DataError):
     """A received tensor refused: non-finite values, or a norm past [integrity] refuse_factor."""
 
-    def __init__(self, message: str, reason: str):
+    def __init__(self, message: str, reason: str, step: int = 0):
         super().__init__(message)
         self.reason = reason  # "non-finite" or "outlier"
+        self.step = step  # the training step it belongs to
 
 
 def inspect_norm(tensor: torch.Tensor) -> tuple[float, int]:
@@ -118,18 +128,33 @@ class Integrity:
             stats.refused += 1
             self._record("integrity.refused", record, "non-finite", values=bad, numel=tensor.numel())
             raise BadTensor(f"{where} has {bad} NaN/Inf values of {tensor.numel()}: refused, nothing of it is "
-                            "used; look for the cause at the sender (its inputs, its learning rate)", "non-finite")
+                            "used; look for the cause at the sender (its inputs, its learning rate)", "non-finite",
+                            step)
         ratio = stats.ratio(norm)
         if ratio is not None and self.config.refuse_factor and ratio > self.config.refuse_factor:
             stats.refused += 1
             self._record("integrity.refused", record, "outlier", norm=norm, ratio=ratio)
             raise BadTensor(f"{where} has norm {norm:.4g}, {ratio:.3g} times its link's running median (past "
-                            f"[integrity] refuse_factor {self.config.refuse_factor:g}): refused", "outlier")
+                            f"[integrity] refuse_factor {self.config.refuse_factor:g}): refused", "outlier", step)
         if ratio is not None and (ratio > self.config.warn_factor or ratio < 1 / self.config.warn_factor):
             stats.warned += 1
             self._record("integrity.outlier", record, "outlier", norm=norm, ratio=ratio)
         stats.accept(norm)
         self._maybe_report(step)
+
+    def outgoing(self, tensor: torch.Tensor, *, link: str, direction: str, name: str, step: int,
+                 micro_batch: int) -> BadTensor | None:
+        """A tensor this stage is about to send: a BadTensor (recorded) when it holds NaN/Inf, which is then
+        withheld: never encoded (no codec's state sees it), never sent; its step is aborted instead."""
+        _, bad = inspect_norm(tensor)
+        if not bad:
+            return None
+        what = "gradient" if direction == "backward" else "activation"
+        self._record("integrity.withheld", {"link": link, "direction": direction, "src": "(self)", "tensor": name,
+                                            "step": step, "micro_batch": micro_batch}, "non-finite",
+                     values=bad, numel=tensor.numel())
+        return BadTensor(f"this stage's own {what} {name!r} of step {step} micro-batch {micro_batch} on link {link} "
+                         f"has {bad} NaN/Inf values of {tensor.numel()}: withheld, not sent", "non-finite", step)
 
     def check_loss(self, loss: float | None, step: int) -> None:
         """A non-finite loss stops the stage (StageError) before the step's checkpoint is written."""

@@ -57,6 +57,15 @@ class Progress:
         if self.train.saves_after(t):
             self.save()
 
+    def skipped(self, t: int) -> None:
+        """Step t was moved past unapplied (a bad tensor's, nebula.runtime.aborts): the ledger says so, and its
+        checkpoint is written if one is due (the weights are those of step t - 1)."""
+        self.board.skip(t)
+        self.ledger.append([t, "skipped"])
+        self.metrics.event("skipped", step=t)
+        if self.train.saves_after(t):
+            self.save()
+
     def save(self) -> None:
         self.outbox.sender.settle()  # the codec state then covers exactly the messages sent so far
         path = self.checkpoints.save(self.step, {

@@ -18,7 +18,7 @@ import torch
 from nebula.errors import LinkDown, RemoteError, StageError, TransportError
 from nebula.runtime import control as ctl
 from nebula.runtime import coordinator, inference
-from nebula.runtime.actions import Action, Apply, Backward, BackwardWeight, Forward, Open
+from nebula.runtime.actions import Action, Apply, Backward, BackwardWeight, Forward, Open, Skip
 from nebula.runtime.board import Board, StepState
 from nebula.runtime.checkpoint import mark_finished
 from nebula.runtime.control import DataKind, Topic
@@ -27,6 +27,7 @@ from nebula.runtime.executor import Executor
 from nebula.runtime.generations import Generations, Resync
 from nebula.runtime.inbox import Inbox
 from nebula.runtime.inference import Inference
+from nebula.runtime.integrity import BadTensor
 from nebula.runtime.job import JobConfig
 from nebula.runtime.metrics import MetricsLog
 from nebula.runtime.order import Examples
@@ -60,7 +61,7 @@ class StageRunner:
         self.role = Role.of(coordinator.Handle(name, graph, self.progress, self.outbox, self.generations, metrics,
                                                self.pump, self.abandon, self.replay))
         self.inbox = Inbox(channel, name, self.outbox.addresses, metrics, timeout, self.compute, ranks is not None,
-                           self._awaited)
+                           self._awaited, self._abort_withheld)
         self.names = {address: n for n, address in self.outbox.addresses.items()}
 
     @property
@@ -137,10 +138,12 @@ class StageRunner:
     # -- executing the schedule's actions ---------------------------------------------------------------
     def _work(self) -> None:
         """Everything the messages so far allow: the schedule's actions, then inference batches."""
+        self._abort_withheld()  # a rank's relay may have withheld one meanwhile
         while True:
             action = self.schedule.next_action(self.board)
             if action is not None:
                 self._execute(action)
+                self._abort_withheld()
             elif self.inference.due():
                 self.inference.run_next()
             else:
@@ -152,6 +155,8 @@ class StageRunner:
             return board.open_step(action.step, *self.examples.of_step(action.step))
         if isinstance(action, Apply):
             return self._apply(board.open.pop(action.step))
+        if isinstance(action, Skip):
+            return self._skip(action.step)
         state = board.open[action.step]
         if isinstance(action, Forward):
             compute.forward(*board.take_forward(state))
@@ -166,8 +171,31 @@ class StageRunner:
         tally = self.compute.apply(state.step, ahead=lambda: self._hand_out(state.step + 1))
         self.progress.applied(state, tally)
         self.outbox.observe_step(tally.compute_s)
+        self._paced(state.step)
+
+    def _paced(self, t: int) -> None:
         for sender in self.board.pace.senders:
-            self.outbox.tell(sender, ctl.Pace(step=state.step))  # the sender may now open step t + credit
+            self.outbox.tell(sender, ctl.Pace(step=t))  # the sender may now open step t + credit
+
+    # -- bad tensors (nebula.runtime.integrity): their steps aborted, skipped or retried -------------------
+    def _skip(self, t: int) -> None:
+        self.compute.skip(t)
+        self.progress.skipped(t)
+        self._paced(t)
+
+    def _abort_withheld(self) -> None:
+        """Its own bad tensors, withheld by the outbox: their steps are aborted ([integrity] on_bad)."""
+        for bad in self.outbox.withheld():
+            if self.job.integrity.on_bad == "stop":
+                raise bad
+            self.role.abort(bad.step, str(bad))
+
+    def _refuse(self, sender: str, bad: BadTensor) -> None:
+        """A peer's bad tensor: the peer hears it was refused, the coordinator aborts its step."""
+        if self.job.integrity.on_bad == "stop":
+            raise bad
+        self.outbox.refuse(sender, bad)
+        self.role.abort(bad.step, str(bad))
 
     def _hand_out(self, t: int) -> None:
         """With ranks, while step t - 1 is applied: step t's micro-batches that have arrived and that other
@@ -199,6 +227,8 @@ class StageRunner:
         elif msg.kind == Kind.TENSORS:
             if self.generations.admits(msg):
                 self._data(sender, msg)
+        elif msg.kind == Kind.ERROR:  # a tensor of this stage's refused (the inbox raises other ERRORs)
+            self.metrics.event("refused-by", stage=sender, step=msg.step, reason=msg.error_message[:500])
         else:
             raise StageError(f"{msg.src} sent an unexpected {msg.kind.name} message to a stage")
         self._work()
@@ -219,10 +249,18 @@ class StageRunner:
         if topic.kind is DataKind.BACKWARD:
             link = self.outbox.link(self.name, sender, "sent gradients", backward=True)
             self.board.check_gradients(msg.src, link.name, msg.step, msg.micro_batch)
-            grads, _ = link.receive(msg, self.stage.device)
+            try:
+                grads, _ = link.receive(msg, self.stage.device)
+            except BadTensor as bad:
+                return self._refuse(sender, bad)
             return self.board.gradients(link.name, msg.step, msg.micro_batch, grads)
         link = self.outbox.link(sender, self.name, "sent tensors")
-        inputs, ids = link.receive(msg, self.stage.device)
+        try:
+            inputs, ids = link.receive(msg, self.stage.device)
+        except BadTensor as bad:
+            if topic.kind is DataKind.INFER:
+                raise  # an inference pass has no step to abort: its sink stops, naming the tensor
+            return self._refuse(sender, bad)
         assert ids is not None  # Link.receive refuses activations without their example ids
         if topic.kind is DataKind.INFER:
             return self.inference.received(msg, link, inputs, ids, topic)

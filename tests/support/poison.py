@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nebula.runtime.job_digest import SITE_LOCAL
+from nebula.runtime.outbox import Outbox
 from nebula.runtime.stage import Output
 from tests.support.runtime import PacedOptions, PacedSink, PacedSource
 
@@ -17,14 +18,28 @@ class PoisonOptions(PacedOptions):
     # a fault of this site's copy of the stage, not the job's definition (the other site runs the same job)
     poison_steps: tuple[int, ...] = field(default=(), metadata=SITE_LOCAL)  # training steps whose activation goes bad
     poison: str = field(default="nan", metadata=SITE_LOCAL)  # what replaces it: "nan", "inf" or "-inf"
+    # a hostile peer: its process sends what it computes unchecked (Outbox.check_outgoing off), so its bad
+    # tensors reach the receiver, which refuses them
+    hostile: bool = field(default=False, metadata=SITE_LOCAL)
+    poison_attempts: int = field(default=0, metadata=SITE_LOCAL)  # a step goes bad on its first N runs (0: all)
 
 
 class PoisonedSource(PacedSource):
     Options = PoisonOptions
 
+    def __init__(self, context, options: PoisonOptions):
+        super().__init__(context, options)
+        if options.hostile:
+            Outbox.check_outgoing = False  # this process only: it is the hostile peer's
+        self.attempts: dict[int, int] = {}  # step -> times its first micro-batch was computed
+
     def forward(self, batch, inputs) -> Output:
         out = super().forward(batch, inputs)
-        if batch.training and batch.step in self.options.poison_steps:
+        if batch.training and batch.micro_batch == 0:
+            self.attempts[batch.step] = self.attempts.get(batch.step, 0) + 1
+        attempts = self.options.poison_attempts
+        if batch.training and batch.step in self.options.poison_steps \
+                and (not attempts or self.attempts[batch.step] <= attempts):
             bad = float(self.options.poison)
             out.tensors["hidden"] = out.tensors["hidden"] * 0 + bad  # (B, width), every value bad, graph kept
         return out

@@ -23,6 +23,7 @@ TIMELINE: list[tuple[float, str, int]] = []  # (time, event, step) from the inst
 def example_job(stages: int = 2, schedule: str = "synchronous", backward: bool = True, steps: int = 12,
                 credit: int | None = None, compression: dict | None = None, local_loss: bool = False,
                 sink_impl: str = "example-sink", sink_options: dict | None = None, source_impl: str = "example-source",
+                source_options: dict | None = None, integrity: dict | None = None,
                 checkpoint_every: int = 3, micro_batches: int = 4, sink_ranks: int = 1,
                 schedule_options: dict | None = None):
     """A chain source -> [middle ->] sink on sites a, b[, c] of the example workload; stages="fan-out":
@@ -41,6 +42,9 @@ def example_job(stages: int = 2, schedule: str = "synchronous", backward: bool =
     if local_loss:
         raw["stages"]["src"]["local_loss"] = True
     raw["stages"]["sink"].update(sink_options or {})
+    raw["stages"]["src"].update(source_options or {})
+    if integrity:
+        raw["integrity"] = integrity
     if sink_ranks > 1:
         raw["stages"]["sink"]["ranks"] = sink_ranks
     return parse_job(raw)

@@ -27,7 +27,8 @@ def test_every_control_topic_round_trips_typed():
               ctl.Resume(round=2, step=3, generation=4), ctl.Ready(round=2, step=3), ctl.Pace(step=5),
               ctl.InferEnd(origin="src", split="test"), ctl.InferProgress(split="test", n=8),
               ctl.Scores(split="test", sink="sink", scores={"bleu": 1.5}), ctl.Ended(step=9),
-              ctl.Finish(step=9), ctl.Done(step=9)]
+              ctl.Finish(step=9), ctl.Done(step=9), ctl.Abort(step=9, reason="a NaN"),
+              ctl.Resume(round=3, step=6, generation=5, skip=(7, 9))]
     assert {type(b) for b in bodies} == set(ctl.BODIES.values())  # every topic is covered here
     for body in bodies:
         assert roundtrip(body) == (ctl.TOPICS[type(body)], body)
