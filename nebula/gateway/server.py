@@ -427,8 +427,8 @@ class Gateway:
         one they were half of what a flood into a full stage of the peer site wrote (issue 42, class 5).
         The other records of a link (direction, job, src, dst, kind) are written in full up to its rate
         ([gateway] audit_transfer_burst, then audit_transfer_rate a second); past it, its messages and
-        bytes are counted into a `transfer.<direction>.summary` per interval: a stage at its rate limit
-        wrote 0.34 MB of records a second (issue 55)."""
+        bytes are counted into its `transfer.summary` per interval: a stage at its rate limit wrote
+        0.34 MB of records a second (issue 55)."""
         env = msg.env
         if env.kind in SUMMARISED:
             self.audit.tally("transfer.summary", msg.nbytes, **tally_key(direction, env))
@@ -440,9 +440,8 @@ class Gateway:
         key = tally_key(direction, env)
         if self.audit_rates.take("\0".join(map(str, key.values())), False):
             self.audit.append(f"transfer.{direction}", **transfer_fields(env, msg.nbytes))
-        else:  # past the link's rate: counted, messages and bytes, into one summary per interval
-            del key["direction"]
-            self.audit.tally(f"transfer.{direction}.summary", msg.nbytes, **key)
+        else:  # past the link's rate: counted, messages and bytes, as acks and heartbeats are
+            self.audit.tally("transfer.summary", msg.nbytes, **key)
 
     def _maybe_log_stats(self) -> None:
         interval = self.site.gateway.stats_interval

@@ -78,7 +78,7 @@ class GatewayConfig:
     audit_max_bytes: int = field(default=64 << 20, metadata=limits(at_least=4096))  # then the log rotates
     audit_summary_interval: float = field(default=10.0, metadata=limits(above=0))  # ACK/heartbeat tallies
     # Transfer records per link (direction, job, src, dst) a second, after a burst: beyond, a link's messages
-    # are counted into one `transfer.<dir>.summary` per interval (messages, bytes), not a record each.
+    # are counted into one `transfer.summary` per interval (messages, bytes), not a record each.
     audit_transfer_rate: float = field(default=20.0, metadata=limits(above=0))
     audit_transfer_burst: int = field(default=200, metadata=limits(at_least=1))
     # A link to a peer gateway renews its CURVE session after this many seconds or bytes (nebula.gateway.peers).

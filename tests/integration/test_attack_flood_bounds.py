@@ -63,7 +63,8 @@ def test_a_stage_at_its_rate_limit_costs_a_few_records_a_second_and_every_messag
         forwarded = stopped_stats(log)["links"][link]["messages"]  # the gateway's own count of the link
         in_full = [r for r in log if r["event"] == direction and r["kind"] == "TENSORS"]
         assert len(in_full) <= AUDIT_BURST + AUDIT_RATE * (SECONDS + 2), f"{site}: {len(in_full)} records"
-        summaries = [r for r in log if r["event"] == f"{direction}.summary" and r["kind"] == "TENSORS"]
+        summaries = [r for r in log if r["event"] == "transfer.summary" and r["kind"] == "TENSORS"
+                     and r["direction"] == direction.split(".")[1]]
         counted_messages = len(in_full) + sum(r["messages"] for r in summaries)
         # nothing unaccounted: every message that crossed the link is on the record, in full or counted
         assert counted_messages == forwarded >= row["received"] - 1, (site, counted_messages, forwarded, row)
