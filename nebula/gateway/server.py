@@ -437,11 +437,10 @@ class Gateway:
             self.audit.repeated("transfer.in", refusal_key(env), refusal_fields(env, msg.nbytes),
                                 reason=clip(env.error.code, CODE_CLIP))
             return
-        key = tally_key(direction, env)
-        if self.audit_rates.take("\0".join(map(str, key.values())), False):
+        if self.audit_rates.take("\0".join(map(str, tally_key(direction, env).values())), False):
             self.audit.append(f"transfer.{direction}", **transfer_fields(env, msg.nbytes))
         else:  # past the link's rate: counted, messages and bytes, as acks and heartbeats are
-            self.audit.tally("transfer.summary", msg.nbytes, **key)
+            self.audit.tally("transfer.summary", msg.nbytes, **tally_key(direction, env))
 
     def _maybe_log_stats(self) -> None:
         interval = self.site.gateway.stats_interval

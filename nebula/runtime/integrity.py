@@ -122,23 +122,28 @@ class Integrity:
         norm, bad = inspect_norm(tensor)
         where = (f"{src} sent step {step} micro-batch {micro_batch} on link {link}: {name!r} "
                  f"({'gradient' if direction == 'backward' else 'activation'})")
-        record = {"link": link, "direction": direction, "src": src, "tensor": name, "step": step,
-                  "micro_batch": micro_batch}
-        if bad:
+        ratio = None if bad else stats.ratio(norm)
+        if bad or (ratio is not None and self.config.refuse_factor and ratio > self.config.refuse_factor):
             stats.refused += 1
-            self._record("integrity.refused", record, "non-finite", values=bad, numel=tensor.numel())
-            raise BadTensor(f"{where} has {bad} NaN/Inf values of {tensor.numel()}: refused, nothing of it is "
-                            "used; look for the cause at the sender (its inputs, its learning rate)", "non-finite",
-                            step)
-        ratio = stats.ratio(norm)
-        if ratio is not None and self.config.refuse_factor and ratio > self.config.refuse_factor:
-            stats.refused += 1
-            self._record("integrity.refused", record, "outlier", norm=norm, ratio=ratio)
+            reason = "non-finite" if bad else "outlier"
+            self._event("integrity.refused", _tensor_key(link, direction, src, name),
+                        _refusal(step, micro_batch, reason, bad, norm, ratio))
+            if self.audit is not None:  # a peer can send bad tensors at will: a few in full, the rest counted
+                self.audit.repeated("integrity.refused", _tensor_key(link, direction, src, name),
+                                    _refusal(step, micro_batch, reason, bad, norm, ratio), reason=reason)
+            if bad:
+                raise BadTensor(f"{where} has {bad} NaN/Inf values of {tensor.numel()}: refused, nothing of it is "
+                                "used; look for the cause at the sender (its inputs, its learning rate)",
+                                "non-finite", step)
             raise BadTensor(f"{where} has norm {norm:.4g}, {ratio:.3g} times its link's running median (past "
                             f"[integrity] refuse_factor {self.config.refuse_factor:g}): refused", "outlier", step)
         if ratio is not None and (ratio > self.config.warn_factor or ratio < 1 / self.config.warn_factor):
             stats.warned += 1
-            self._record("integrity.outlier", record, "outlier", norm=norm, ratio=ratio)
+            self._event("integrity.outlier", _tensor_key(link, direction, src, name),
+                        _warning(step, micro_batch, norm, ratio))
+            if self.audit is not None:
+                self.audit.repeated("integrity.outlier", _tensor_key(link, direction, src, name),
+                                    _warning(step, micro_batch, norm, ratio), reason="outlier")
         stats.accept(norm)
         self._maybe_report(step)
 
@@ -149,10 +154,11 @@ class Integrity:
         _, bad = inspect_norm(tensor)
         if not bad:
             return None
+        self._event("integrity.withheld", _withheld_key(link, direction, name), _withholding(step, micro_batch, bad))
+        if self.audit is not None:
+            self.audit.repeated("integrity.withheld", _withheld_key(link, direction, name),
+                                _withholding(step, micro_batch, bad), reason="non-finite")
         what = "gradient" if direction == "backward" else "activation"
-        self._record("integrity.withheld", {"link": link, "direction": direction, "src": "(self)", "tensor": name,
-                                            "step": step, "micro_batch": micro_batch}, "non-finite",
-                     values=bad, numel=tensor.numel())
         return BadTensor(f"this stage's own {what} {name!r} of step {step} micro-batch {micro_batch} on link {link} "
                          f"has {bad} NaN/Inf values of {tensor.numel()}: withheld, not sent", "non-finite", step)
 
@@ -172,18 +178,37 @@ class Integrity:
         if self.audit is not None:
             self.audit.close()
 
-    def _record(self, event: str, record: dict[str, Any], reason: str, **detail: Any) -> None:
-        fields = {**record, **{k: _plain(v) for k, v in detail.items()}}
+    def _event(self, event: str, at: dict[str, Any], fields: dict[str, Any]) -> None:
         if self.metrics is not None:
-            self.metrics.event(event, **fields)
-        if self.audit is not None:  # a peer can send bad tensors at will: a few in full, the rest counted
-            key = {k: record[k] for k in ("link", "direction", "src", "tensor")}
-            self.audit.repeated(event, key, {k: v for k, v in fields.items() if k not in key}, reason=reason)
+            self.metrics.event(event, **at, **fields)
 
     def _maybe_report(self, step: int) -> None:
         if self.metrics is not None and step >= self._reported + self.report_every:
             self._reported = step
             self.metrics.event("integrity", echo=False, step=step, norms=self.summary())
+
+
+def _tensor_key(link: str, direction: str, src: str, tensor: str) -> dict[str, str]:
+    """What the audit log counts a received tensor's refusals and warnings under (nebula.security.audit)."""
+    return {"link": link, "direction": direction, "src": src, "tensor": tensor}
+
+
+def _withheld_key(link: str, direction: str, tensor: str) -> dict[str, str]:
+    """... and a tensor of the stage's own that it withheld."""
+    return {"link": link, "direction": direction, "tensor": tensor}
+
+
+def _refusal(step: int, micro_batch: int, reason: str, values: int, norm: float, ratio: float | None) -> dict:
+    return {"step": step, "micro_batch": micro_batch, "reason": reason, "values": values, "norm": _plain(norm),
+            "ratio": _plain(ratio)}
+
+
+def _warning(step: int, micro_batch: int, norm: float, ratio: float) -> dict:
+    return {"step": step, "micro_batch": micro_batch, "norm": _plain(norm), "ratio": _plain(ratio)}
+
+
+def _withholding(step: int, micro_batch: int, values: int) -> dict:
+    return {"step": step, "micro_batch": micro_batch, "values": values}
 
 
 def _plain(value: Any) -> Any:

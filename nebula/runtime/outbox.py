@@ -14,7 +14,7 @@ from typing import Any, Callable, ClassVar
 
 import torch
 
-from nebula.errors import StageError
+from nebula.errors import StageError, TransportError
 from nebula.runtime import control as ctl
 from nebula.runtime.compression import LinkMeter
 from nebula.runtime.control import DataTopic
@@ -91,12 +91,15 @@ class Outbox:
             found, self._withheld = self._withheld, []
         return found
 
-    def refuse(self, dst: str, bad: BadTensor) -> None:
-        """Tell stage `dst` its tensor was refused (an ERROR `refused`, in order with the data; its channel
-        does not fail on it)."""
+    def refuse(self, dst: str, bad: BadTensor, timeout: float = 5.0) -> None:
+        """Tell stage `dst` its tensor was refused (an ERROR `refused`; its channel does not fail on it).
+        Sent at once, not queued: the resume that follows the refusal drops what is queued."""
         msg = Message(kind=Kind.ERROR, job=self.job.name, dst=self.addresses[dst], error_code=REFUSED,
                       error_message=str(bad)[:4000], step=bad.step, generation=self.generations.current)
-        self.sender.submit(lambda: msg)
+        try:
+            self.channel.send(msg, timeout=timeout)
+        except TransportError as exc:  # its own records hold the refusal; the sender learns of it at the resume
+            print(f"warning: could not tell {dst} its tensor was refused: {exc}", file=sys.stderr)
 
     def tell(self, stage: str, body: Any, step: int | None = None) -> None:
         """Control message `body` to `stage`, in order with the data this stage sends."""
