@@ -74,6 +74,7 @@ class Renewal:
     fresh: tuple[zmq.Socket, zmq.Socket] | None = None  # the next session's DEALER and its monitor
     held: deque[Any] = field(default_factory=deque)  # QUIESCING: messages to forward on the next session
     held_bytes: int = 0
+    forced: bool = False  # the switch goes on without the echo: the old session lingers to send what it holds
 
 
 @dataclass
@@ -242,7 +243,7 @@ class PeerLinks:
             elif overdue is not None:
                 switches.append((name, True))
             elif rekey.phase is Phase.DRAINING and renewal.fresh is not None and renewal.fresh[0].poll(0, zmq.POLLOUT):
-                switches.append((name, False))
+                switches.append((name, renewal.forced))
         return switches
 
     def _dial_next(self, name: str, renewal: Renewal, now: float) -> None:
@@ -264,8 +265,9 @@ class PeerLinks:
                              topic=REKEY, epoch=token)
             try:  # after everything the old session was given; the peer echoes it in order
                 self.sockets[name].send_multipart(encode_message(marker), flags=zmq.NOBLOCK, copy=False)
-            except zmq.ZMQError:
-                pass  # its queue is full: the switch is forced after SWITCH_TIMEOUT
+            except zmq.ZMQError:  # the old session is not connected (nothing is in flight on it) or full:
+                renewal.rekey.forced(now)  # no echo can come, so switch as soon as the new one takes messages
+                renewal.forced = True
         elif event in GIVEN_UP:  # the peer no longer admits our key: no new session, and none on the old
             _close_pair(*renewal.fresh)
             renewal.fresh = None
@@ -300,6 +302,7 @@ class PeerLinks:
         renewal, now = self.renewals[name], time.monotonic()
         if forced and renewal.rekey.phase is Phase.QUIESCING:
             renewal.rekey.forced(now)
+        renewal.forced = False
         assert renewal.fresh is not None  # QUIESCING keeps it
         self.retiring.append((self.sockets[name], self.monitors[name], FORCED_LINGER_MS if forced else 0))
         (self.sockets[name], self.monitors[name]), renewal.fresh = renewal.fresh, None

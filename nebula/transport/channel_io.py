@@ -169,16 +169,18 @@ class ChannelIO(threading.Thread):
             self.heard.setdefault(stream.dst, now)
             self.stats["sent"] += 1
 
-    def _send_control(self, msg: Message) -> None:
+    def _send_control(self, msg: Message) -> bool:
         """ACKs and heartbeats: unsequenced, small, dropped (not queued) if the socket is full, or while
-        the session switches (QUIESCING: after the marker, nothing more goes on the old connection)."""
+        the session switches (QUIESCING: after the marker, nothing more goes on the old connection);
+        -> whether it was handed to the socket."""
         if self.rekey.holds_data and msg.topic != REKEY:
-            return
+            return False
         msg.src = self.address
         try:
             self.sock.send_multipart(encode_message(msg), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            pass  # the peer will ask again, or time out; never block the I/O thread
+            return False  # the peer will ask again, or time out; never block the I/O thread
+        return True
 
     def _send_acks(self) -> None:
         if self.rekey.holds_data:
@@ -384,8 +386,13 @@ class ChannelIO(threading.Thread):
     def _on_fresh_event(self, event: sockets.MonitorEvent) -> None:
         kind = event["event"]
         if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED and self.rekey.phase is Phase.DIALING:
-            token = self.rekey.handshaken(time.monotonic())
-            self._send_control(Message(kind=Kind.HEARTBEAT, dst=self.gateway, topic=REKEY, epoch=token))
+            now = time.monotonic()
+            token = self.rekey.handshaken(now)
+            if not self._send_control(Message(kind=Kind.HEARTBEAT, dst=self.gateway, topic=REKEY, epoch=token)):
+                # the old connection is down or full: no echo can come; switch now, resend what it held
+                self.rekey.forced(now)
+                self._switch()
+                self._go_back_everywhere()
         elif kind in sockets.HANDSHAKE_FAILURES:  # refused: e.g. this stage's certificate was revoked
             error = sockets.handshake_error(event, self.address, self.gateway)
             self.window.fail(AuthError(f"{self.address}: at its scheduled rekey: {error}"))
