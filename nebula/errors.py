@@ -48,6 +48,11 @@ class RemoteError(NebulaError):
         self.remote_message = message
 
 
+class PeerFailed(RemoteError):
+    """Another stage of the job failed and said why (an ERROR message): the job cannot go on without it, so
+    this stage stops too, and is not restarted either (a restart would wait for a stage that is gone)."""
+
+
 class StageError(NebulaError):
     """A stage failed to build, train, checkpoint or resume."""
 
@@ -59,4 +64,4 @@ class DataError(NebulaError):
 # Exit codes of `nebula ...` commands and services, what supervisors act on.
 EXIT_ERROR = 2  # failed; running it again may succeed (a link or a peer failed)
 EXIT_FIX_FIRST = 3  # a service that fails the same way until its cause is fixed: supervisors do not restart it
-FIX_FIRST = (ConfigError, DataError, StageError, LinkDown)
+FIX_FIRST = (ConfigError, DataError, StageError, LinkDown, PeerFailed)

@@ -21,6 +21,9 @@ class Meter:
         self.queues: dict[str, int] = {}  # socket -> messages found waiting at the gateway's last turn on it
         self.rate_limited: dict[str, int] = defaultdict(int)  # sender -> messages dropped over its rate limit
         self.handshakes: dict[str, int] = {"admitted": 0, "refused": 0}  # the ZAP handler's decisions
+        # CURVE sessions per link: "in", admitted per certified address (stages, peer gateways dialling in);
+        # "out", completed by this gateway's links per peer site (each rekey is one more)
+        self.sessions: dict[str, dict[str, int]] = {"in": {}, "out": {}}
         self.queued_bytes: dict[str, int] = {}  # next hop -> bytes handed to ZeroMQ and not yet written out
 
     def count(self, link: str, job: str, nbytes: int) -> None:
@@ -45,12 +48,14 @@ class Meter:
                   for what in ("messages", "bytes") for d in ("in", "out")}
         return {**totals, "peers": peers, "refusals": dict(self.refused), "dropped": dict(self.dropped),
                 "queues": dict(self.queues), "rate_limited": dict(self.rate_limited),
-                "handshakes": dict(self.handshakes), "queued_bytes": dict(self.queued_bytes)}
+                "handshakes": dict(self.handshakes), "queued_bytes": dict(self.queued_bytes),
+                "sessions": {way: dict(n) for way, n in self.sessions.items()}}
 
     def snapshot(self) -> dict:
         return {"uptime_s": round(time.time() - self.started, 3), "links": dict(self.links),
                 "jobs": dict(self.jobs), "refused": dict(self.refused), "dropped": dict(self.dropped),
-                "rate_limited": dict(self.rate_limited), "handshakes": dict(self.handshakes)}
+                "rate_limited": dict(self.rate_limited), "handshakes": dict(self.handshakes),
+                "sessions": {way: dict(n) for way, n in self.sessions.items()}}
 
     def summary(self) -> str:
         links = ", ".join(f"{name} {c['messages']} msgs/{c['bytes'] / 1e6:.1f} MB"

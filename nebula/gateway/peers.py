@@ -17,13 +17,24 @@ every 8 s (`redial_delay`), until a handshake succeeds: a link works again withi
 peer's import, in either order of rotation and import. A wrong server key on our side (the peer
 rotated, we have not imported) is no refusal: libzmq dials again by itself, and `refresh` re-keys the
 link once the bundle is imported.
+
+A link renews its CURVE session on a schedule ([gateway] rekey_interval, rekey_bytes; nebula.transport.rekey
+has the phases a stage's channel goes through): the peer's certificate is checked again here, a new
+DEALER dials with a fresh routing id (a new handshake, fresh ephemeral keys, our key checked again by the
+peer's ZAP handler), and once it is up the link sends HEARTBEAT "rekey" on the old one and holds what it
+should forward (`hold`, within `queue_bytes`) until the peer echoes it: everything sent on the old
+session has then been forwarded by the peer, in order; the held messages go on the new one, and the old
+one is closed. The echo not back within SWITCH_TIMEOUT (an old peer, a lost link), it switches anyway and
+the stages' channels resend what was lost. A refused handshake at a rekey is a refusal as above.
 """
 from __future__ import annotations
 
 import logging
 import socket
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 from zmq.utils import z85
@@ -33,13 +44,20 @@ from nebula.security.certs import Certificate
 from nebula.security.trust import Identity, TrustStore, valid_certificate
 from nebula.site.config import SiteConfig
 from nebula.transport import sockets
+from nebula.transport.rekey import REKEY, Phase, Rekey
 from nebula.transport.routing_id import stage_routing_id
+from nebula.wire import Kind, Message, encode_message
 
 log = logging.getLogger("nebula.gateway")
 REDIAL_FIRST, REDIAL_MAX = 1.0, 8.0  # seconds before dialling a refusing peer again: doubling, then steady
 # Handshake outcomes after which libzmq gives a client up for good (a protocol error, a ZAP refusal).
 GIVEN_UP: dict[int, str] = {zmq.EVENT_HANDSHAKE_FAILED_AUTH: "refused by its authenticator",
             zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "a CURVE protocol error"}
+HANDSHAKE_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+# Seconds a session switch may wait for the peer's echo: what the old session still had queued crosses
+# the WAN first (256 MiB of queue_bytes is 36 s at 60 Mbit/s), and what arrives meanwhile is held.
+SWITCH_TIMEOUT = 30.0
+FORCED_LINGER_MS = 30_000  # a session closed without its echo still sends what it had queued, this long
 
 
 def redial_delay(refusals: int) -> float:
@@ -47,6 +65,16 @@ def redial_delay(refusals: int) -> float:
     after the first (the peer's operator may be importing our bundle right now), then every few seconds,
     which costs the peer a handshake and a summarised audit entry each (docs/security.md, "Under a flood")."""
     return min(REDIAL_MAX, REDIAL_FIRST * 2 ** min(refusals - 1, 16))
+
+
+@dataclass
+class Renewal:
+    """A link's sessions: when the next is due (rekey.py), the one handshaking, what waits for the switch."""
+    rekey: Rekey
+    fresh: tuple[zmq.Socket, zmq.Socket] | None = None  # the next session's DEALER and its monitor
+    held: deque[Any] = field(default_factory=deque)  # QUIESCING: messages to forward on the next session
+    held_bytes: int = 0
+    forced: bool = False  # the switch goes on without the echo: the old session lingers to send what it holds
 
 
 @dataclass
@@ -65,6 +93,9 @@ class PeerLinks:
         self.refused: dict[str, Refused] = {}  # peer site -> the refusal its link waits to dial again after
         self.certs: dict[str, Certificate] = {}  # peer site -> the certificate its link's server key comes from
         self.isolated: dict[str, str] = {}  # peer site -> why it has no link
+        self.renewals: dict[str, Renewal] = {}  # peer site -> its link's sessions
+        self.sessions: dict[str, int] = {}  # peer site -> CURVE handshakes its links completed, in all
+        self.retiring: list[tuple[zmq.Socket, zmq.Socket, int]] = []  # old sessions, closed at the next renew()
         self.generation = 0
         # Our DEALER's routing id on the peer's external ROUTER carries a secret too, so that no other
         # site's gateway can take it over there (that ROUTER hands an id over to a new connection).
@@ -108,6 +139,7 @@ class PeerLinks:
     def _on_handshake(self, name: str, event: int, now: float) -> None:
         peer = self.site.peers[name]
         if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            self.sessions[name] = self.sessions.get(name, 0) + 1
             if (refused := self.refused.pop(name, None)) is not None:
                 log.info("gateway %s: %s accepted our handshake again after %d refusals", self.identity.address,
                          peer.address, refused.refusals)
@@ -127,6 +159,9 @@ class PeerLinks:
     def close(self) -> None:
         for name in list(self.sockets):
             self._drop(name)
+        for sock, monitor, _ in self.retiring:
+            _close_pair(sock, monitor)
+        self.retiring.clear()
 
     def _open(self, name: str, cert: Certificate) -> None:
         peer = self.site.peers[name]
@@ -148,26 +183,137 @@ class PeerLinks:
     def _dial(self, name: str, cert: Certificate) -> None:
         """A fresh DEALER to `name`'s gateway, pinned to `cert`'s key, with its handshake events watched."""
         self._close(name)
-        sock = sockets.client_socket(self.ctx, zmq.DEALER, self.identity, z85.encode(cert.curve_key_raw),
-                                     self.site.gateway.hwm, routing_id=self.routing_id)
-        sock.immediate = True  # never queue for a peer that is down: senders resend end to end
-        self.monitors[name] = sock.get_monitor_socket(
-            zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
-        sock.connect(self.site.peers[name].endpoint)
-        self.sockets[name], self.certs[name] = sock, cert
+        self.sockets[name], self.monitors[name] = self._dealer(name, cert)
+        self.certs[name] = cert
+        g = self.site.gateway
+        self.renewals[name] = Renewal(Rekey(g.rekey_interval, g.rekey_bytes, SWITCH_TIMEOUT, time.monotonic()))
         self.generation += 1
 
+    def _dealer(self, name: str, cert: Certificate) -> tuple[zmq.Socket, zmq.Socket]:
+        """A DEALER connecting to `name`'s gateway, pinned to `cert`'s key, and its handshake events.
+        The first keeps the link's routing id; a renewal's has one of its own, so that the peer answers the
+        old session's messages on the old connection until it is closed."""
+        routing_id = self.routing_id if name not in self.sockets else stage_routing_id(self.identity.address)
+        sock = sockets.client_socket(self.ctx, zmq.DEALER, self.identity, z85.encode(cert.curve_key_raw),
+                                     self.site.gateway.hwm, routing_id=routing_id)
+        sock.immediate = True  # never queue for a peer that is down: senders resend end to end
+        monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS)
+        sock.connect(self.site.peers[name].endpoint)
+        return sock, monitor
+
     def _close(self, name: str) -> bool:
+        renewal = self.renewals.pop(name, None)
+        if renewal is not None and renewal.fresh is not None:
+            _close_pair(*renewal.fresh)
         sock, monitor = self.sockets.pop(name, None), self.monitors.pop(name, None)
-        if monitor is not None:
-            assert sock is not None  # a monitor lives as long as its link
-            sock.disable_monitor()
-            monitor.close(linger=0)
         if sock is None:
             return False
-        sock.close(linger=0)
+        assert monitor is not None  # a monitor lives as long as its link
+        _close_pair(sock, monitor)
         self.generation += 1
         return True
+
+    # --- sessions: renewing a link's CURVE session (see the module's docstring) ------------------
+    def renew(self, now: float | None = None) -> list[tuple[str, bool]]:
+        """Dial the next session of each link that is due, follow the handshakes; -> the links to `switch`
+        now, and whether forced: echoed and the new session takes messages (its pipe is attached a moment
+        after the handshake), or the echo not back after SWITCH_TIMEOUT."""
+        now = time.monotonic() if now is None else now
+        for sock, monitor, linger in self.retiring:  # the gateway's loop is past reading them
+            _close_pair(sock, monitor, linger)
+        self.retiring.clear()
+        switches = []
+        for name, renewal in list(self.renewals.items()):
+            rekey = renewal.rekey
+            if name in self.refused or name not in self.sockets:
+                continue
+            if rekey.due(now):
+                self._dial_next(name, renewal, now)
+            if renewal.fresh is not None:
+                while renewal.fresh is not None and renewal.fresh[1].poll(0):
+                    self._on_next_handshake(name, renewal, sockets.read_event(renewal.fresh[1])["event"], now)
+            overdue = rekey.overdue(now)
+            if overdue is Phase.DIALING:
+                log.warning("gateway %s: no handshake with %s for a new session within %g s; keeping the current "
+                            "one", self.identity.address, self.site.peers[name].address, SWITCH_TIMEOUT)
+                if renewal.fresh is not None:
+                    _close_pair(*renewal.fresh)
+                    renewal.fresh = None
+                rekey.dial_failed(now)
+            elif overdue is not None:
+                switches.append((name, True))
+            elif rekey.phase is Phase.DRAINING and renewal.fresh is not None and renewal.fresh[0].poll(0, zmq.POLLOUT):
+                switches.append((name, renewal.forced))
+        return switches
+
+    def _dial_next(self, name: str, renewal: Renewal, now: float) -> None:
+        peer = self.site.peers[name]
+        try:  # the peer's certificate, checked again: revoked or expired since, the link closes here
+            cert = valid_certificate(self.store, peer.address, pinned=_pin(peer.curve_key))
+        except AuthError as exc:
+            self._isolate(name, f"at its scheduled rekey: {exc}")
+            return
+        renewal.fresh = self._dealer(name, cert)
+        renewal.rekey.dialing(now)
+
+    def _on_next_handshake(self, name: str, renewal: Renewal, event: int, now: float) -> None:
+        assert renewal.fresh is not None  # read from its monitor
+        if event == zmq.EVENT_HANDSHAKE_SUCCEEDED and renewal.rekey.phase is Phase.DIALING:
+            self.sessions[name] = self.sessions.get(name, 0) + 1
+            token = renewal.rekey.handshaken(now)
+            marker = Message(kind=Kind.HEARTBEAT, src=self.identity.address, dst=self.site.peers[name].address,
+                             topic=REKEY, epoch=token)
+            try:  # after everything the old session was given; the peer echoes it in order
+                self.sockets[name].send_multipart(encode_message(marker), flags=zmq.NOBLOCK, copy=False)
+            except zmq.ZMQError:  # the old session is not connected (nothing is in flight on it) or full:
+                renewal.rekey.forced(now)  # no echo can come, so switch as soon as the new one takes messages
+                renewal.forced = True
+        elif event in GIVEN_UP:  # the peer no longer admits our key: no new session, and none on the old
+            _close_pair(*renewal.fresh)
+            renewal.fresh = None
+            self.refused[name] = Refused(1, now + redial_delay(1), GIVEN_UP[event])
+            log.warning("gateway %s: %s refused our handshake at a rekey (%s): it no longer trusts our gateway "
+                        "certificate (serial %d); dialling again every %g s at most", self.identity.address,
+                        self.site.peers[name].address, GIVEN_UP[event], self.identity.certificate.serial, REDIAL_MAX)
+
+    def holding(self, name: str) -> bool:
+        """Whether messages to `name` wait for its link's switch (QUIESCING, or echoed and not switched yet)."""
+        renewal = self.renewals.get(name)
+        return renewal is not None and renewal.rekey.phase in (Phase.QUIESCING, Phase.DRAINING)
+
+    def hold(self, name: str, msg: Any, limit: int) -> bool:
+        """Keep `msg` (an Inbound) for the next session; False past `limit` bytes held (one always fits)."""
+        renewal = self.renewals[name]
+        if renewal.held and renewal.held_bytes + msg.nbytes > limit:
+            return False
+        renewal.held.append(msg)
+        renewal.held_bytes += msg.nbytes
+        return True
+
+    def echoed(self, name: str, token: int, now: float | None = None) -> bool:
+        """The peer echoed a marker; -> True when it was this link's: `renew` switches it once it can."""
+        renewal = self.renewals.get(name)
+        return renewal is not None and renewal.rekey.echoed(token, time.monotonic() if now is None else now)
+
+    def switch(self, name: str, forced: bool = False) -> list[Any]:
+        """The next session becomes the link's; the old one is closed at the next `renew` (`forced`: after it
+        has sent what it still holds, FORCED_LINGER_MS at most); -> the messages held meanwhile, to forward
+        now, in order."""
+        renewal, now = self.renewals[name], time.monotonic()
+        if forced and renewal.rekey.phase is Phase.QUIESCING:
+            renewal.rekey.forced(now)
+        renewal.forced = False
+        assert renewal.fresh is not None  # QUIESCING keeps it
+        self.retiring.append((self.sockets[name], self.monitors[name], FORCED_LINGER_MS if forced else 0))
+        (self.sockets[name], self.monitors[name]), renewal.fresh = renewal.fresh, None
+        renewal.rekey.moved(now)  # a gateway's link carries no stream back: nothing to drain
+        held, renewal.held, renewal.held_bytes = list(renewal.held), deque(), 0
+        self.generation += 1
+        return held
+
+    def carried(self, name: str, nbytes: int) -> None:
+        if (renewal := self.renewals.get(name)) is not None:
+            renewal.rekey.carried(nbytes)
 
     def _isolate(self, name: str, why: str) -> None:
         had_link = self._drop(name)
@@ -183,6 +329,12 @@ class PeerLinks:
         self.certs.pop(name, None)
         self.refused.pop(name, None)
         return self._close(name)
+
+
+def _close_pair(sock: zmq.Socket, monitor: zmq.Socket, linger: int = 0) -> None:
+    sock.disable_monitor()
+    monitor.close(linger=0)
+    sock.close(linger=linger)
 
 
 def _pin(curve_key: str | None) -> bytes | None:

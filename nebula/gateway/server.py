@@ -22,9 +22,10 @@ import zmq
 
 from nebula.errors import ConfigError, NebulaError
 from nebula.gateway.admission import EXTERNAL, INTERNAL, PEER, Admission, Inbound, Refusal
-from nebula.gateway.live import Credential, LiveConnections, connection_of, credential_problem
+from nebula.gateway.live import Binding, Credential, LiveConnections, connection_of, credential_problem
+from nebula.gateway.memory import Reclaim
 from nebula.gateway.meter import Meter
-from nebula.gateway.peers import PeerLinks
+from nebula.gateway.peers import SWITCH_TIMEOUT, PeerLinks
 from nebula.gateway.queues import HopQueues
 from nebula.gateway.rates import SenderRates
 from nebula.gateway.records import clip, refusal_fields, refusal_key, tally_key, transfer_fields
@@ -33,6 +34,7 @@ from nebula.security.audit import DEFAULT_MAX_BYTES, DEFAULT_SUMMARY_INTERVAL, A
 from nebula.security.trust import TrustSnapshot, TrustStore, load_identity
 from nebula.site.config import SiteConfig
 from nebula.transport import sockets
+from nebula.transport.rekey import MOVED, REKEY
 from nebula.transport.zap import ZapHandler, external_policy, internal_policy
 from nebula.wire import Kind, Limits, Message, encode_message
 
@@ -63,8 +65,12 @@ class Gateway:
         limits = Limits(max_frames=site.gateway.max_frames)
         g = site.gateway
         rates = SenderRates(g.rate_limit, g.rate_burst, g.peer_rate_limit, g.peer_rate_burst)
+        # per link: the first audit_transfer_burst transfer records, then audit_transfer_rate a second in full
+        self.audit_rates = SenderRates(g.audit_transfer_rate, g.audit_transfer_burst, g.audit_transfer_rate,
+                                       g.audit_transfer_burst)
         self.admission = Admission(site.name, self.store, limits, g.max_message_bytes, rates=rates)
         self.queues = HopQueues(g.queue_bytes, g.queue_bytes_total)  # bytes held for next hops
+        self.reclaim = Reclaim()  # what a drained queue held goes back to the system (memory.py)
         self.ctx = zmq.Context(io_threads=site.gateway.io_threads)
         self.zap: ZapHandler | None = None
         self.links = PeerLinks(self.ctx, self.identity, site, self.store, self.audit)
@@ -85,6 +91,7 @@ class Gateway:
             # The ZAP handler first: libzmq admits everyone on a CURVE socket while none is bound.
             self.zap = ZapHandler(self.ctx, self.store, policies, self.audit).start()
             self.meter.handshakes = self.zap.decisions
+            self.meter.sessions = {"in": self.zap.sessions, "out": self.links.sessions}
             self.internal = self._server(INTERNAL, self.site.gateway.internal)
             self.internal_ends = sockets.event_socket(self.internal, zmq.EVENT_DISCONNECTED)
             self.external = self._server(EXTERNAL, self.site.gateway.external)
@@ -143,7 +150,10 @@ class Gateway:
                     origin, peer_gateway = origins[sock]
                     self.meter.queues[names[sock]] = self._drain(sock, origin, peer_gateway)
                 self._connections_ended()
+                for site, forced in self.links.renew():  # links whose new session takes over now
+                    self._switch_link(site, forced)
                 self.queues.settle()  # what the next hops took since the last turn
+                self.reclaim.observe(self.queues.held)
                 self.meter.queued_bytes = self.queues.status()
                 self._maybe_log_stats()
                 if self.observer is not None:
@@ -233,9 +243,22 @@ class Gateway:
             self.live.saw_gateway(cred)
             return
         self._connections_ended()  # an ended connection's descriptor may be this message's already
+        previous = self.live.stages.get(cred.address)
         if self.live.bind(msg.reply_prefix[0].bytes, connection_of(msg.frames[0]), cred):
             log.info("gateway %s: %s speaks on a new connection (serial %d)", self.address, cred.address, cred.serial)
             self.audit.append("gateway.bound", address=cred.address, serial=cred.serial)
+        if previous is not None and previous != self.live.stages[cred.address]:
+            self._moved(previous)
+
+    def _moved(self, previous: Binding) -> None:
+        """The stage's address is bound to another of its connections now (a new session, rekey.py): say so on
+        the one before, after everything sent there, so the stage knows when it has all of it."""
+        assert self.internal is not None  # start() bound it
+        note = Message(kind=Kind.HEARTBEAT, src=self.address, dst=previous.cred.address, topic=MOVED)
+        try:
+            self.internal.send_multipart([previous.routing_id, *encode_message(note)], flags=zmq.NOBLOCK, copy=False)
+        except zmq.ZMQError:
+            pass  # that connection is gone or full: the stage ends its switch on its own time
 
     def _stage_route(self, msg: Inbound) -> bytes:
         """The routing id of the connection that proved it is msg.env.dst, while it lasts (see _note_sender)."""
@@ -287,7 +310,10 @@ class Gateway:
             assert self.internal is not None  # start() bound it
             self._send(self.internal, [self._stage_route(msg), *msg.frames], msg, "internal")
         elif dst_site in self.site.peers and msg.origin == INTERNAL:
+            if self.links.holding(dst_site):  # its session is being renewed: sent, and audited, at the switch
+                return self._hold(dst_site, msg)
             self._send(self._peer_link(dst_site, msg), msg.frames, msg, f"to:{dst_site}")
+            self.links.carried(dst_site, msg.nbytes)
         else:
             raise Refusal("unroutable", f"no route from {self.site.name} to site {dst_site!r}; configure "
                                         f"[peers.{dst_site}] in {self.site.source}", msg.env)
@@ -314,10 +340,38 @@ class Gateway:
         self.meter.count(link, msg.env.job, msg.nbytes)
         self.meter.passed(msg.env.dst if sock is self.internal else msg.env.dst.split("/", 1)[0], "out", msg.nbytes)
 
+    # --- a link's session switch (peers.py) ----------------------------------------------
+    def _hold(self, site: str, msg: Inbound) -> None:
+        if not self.links.hold(site, msg, self.site.gateway.queue_bytes):
+            self.meter.dropped[f"to:{site}"] += 1
+            raise Refusal("unreachable", f"the link to site {site} is switching to a new session and holds "
+                                         "queue_bytes already; it will be resent", msg.env)
+
+    def _switch_link(self, site: str, forced: bool = False) -> None:
+        """The link to `site` goes on its new session: forward what was held for it, in order."""
+        sock = None
+        if forced:
+            log.warning("gateway %s: the link to site %s switched to its new session without the peer's echo "
+                        "within %g s; the stages resend what it lost", self.address, site, SWITCH_TIMEOUT)
+        for msg in self.links.switch(site, forced):
+            try:
+                sock = sock or self._peer_link(site, msg)
+                self._send(sock, msg.frames, msg, f"to:{site}")
+                self.links.carried(site, msg.nbytes)
+                self._audit_transfer("out", msg)
+            except Refusal as refusal:  # the sender hears it as if it had just sent it, and resends
+                assert self.internal is not None  # held messages came from this site's stages
+                self._refuse(self.internal, INTERNAL, [*msg.reply_prefix, *msg.frames], refusal)
+
     def _answer_local(self, msg: Inbound) -> None:
-        """Messages to the gateway itself: liveness pings, and `stats` requests."""
+        """Messages to the gateway itself: liveness pings, session switches (rekey.py) and `stats` requests."""
         if msg.env.kind == Kind.HEARTBEAT and msg.env.topic == "ping":
             self._reply(msg, Message(kind=Kind.HEARTBEAT, topic="pong"))
+        elif msg.env.kind == Kind.HEARTBEAT and msg.env.topic == REKEY:
+            if msg.origin == PEER:  # our link's marker, back from the peer gateway: switch the link (peers.py)
+                self.links.echoed(msg.sender.split("/", 1)[0], msg.env.epoch)
+            else:  # echoed on the connection it came on, after all that came before it there was forwarded
+                self._reply(msg, Message(kind=Kind.HEARTBEAT, topic=REKEY, epoch=msg.env.epoch))
         elif msg.env.kind == Kind.CONTROL and msg.env.topic == "stats":
             body = json.dumps(self.meter.snapshot(), sort_keys=True).encode()
             self._reply(msg, Message(kind=Kind.CONTROL, topic="stats", body=body))
@@ -370,7 +424,11 @@ class Gateway:
         own refusals coming back are recorded as this gateway's refusals going out are: the first few
         per (gateway, stage) and interval in full, the rest counted into a `transfer.in.summary` by code.
         Each forwarded message can draw one, and a peer gateway can send them at will: recorded one by
-        one they were half of what a flood into a full stage of the peer site wrote (issue 42, class 5)."""
+        one they were half of what a flood into a full stage of the peer site wrote (issue 42, class 5).
+        The other records of a link (direction, job, src, dst, kind) are written in full up to its rate
+        ([gateway] audit_transfer_burst, then audit_transfer_rate a second); past it, its messages and
+        bytes are counted into its `transfer.summary` per interval: a stage at its rate limit wrote
+        0.34 MB of records a second (issue 55)."""
         env = msg.env
         if env.kind in SUMMARISED:
             self.audit.tally("transfer.summary", msg.nbytes, **tally_key(direction, env))
@@ -379,7 +437,10 @@ class Gateway:
             self.audit.repeated("transfer.in", refusal_key(env), refusal_fields(env, msg.nbytes),
                                 reason=clip(env.error.code, CODE_CLIP))
             return
-        self.audit.append(f"transfer.{direction}", **transfer_fields(env, msg.nbytes))
+        if self.audit_rates.take("\0".join(map(str, tally_key(direction, env).values())), False):
+            self.audit.append(f"transfer.{direction}", **transfer_fields(env, msg.nbytes))
+        else:  # past the link's rate: counted, messages and bytes, as acks and heartbeats are
+            self.audit.tally("transfer.summary", msg.nbytes, **tally_key(direction, env))
 
     def _maybe_log_stats(self) -> None:
         interval = self.site.gateway.stats_interval

@@ -106,6 +106,13 @@ def gateway_families(record: dict[str, Any]) -> Iterator[Any]:
                     "(ERROR rate-limited), per sender", "sender", record.get("rate_limited", {}))
     yield _counters("nebula_gateway_handshakes", "CURVE handshakes decided by the authenticator, per result",
                     "result", record.get("handshakes", {}))
+    sessions = CounterMetricFamily("nebula_gateway_sessions", "CURVE sessions (handshakes) per link: in, admitted "
+                                   "per certified address; out, this gateway's links per peer site (a rekey is "
+                                   "one more)", labels=["peer", "direction"])
+    for direction, counts in sorted(record.get("sessions", {}).items()):
+        for peer, n in sorted(counts.items()):
+            sessions.add_metric([peer, direction], n)
+    yield sessions
     held = GaugeMetricFamily("nebula_gateway_queued_bytes", "bytes handed to ZeroMQ for a next hop and not yet "
                              "written out (bounded by [gateway] queue_bytes)", labels=["hop"])
     for hop, n in sorted(record.get("queued_bytes", {}).items()):
@@ -136,6 +143,8 @@ def stage_families(record: dict[str, Any]) -> Iterator[Any]:
         yield family
     yield CounterMetricFamily("nebula_stage_resent_messages", "messages the channel sent again",
                               value=record.get("resent", 0))
+    yield CounterMetricFamily("nebula_stage_sessions", "CURVE sessions (handshakes) of the channel with its gateway: "
+                              "the first, and one per rekey", value=record.get("handshakes", 0))
     links = record.get("links", {})
     ratio = GaugeMetricFamily("nebula_stage_codec_ratio", "raw bytes / wire bytes of what the stage encoded, per "
                               "link and direction", labels=["link", "direction", "codec"])

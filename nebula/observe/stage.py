@@ -142,7 +142,7 @@ class MeteredChannel(Channel):
         with self._lock:
             counts: dict[str, Any] = {**self._counts, "peers": {k: dict(v) for k, v in self._heard.items()}}
         stats = getattr(self.inner, "stats", {})  # a ReliableChannel's resends and window
-        return {**counts, **{key: stats[key] for key in ("resent", "in_flight") if key in stats}}
+        return {**counts, **{key: stats[key] for key in ("resent", "in_flight", "handshakes") if key in stats}}
 
 
 class StageWatch:

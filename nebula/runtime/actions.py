@@ -62,4 +62,12 @@ class Apply:
     step: int
 
 
-Action = Open | Forward | Backward | BackwardInput | BackwardWeight | Apply
+@dataclass(frozen=True)
+class Skip:
+    """Move past `step` without applying it: a tensor of it was bad (nebula.runtime.integrity), and every
+    stage of the job skips it alike."""
+
+    step: int
+
+
+Action = Open | Forward | Backward | BackwardInput | BackwardWeight | Apply | Skip

@@ -52,6 +52,7 @@ class Board:
         self.applied = 0  # the last step applied
         self.target = 0  # a source opens steps up to this one (the runner sets it while training)
         self.open: dict[int, StepState] = {}  # steps started and not applied yet
+        self.skipping: frozenset[int] = frozenset()  # steps the job moves past unapplied (a bad tensor's)
 
     # -- what the schedule reads ---------------------------------------------------------------------
     def steps(self) -> list[StepState]:
@@ -81,7 +82,7 @@ class Board:
         """A source: the first of the steps the schedule keeps open that is not open yet and that every
         forward-only receiver's pace credit allows (None: none, or wait for a PACE)."""
         for t in wanted:
-            if t not in self.open and t <= self.target:
+            if t not in self.open and t not in self.skipping and t <= self.target:
                 return t if self.pace.allows(t) else None
         return None
 
@@ -113,7 +114,7 @@ class Board:
                 ahead: int) -> None:
         """A peer's micro-batch; `ahead`: the last step the schedule lets a sender reach."""
         item = self.item_of.get((link, micro_batch))
-        if item is None or not self.applied < step <= ahead:
+        if item is None or not self.applied < step <= ahead or step in self.skipping:
             raise StageError(f"{sender} sent step {step} micro-batch {micro_batch}, which {self.name} does "
                              f"not expect (it applied step {self.applied}, takes steps up to {ahead}; "
                              f"{len(self.items)} micro-batches per step)")
@@ -163,6 +164,11 @@ class Board:
 
     def take_weight(self, state: StepState) -> None:
         state.weighted += 1
+
+    def skip(self, step: int) -> None:
+        """Step `step` is skipped: nothing of it stays, and it counts as the last step applied."""
+        self.open.pop(step, None)
+        self.applied = step
 
     def abandon(self) -> None:
         """A resume begins: the steps in flight are void."""

@@ -56,6 +56,13 @@ class CheckpointDir:
         return self.path / f"step-{step:08d}.pt"
 
     def save(self, step: int, state: dict[str, Any]) -> Path:
+        """Write `state` as checkpoint `step`; a StageError, and nothing written, if any floating tensor in it
+        (a weight, a buffer, an optimiser moment) holds a NaN or Inf: a resume must never start from one."""
+        bad = non_finite(state)
+        if bad:
+            raise StageError(f"refusing to save checkpoint step {step}: {len(bad)} tensors hold NaN/Inf values "
+                             f"({', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); the last checkpoint "
+                             f"({max(self.steps(), default=0)}) holds finite ones")
         buffer = io.BytesIO()
         torch.save(state, buffer)
         data = buffer.getvalue()
@@ -85,6 +92,20 @@ class CheckpointDir:
         for step in self.steps()[1:-self.keep]:  # never step 0: the one checkpoint every stage has
             self.file(step).unlink(missing_ok=True)
             Path(f"{self.file(step)}.sha256").unlink(missing_ok=True)
+
+
+def non_finite(state: Any, path: str = "") -> list[str]:
+    """The paths (`stage.weights.layer.weight`) of the floating tensors in `state` that hold a NaN or Inf."""
+    if isinstance(state, torch.Tensor):
+        # a finite sum proves every value finite (one pass); else look at the values themselves
+        finite = not state.is_floating_point() or not state.numel() \
+            or bool(torch.isfinite(state.sum(dtype=torch.float64))) or bool(torch.isfinite(state).all())
+        return [] if finite else [path or "(state)"]
+    if isinstance(state, dict):
+        return [bad for key, value in state.items() for bad in non_finite(value, f"{path}.{key}" if path else str(key))]
+    if isinstance(state, (list, tuple)):
+        return [bad for i, value in enumerate(state) for bad in non_finite(value, f"{path}[{i}]")]
+    return []
 
 
 def checkpoints_to_keep(stages: int, horizon: int, checkpoint_every: int) -> int:

@@ -55,6 +55,10 @@ class Compute(ABC):
         """The optimiser step of `step`; `ahead` may hand out the next step's work first (ranks)."""
 
     @abstractmethod
+    def skip(self, step: int) -> None:
+        """Move past `step` without an update: its gradients dropped, the next step at the same weights."""
+
+    @abstractmethod
     def reset(self, step: int) -> None:
         """Restored to `step`: whatever was in flight is void."""
 

@@ -30,6 +30,7 @@ class Topic(enum.Enum):
     ENDED = "ended"  # source -> coordinator: trained to the last step and ran its hooks
     FINISH = "finish"  # coordinator -> members: save and exit once you reach `step`
     DONE = "done"  # member -> coordinator: saved, exiting
+    ABORT = "abort"  # any stage -> coordinator: a tensor of this step was bad (nebula.runtime.integrity)
 
 
 # a message's generation is a uint64 on the wire, and the coordinator bumps the largest it hears by one
@@ -41,12 +42,16 @@ class Hello:
     incarnation: int  # random per process start: a new one means the member restarted
     checkpoints: tuple[int, ...]  # steps of the member's good checkpoints
     generation: int = field(metadata=GENERATION)
+    job: str  # the digest of the job definition it runs (nebula.runtime.job_digest)
+    job_keys: dict[str, str]  # ... and its keys, to name the first that differs
     answer_to: int = 0  # the RESYNC round this answers; 0: sent on start
 
 
 @dataclass(frozen=True, kw_only=True)
 class Resync:
     round: int
+    job: str  # the coordinator's job definition, as in Hello: a member checks it too
+    job_keys: dict[str, str]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,6 +59,7 @@ class Resume:
     round: int
     step: int
     generation: int = field(metadata=GENERATION)
+    skip: tuple[int, ...] = ()  # steps every stage moves past without applying them (a bad tensor's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,9 +127,16 @@ class Done:
     step: int
 
 
+@dataclass(frozen=True, kw_only=True)
+class Abort:
+    step: int
+    reason: str  # what was bad, for the coordinator's log
+
+
 BODIES: dict[Topic, type] = {Topic.HELLO: Hello, Topic.RESYNC: Resync, Topic.RESUME: Resume, Topic.READY: Ready,
                              Topic.PACE: Pace, Topic.INFER_END: InferEnd, Topic.INFER_PROGRESS: InferProgress,
-                             Topic.SCORES: Scores, Topic.ENDED: Ended, Topic.FINISH: Finish, Topic.DONE: Done}
+                             Topic.SCORES: Scores, Topic.ENDED: Ended, Topic.FINISH: Finish, Topic.DONE: Done,
+                             Topic.ABORT: Abort}
 TOPICS = {type_: topic for topic, type_ in BODIES.items()}
 
 

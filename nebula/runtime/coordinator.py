@@ -30,9 +30,11 @@ from typing import Any, Callable
 
 from nebula.errors import StageError
 from nebula.runtime import control as ctl
+from nebula.runtime.aborts import Aborts
 from nebula.runtime.control import Hello, Ready, Topic
 from nebula.runtime.generations import Generations, Resync
 from nebula.runtime.graph import Graph
+from nebula.runtime.job_digest import JobDefinition
 from nebula.runtime.metrics import MetricsLog
 from nebula.runtime.outbox import Outbox
 from nebula.runtime.progress import Progress
@@ -123,6 +125,8 @@ class Role:
         self.coordinator = stage.graph.coordinator
         self.members = [s for s in stage.graph.stages if s != stage.name]
         self.incarnation = random.SystemRandom().randrange(1, 1 << 62)  # a new one per process start
+        self.definition = JobDefinition.of(stage.progress.job)  # announced in HELLO and RESYNC, checked in both
+        self.asked: set[int] = set()  # steps this stage asked to abort in the generation it is in
 
     @staticmethod
     def of(handle: Handle) -> Role:
@@ -146,6 +150,12 @@ class Role:
         """Through training: wait until the whole job has reached step `target`."""
         raise NotImplementedError
 
+    def abort(self, step: int, reason: str) -> None:
+        """A tensor of `step` was bad here: the coordinator aborts the step (nebula.runtime.aborts)."""
+        if step not in self.asked:
+            self.asked.add(step)
+            self.stage.outbox.tell(self.coordinator, ctl.Abort(step=step, reason=reason[:500]))
+
     def final(self) -> None:
         """Saved the end: say so."""
 
@@ -160,7 +170,8 @@ class Role:
     def hello(self, answer_to: int) -> ctl.Hello:
         stage = self.stage
         return ctl.Hello(incarnation=self.incarnation, checkpoints=tuple(stage.progress.good_checkpoints()),
-                         generation=stage.generations.current, answer_to=answer_to)
+                         generation=stage.generations.current, answer_to=answer_to,
+                         job=self.definition.digest, job_keys=self.definition.keys)
 
     def refuse(self, sender: str, topic: Topic) -> StageError:
         role = "coordinates" if isinstance(self, Coordinator) else f"is coordinated by {self.coordinator}"
@@ -175,6 +186,7 @@ class Coordinator(Role):
         self.ended: set[str] = set()  # sources through training
         self.done: set[str] = set()  # members that saved and exit
         self.finish_at: int | None = None  # the step FINISH named (None: not announced)
+        self.aborts = Aborts(stage.progress.job.integrity)  # the steps a bad tensor aborted: skipped or retried
 
     def recover(self, resync: Resync) -> None:
         while True:
@@ -188,13 +200,15 @@ class Coordinator(Role):
         stage.abandon()
         round_ = coordination.start_round()
         for member in self.members:
-            stage.outbox.tell(member, ctl.Resync(round=round_))
+            stage.outbox.tell(member, ctl.Resync(round=round_, job=self.definition.digest,
+                                                 job_keys=self.definition.keys))
         stage.pump(coordination.all_answered)
         step, generation = coordination.decide(self.hello(0))
         stage.progress.restore(step)
         stage.generations.enter(generation)
         for member in self.members:
-            stage.outbox.tell(member, ctl.Resume(round=round_, step=step, generation=generation))
+            stage.outbox.tell(member, ctl.Resume(round=round_, step=step, generation=generation, skip=self.aborts.skip))
+        stage.progress.board.skipping, self.asked = frozenset(self.aborts.skips), set()
         stage.replay()
         stage.pump(coordination.all_ready)
         coordination.resumed()
@@ -202,6 +216,7 @@ class Coordinator(Role):
 
     def on_protocol(self, sender: str, topic: Topic, body: Any) -> None:
         if topic is Topic.HELLO:
+            self.definition.check(f"{sender} ({self.stage.outbox.addresses[sender]})", body.job, body.job_keys)
             if self.finish_at is not None:
                 self._late_joiner(sender, body)
             elif self.coordination.on_hello(sender, body):
@@ -216,9 +231,20 @@ class Coordinator(Role):
             self.ended.add(sender)
         elif topic is Topic.DONE:
             self.done.add(sender)
+        elif topic is Topic.ABORT:
+            self._abort(sender, body.step, body.reason)
         else:
             return False
         return True
+
+    def abort(self, step: int, reason: str) -> None:
+        self._abort(self.stage.name, step, reason)
+
+    def _abort(self, stage: str, step: int, reason: str) -> None:
+        """Skip or retry `step` (the job's [integrity] on_bad), then resume every stage before it."""
+        outcome = self.aborts.decide(step)
+        self.stage.metrics.event("aborted", step=step, by=stage, outcome=outcome, reason=reason)
+        raise Resync()
 
     def end(self, target: int) -> None:
         stage = self.stage
@@ -252,7 +278,7 @@ class Coordinator(Role):
             return
         coordination.incarnations[sender] = hello.incarnation
         if self.finish_at in hello.checkpoints:
-            stage.outbox.tell(sender, ctl.Resume(round=coordination.round, step=self.finish_at,
+            stage.outbox.tell(sender, ctl.Resume(round=coordination.round, step=self.finish_at, skip=self.aborts.skip,
                                            generation=stage.generations.current))
             stage.outbox.tell(sender, ctl.Finish(step=self.finish_at))
             return
@@ -282,6 +308,7 @@ class Member(Role):
 
     def on_protocol(self, sender: str, topic: Topic, body: Any) -> None:
         if sender == self.coordinator and topic is Topic.RESYNC:
+            self.definition.check(f"{sender} ({self.stage.outbox.addresses[sender]})", body.job, body.job_keys)
             if self.joining is None:
                 raise Resync(body.round)
             self.joining = body.round  # a new round began while we waited: answer it too
@@ -299,6 +326,7 @@ class Member(Role):
                              f"{body.generation}, below {stage.generations.floor}, the first it has not "
                              "abandoned: it would drop every message of it as abandoned work")
         stage.progress.restore(body.step)
+        stage.progress.board.skipping, self.asked = frozenset(body.skip), set()
         stage.generations.enter(body.generation)
         self.joining = None
         stage.outbox.tell(self.coordinator, ctl.Ready(round=body.round, step=body.step))

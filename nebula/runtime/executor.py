@@ -177,6 +177,18 @@ class Executor(Compute):
         tally.compute_s += self._since(t0)
         return tally
 
+    def skip(self, step: int) -> None:
+        """No update for `step` (a bad tensor's): the weights policy moves on as after one (a stash keeps
+        what the next step runs at), the gradients and the graphs of its micro-batches are dropped."""
+        params = self.stage.trainable()
+        self.weights.before_update(step, params)
+        for param in params.values():
+            param.grad = None
+        self.weights.updated(step)
+        self.tallies.pop(step, None)
+        for key in [k for k in self.pending if k[0] == step]:
+            del self.pending[key]
+
     def _since(self, t0: float) -> float:
         """Seconds of compute since t0, once the device has run what was queued: on CUDA, compute_s
         would otherwise time kernel launches, and `auto` (which budgets the wire against compute) and

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from nebula.codecs.policy import CompressionPolicy
-from nebula.errors import ConfigError
+from nebula.errors import ConfigError, StageError
 from nebula.runtime.stage import FLOAT, Stage
 
 
@@ -135,8 +135,9 @@ class Graph:
         return [Item(k, links[i], m) for k, (m, i) in enumerate(pairs)]
 
 
-def check_ports(graph: Graph, classes: Mapping[str, Any]) -> None:
-    """Every link carries tensors its ends declare, with the same dtype and rank; a source reads data."""
+def check_ports(graph: Graph, classes: Mapping[str, Any], options: Mapping[str, Any] | None = None) -> None:
+    """Every link carries tensors its ends declare, with the same dtype and rank (and sizes, where both
+    declare them for these `options`); every required input is fed; a source reads data."""
     where = graph.where
     for link in graph.links:
         at = f"{where}: [[links]] {link.name}"
@@ -154,6 +155,9 @@ def check_ports(graph: Graph, classes: Mapping[str, Any]) -> None:
             if (outs[name].dtype, outs[name].rank) != (ins[name].dtype, ins[name].rank):
                 raise ConfigError(f"{at}: {name!r} is {outs[name].dtype} of rank {outs[name].rank} at "
                                   f"{link.src} but {ins[name].dtype} of rank {ins[name].rank} at {link.dst}")
+            if options is not None:
+                _check_sizes(at, name, (link.src, outs[name], options[link.src]),
+                             (link.dst, ins[name], options[link.dst]))
         missing = [p.name for p in dst.inputs if not p.optional and p.name not in link.tensors]
         if missing:
             raise ConfigError(f"{at}: {link.dst} needs {', '.join(missing)} from every link that feeds it; "
@@ -161,6 +165,30 @@ def check_ports(graph: Graph, classes: Mapping[str, Any]) -> None:
         if link.backward and not any(outs[n].dtype == FLOAT for n in link.tensors):
             raise ConfigError(f"{at}: backward = true, but no floating-point tensor to return gradients for")
     for stage in graph.sources:
+        needed = [p.name for p in classes[stage].inputs if not p.optional]
+        if needed:  # no link feeds it: its forward would find no input (a bare KeyError at step 1 before)
+            raise ConfigError(f"{where}: stage {stage} ({classes[stage].__name__}) needs input "
+                              f"{', '.join(map(repr, needed))}, but no link feeds it; add a [[links]] entry with "
+                              f"to = \"{stage}\" and tensors = {needed}")
         if classes[stage].examples is Stage.examples:
             raise ConfigError(f"{where}: stage {stage} is fed by no link, so it reads data, but "
                               f"{classes[stage].__name__} has no examples(split); link a stage to it")
+
+
+def _check_sizes(at: str, name: str, sender: tuple[str, Any, Any], receiver: tuple[str, Any, Any]) -> None:
+    """Where both ends of a link declare a tensor's sizes, they must agree: a ConfigError naming both."""
+    (src, out, src_options), (dst, inp, dst_options) = sender, receiver
+    try:
+        sent, taken = out.dims(src_options), inp.dims(dst_options)
+    except StageError as exc:
+        raise ConfigError(f"{at}: {exc}") from exc
+    if sent is None or taken is None:
+        return
+    if any(a is not None and b is not None and a != b for a, b in zip(sent, taken)):
+        raise ConfigError(f"{at}: {name!r} is {shape_text(sent)} at {src} but {dst} takes {shape_text(taken)}; "
+                          "make the stages' options agree (e.g. the same width at both)")
+
+
+def shape_text(dims: tuple[int | None, ...]) -> str:
+    """(B, 16, *): the batch, then each size (* for any)."""
+    return "(" + ", ".join(["B", *("*" if d is None else str(d) for d in dims)]) + ")"

@@ -11,21 +11,26 @@ import sys
 import time
 from typing import Callable
 
-from nebula.errors import RecvTimeout, RemoteError
+from nebula.errors import PeerFailed, RecvTimeout
 from nebula.runtime.compute import Compute
 from nebula.runtime.metrics import MetricsLog
 from nebula.transport.base import Channel
 from nebula.wire import Kind, Message
 
+REFUSED = "refused"  # the ERROR code of a tensor refused by its receiver (nebula.runtime.integrity)
 WAIT_NOTICE_S = 10.0  # a stage that has received nothing for this long says whom it waits for, and again as often
 RANK_CHECK_S = 0.5  # a stage with ranks looks this often whether one of them failed
 
 
 class Inbox:
     def __init__(self, channel: Channel, name: str, addresses: dict[str, str], metrics: MetricsLog, timeout: float,
-                 compute: Compute, ranks: bool, awaited: Callable[[], list[str]]):
+                 compute: Compute, ranks: bool, awaited: Callable[[], list[str]],
+                 interrupt: Callable[[], None] = lambda: None):
+        """`interrupt`: called as often as `compute.check` while it waits (what another thread found that
+        must stop the wait: a rank's bad output, which raises or asks for an abort)."""
         self.channel, self.name, self.addresses, self.metrics = channel, name, addresses, metrics
         self.timeout, self.compute, self.ranks, self.awaited = timeout, compute, ranks, awaited
+        self.interrupt = interrupt
 
     def recv(self) -> Message:
         started = clock = noticed = time.monotonic()  # the timeout runs from `clock`, held while a site is down
@@ -34,6 +39,7 @@ class Inbox:
         slice_s = RANK_CHECK_S if self.ranks else WAIT_NOTICE_S
         while True:
             self.compute.check()
+            self.interrupt()
             left = self.timeout - (time.monotonic() - clock)
             try:
                 msg = self.channel.recv(timeout=max(0.0, min(slice_s, left)))
@@ -49,9 +55,11 @@ class Inbox:
                 if now - noticed >= WAIT_NOTICE_S - 1e-3:
                     noticed = now
                     self._waiting(now - started, outages)
+        if msg.kind == Kind.ERROR and msg.error_code == REFUSED:
+            return msg  # a peer refused a tensor of this stage's: its step is aborted, the job goes on
         if msg.kind == Kind.ERROR:  # gateways' refusals are handled by the channel: this is a stage's
-            raise RemoteError(msg.error_code, f"{msg.src} failed: {msg.error_message}; fix the cause there, "
-                                              "then restart the job's stages")
+            raise PeerFailed(msg.error_code, f"{msg.src} failed: {msg.error_message}; fix the cause there, "
+                                             "then restart the job's stages")
         return msg
 
     def _waiting(self, waited: float, outages: dict[str, float]) -> None:

@@ -24,6 +24,7 @@ from nebula.codecs.policy_table import read_policy
 from nebula.config import build, check, limits, read_toml
 from nebula.errors import ConfigError
 from nebula.runtime.graph import Graph, LinkConfig, check_ports
+from nebula.runtime.integrity import IntegrityConfig
 from nebula.runtime.registry import resolve_stage
 from nebula.runtime.schedules import Schedule, build_schedule
 from nebula.runtime.stage import options_of
@@ -73,6 +74,7 @@ class JobConfig:
     stages: dict[str, StageConfig]
     links: tuple[LinkConfig, ...]
     source: Path | None = None
+    integrity: IntegrityConfig = field(default_factory=IntegrityConfig)  # [integrity]: nebula.runtime.integrity
 
     def stage(self, name: str) -> StageConfig:
         if name not in self.stages:
@@ -93,10 +95,10 @@ def parse_job(raw: dict[str, Any], source: Path | None = None) -> JobConfig:
     if "compression" in raw:
         raise ConfigError(f"{where}: [compression] is per link now: move it under the link it applies to, "
                           "as [links.compression] after that [[links]] entry (docs/codecs.md)")
-    unknown = sorted(set(raw) - {"job", "train", "schedule", "stages", "links"})
+    unknown = sorted(set(raw) - {"job", "train", "schedule", "stages", "links", "integrity"})
     if unknown:
         raise ConfigError(f"{where}: unknown section(s) {', '.join(unknown)}; allowed: job, train, schedule, "
-                          "stages, links")
+                          "stages, links, integrity")
     job = build(JobSection, raw.get("job"), f"{where}: [job]")
     train = build(TrainConfig, raw.get("train", {}), f"{where}: [train]", renamed=MOVED)
     schedule = build_schedule(raw.get("schedule", {}), f"{where}: [schedule]")
@@ -112,9 +114,10 @@ def parse_job(raw: dict[str, Any], source: Path | None = None) -> JobConfig:
     data = job.data
     if data is not None and source is not None and not Path(data).is_absolute() and not data.startswith("dataset:"):
         data = str((source.parent / data).resolve())  # relative paths are relative to the job file
+    integrity = build(IntegrityConfig, raw.get("integrity", {}), f"{where}: [integrity]")
     config = JobConfig(name=job.name, data=data, train=train, schedule=schedule, stages=configs, links=links,
-                       source=source)
-    check_ports(config.graph, classes)
+                       source=source, integrity=integrity)
+    check_ports(config.graph, classes, {name: stage.options for name, stage in configs.items()})
     schedule.check(config.graph)
     return config
 

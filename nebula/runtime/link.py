@@ -20,7 +20,8 @@ import torch
 from nebula.errors import DataError
 from nebula.runtime.compression import LinkCodecs, LinkMeter
 from nebula.runtime.control import DataKind, DataTopic
-from nebula.runtime.graph import LinkConfig
+from nebula.runtime.graph import LinkConfig, shape_text
+from nebula.runtime.integrity import Integrity
 from nebula.runtime.job import JobConfig
 from nebula.runtime.sender import BackgroundSender
 from nebula.runtime.stage import FLOAT, Port
@@ -32,26 +33,30 @@ IDS = "example_ids"  # the runtime's own tensor on every data message: (B,) int6
 
 class Link:
     def __init__(self, config: LinkConfig, here: str, job: JobConfig, ports: Mapping[str, Port],
-                 compression: LinkCodecs, sender: BackgroundSender):
+                 compression: LinkCodecs, sender: BackgroundSender, integrity: Integrity | None = None):
         self.config, self.name, self.job = config, config.name, job.name
         self.outgoing = config.src == here  # this stage sends the activations
         self.peer = config.dst if self.outgoing else config.src  # the stage at the other end
         self.address = job.stage(self.peer).address
         self.ports = {name: ports[name] for name in config.tensors}  # this end's ports for the link's tensors
+        options = job.stage(here).options
+        self.dims = {name: port.dims(options) for name, port in self.ports.items()}  # declared sizes, or None
         self.compression, self.sender = compression, sender
+        self.integrity = integrity or Integrity(job.integrity)  # what it receives is checked before use
         self.direction = "forward" if self.outgoing else "backward"  # what this end sends on it
         # what comes back on an out-link: the gradients of its floating-point tensors
         self.gradients = [n for n in config.tensors if self.ports[n].dtype == FLOAT] if config.backward else []
 
     @classmethod
     def open(cls, config: LinkConfig, here: str, job: JobConfig, ports: Mapping[str, Port], sender: BackgroundSender,
-             channel: Channel, meter: LinkMeter, spill_dir: Any, on_switch: Callable[..., None]) -> Link:
+             channel: Channel, meter: LinkMeter, spill_dir: Any, on_switch: Callable[..., None],
+             integrity: Integrity | None = None) -> Link:
         """The link with its compression, whose `auto` goes by the goodput of the path it sends on."""
         compression = LinkCodecs(config.compression, config.name, meter, spill_dir=spill_dir)
         ends = {"forward": job.stage(config.dst).address, "backward": job.stage(config.src).address}
         compression.attach(lambda direction, size: channel.goodput(ends[direction], size), on_switch,
                            default_headroom=job.schedule.default_headroom)
-        return cls(config, here, job, ports, compression, sender)
+        return cls(config, here, job, ports, compression, sender, integrity)
 
     @property
     def backward(self) -> bool:
@@ -96,7 +101,19 @@ class Link:
             if why:
                 raise DataError(f"{where}: {name!r} with {why} (port {port.name}: {port.dtype}, rank {port.rank}); "
                                 "check the stage implementations at both ends")
+            self._check_sizes(where, name, tensor)
+            if tensor.is_floating_point():  # finite, and a norm in line with the link's (integrity.py)
+                self.integrity.inspect(tensor, link=self.name, direction="backward" if self.outgoing else "forward",
+                                       name=name, src=msg.src, step=msg.step, micro_batch=msg.micro_batch)
         return {n: t.to(device) for n, t in tensors.items()}, example_ids
+
+    def _check_sizes(self, where: str, name: str, tensor: torch.Tensor) -> None:
+        """A gradient comes back in the shape its activation went out (the executor checks that); what
+        arrives on an in-link must have the sizes this stage declares for its input port, if it does."""
+        dims = None if self.outgoing else self.dims[name]
+        if dims is not None and any(d is not None and d != n for d, n in zip(dims, tensor.shape[1:])):
+            raise DataError(f"{where}: {name!r} has shape {tuple(tensor.shape)}, but {self.config.dst} declares "
+                            f"{shape_text(dims)} for its input port {name!r}; make the stages' options agree")
 
     def take_bytes(self) -> dict[str, int]:
         """Wire bytes sent each way since the last call, keyed "link:direction"."""

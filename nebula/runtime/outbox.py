@@ -8,17 +8,20 @@ Computations emit through `emit`, the coordinator and the inference passes `tell
 from __future__ import annotations
 
 import sys
+import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import torch
 
-from nebula.errors import StageError
+from nebula.errors import StageError, TransportError
 from nebula.runtime import control as ctl
 from nebula.runtime.compression import LinkMeter
 from nebula.runtime.control import DataTopic
 from nebula.runtime.generations import Generations
 from nebula.runtime.graph import LinkConfig
+from nebula.runtime.inbox import REFUSED
+from nebula.runtime.integrity import BadTensor, Integrity
 from nebula.runtime.job import JobConfig
 from nebula.runtime.link import Link
 from nebula.runtime.metrics import MetricsLog
@@ -29,6 +32,8 @@ from nebula.wire import Kind, Message
 
 
 class Outbox:
+    check_outgoing: ClassVar[bool] = True  # what it sends is checked first (a hostile peer's code would not)
+
     def __init__(self, job: JobConfig, name: str, ports: dict[str, dict[str, Port]], channel: Channel,
                  workdir: Path, metrics: MetricsLog, generations: Generations, applied: Callable[[], int],
                  timeout: float):
@@ -38,11 +43,14 @@ class Outbox:
         meter = LinkMeter(Path(workdir) / "link.jsonl")
         on_switch = lambda **event: metrics.event("compression", **event)  # noqa: E731 - `auto` changed rung
         graph = job.graph
+        self.integrity = Integrity.for_stage(job.integrity, Path(workdir), metrics)  # what its links receive
         self.links = {config.name: Link.open(config, name, job, ports["out" if config.src == name else "in"],
-                                             self.sender, channel, meter, workdir, on_switch)
+                                             self.sender, channel, meter, workdir, on_switch, self.integrity)
                       for config in (*graph.in_links[name], *graph.out_links[name])}
         self.in_links = [self.links[link.name] for link in graph.in_links[name]]
         self.out_links = [self.links[link.name] for link in graph.out_links[name]]
+        self._withheld: list[BadTensor] = []  # its own bad tensors, not sent: the runner aborts their steps
+        self._lock = threading.Lock()  # emit also runs on a rank group's relay thread
 
     def link(self, src: str, dst: str, what: str, backward: bool = False) -> Link:
         """This stage's end of link src->dst, which a peer just used for `what` (a StageError if the job
@@ -59,8 +67,39 @@ class Outbox:
         with the generation of the work item that made it."""
         end = self.links[link.name]
         assert end.direction == direction, (end.name, direction)  # each way on the right end
+        if topic is None and self.check_outgoing and self._bad(end, direction, step, micro_batch, tensors):
+            return  # training data only: an inference pass refuses its bad tensors where they arrive
         end.send(step, micro_batch, tensors, ids, self.generations.current if generation is None else generation,
                  topic)
+
+    def _bad(self, end: Link, direction: str, step: int, micro_batch: int, tensors: dict) -> bool:
+        """Whether one of `tensors` holds NaN/Inf: then none is encoded or sent, and its step is to be
+        aborted (`withheld`); the codecs' state never sees it, whatever the codec."""
+        for name, tensor in tensors.items():
+            if tensor.is_floating_point():
+                bad = self.integrity.outgoing(tensor, link=end.name, direction=direction, name=name, step=step,
+                                              micro_batch=micro_batch)
+                if bad is not None:
+                    with self._lock:
+                        self._withheld.append(bad)
+                    return True
+        return False
+
+    def withheld(self) -> list[BadTensor]:
+        """The bad tensors of its own it did not send since the last call."""
+        with self._lock:
+            found, self._withheld = self._withheld, []
+        return found
+
+    def refuse(self, dst: str, bad: BadTensor, timeout: float = 5.0) -> None:
+        """Tell stage `dst` its tensor was refused (an ERROR `refused`; its channel does not fail on it).
+        Sent at once, not queued: the resume that follows the refusal drops what is queued."""
+        msg = Message(kind=Kind.ERROR, job=self.job.name, dst=self.addresses[dst], error_code=REFUSED,
+                      error_message=str(bad)[:4000], step=bad.step, generation=self.generations.current)
+        try:
+            self.channel.send(msg, timeout=timeout)
+        except TransportError as exc:  # its own records hold the refusal; the sender learns of it at the resume
+            print(f"warning: could not tell {dst} its tensor was refused: {exc}", file=sys.stderr)
 
     def tell(self, stage: str, body: Any, step: int | None = None) -> None:
         """Control message `body` to `stage`, in order with the data this stage sends."""
@@ -97,3 +136,4 @@ class Outbox:
 
     def close(self) -> None:
         self.sender.close()
+        self.integrity.close()

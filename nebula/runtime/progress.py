@@ -40,6 +40,7 @@ class Progress:
     def applied(self, state: StepState, tally: Tally) -> None:
         """Step `state.step` was applied: its ledger entry, its metrics record, its checkpoint if one is due."""
         now, t = time.perf_counter(), state.step
+        self.outbox.integrity.check_loss(tally.loss, t)  # a non-finite loss: stop before the step counts or is saved
         since = state.started if self.last_update is None else self.last_update  # update to update
         self.board.applied, self.last_update = t, now
         self.ledger.append([t, digest(state.ids)])
@@ -54,6 +55,15 @@ class Progress:
         self.metrics.step(step=t, step_s=now - since, compute_s=tally.compute_s, **extra, sent=sent)
         # saved after the step's record: a kill in between runs the step again (two records, the last
         # counts), where saving first could leave an applied step with no record at all
+        if self.train.saves_after(t):
+            self.save()
+
+    def skipped(self, t: int) -> None:
+        """Step t was moved past unapplied (a bad tensor's, nebula.runtime.aborts): the ledger says so, and its
+        checkpoint is written if one is due (the weights are those of step t - 1)."""
+        self.board.skip(t)
+        self.ledger.append([t, "skipped"])
+        self.metrics.event("skipped", step=t)
         if self.train.saves_after(t):
             self.save()
 

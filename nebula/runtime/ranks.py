@@ -187,6 +187,12 @@ class RankGroup(Compute):
             ahead()
         return self._apply(step)
 
+    def skip(self, step: int) -> None:
+        """Every rank moves past `step` without an update."""
+        for rank in range(1, self.world):
+            self._send("skip", rank, step, {}, wait=False)
+        self.executor.skip(step)
+
     def restore(self, checkpoint: Path) -> None:
         data = torch.frombuffer(bytearray(Path(checkpoint).read_bytes()), dtype=torch.uint8)
         for rank in range(1, self.world):
@@ -347,6 +353,8 @@ class RankGroup(Compute):
             self.executor.backward(msg.step, body["index"], grads, body["part"])
         elif msg.topic == "apply":
             self._apply(msg.step)
+        elif msg.topic == "skip":
+            self.executor.skip(msg.step)
         elif msg.topic == "restore":
             state = checkpoint.read(tensors["checkpoint"].numpy().tobytes())
             self.stage.load_state_dict(state["stage"])

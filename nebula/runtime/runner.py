@@ -18,13 +18,14 @@ import torch
 from nebula.errors import LinkDown, RemoteError, StageError, TransportError
 from nebula.runtime import control as ctl
 from nebula.runtime import coordinator, inference
-from nebula.runtime.actions import Action, Apply, Backward, BackwardWeight, Forward, Open
+from nebula.runtime.actions import Action, Apply, Backward, BackwardWeight, Forward, Open, Skip
 from nebula.runtime.board import Board, StepState
 from nebula.runtime.checkpoint import mark_finished
 from nebula.runtime.control import DataKind, Topic
 from nebula.runtime.coordinator import PROTOCOL, Role
 from nebula.runtime.executor import Executor
 from nebula.runtime.generations import Generations, Resync
+from nebula.runtime.guard import Guard
 from nebula.runtime.inbox import Inbox
 from nebula.runtime.inference import Inference
 from nebula.runtime.job import JobConfig
@@ -55,12 +56,14 @@ class StageRunner:
         pace = Pace(self.schedule.credit, graph.in_links[name], graph.out_links[name])
         self.board = Board(name, graph, job.train, pace, self.compute.ready_for)
         self.progress = Progress(job, stage, workdir, metrics, self.board, self.outbox, self.compute)
+        self.guard = Guard(job.integrity.on_bad, self.outbox, self.compute, self.progress, lambda: self.role,
+                           self._paced)
         self.inference = Inference(inference.Handle(name, graph, stage, self.compute, self.outbox, self.progress,
                                                     metrics, self.pump, self.examples.hashes))
         self.role = Role.of(coordinator.Handle(name, graph, self.progress, self.outbox, self.generations, metrics,
                                                self.pump, self.abandon, self.replay))
         self.inbox = Inbox(channel, name, self.outbox.addresses, metrics, timeout, self.compute, ranks is not None,
-                           self._awaited)
+                           self._awaited, self.guard.withheld)
         self.names = {address: n for n, address in self.outbox.addresses.items()}
 
     @property
@@ -137,10 +140,12 @@ class StageRunner:
     # -- executing the schedule's actions ---------------------------------------------------------------
     def _work(self) -> None:
         """Everything the messages so far allow: the schedule's actions, then inference batches."""
+        self.guard.withheld()  # a rank's relay may have withheld one meanwhile
         while True:
             action = self.schedule.next_action(self.board)
             if action is not None:
                 self._execute(action)
+                self.guard.withheld()
             elif self.inference.due():
                 self.inference.run_next()
             else:
@@ -152,6 +157,8 @@ class StageRunner:
             return board.open_step(action.step, *self.examples.of_step(action.step))
         if isinstance(action, Apply):
             return self._apply(board.open.pop(action.step))
+        if isinstance(action, Skip):
+            return self.guard.skip(action.step)
         state = board.open[action.step]
         if isinstance(action, Forward):
             compute.forward(*board.take_forward(state))
@@ -166,8 +173,11 @@ class StageRunner:
         tally = self.compute.apply(state.step, ahead=lambda: self._hand_out(state.step + 1))
         self.progress.applied(state, tally)
         self.outbox.observe_step(tally.compute_s)
+        self._paced(state.step)
+
+    def _paced(self, t: int) -> None:
         for sender in self.board.pace.senders:
-            self.outbox.tell(sender, ctl.Pace(step=state.step))  # the sender may now open step t + credit
+            self.outbox.tell(sender, ctl.Pace(step=t))  # the sender may now open step t + credit
 
     def _hand_out(self, t: int) -> None:
         """With ranks, while step t - 1 is applied: step t's micro-batches that have arrived and that other
@@ -186,7 +196,7 @@ class StageRunner:
         sender = self.names.get(msg.src)
         if sender is None:
             raise StageError(f"{msg.src} sent a {msg.kind.name} message but is not a stage of job {self.job.name}")
-        if msg.job and msg.job != self.job.name:  # every stage names its job; a bare test message may not
+        if msg.job != self.job.name:  # every stage names its job: a message without one is refused too
             raise StageError(f"{msg.src} sent a message of job {msg.job!r} to a stage of job {self.job.name!r}: "
                              "submit every site's half of a job under the id the first site issued "
                              "(`nebula job submit JOB.toml --join ID`)")
@@ -199,6 +209,8 @@ class StageRunner:
         elif msg.kind == Kind.TENSORS:
             if self.generations.admits(msg):
                 self._data(sender, msg)
+        elif msg.kind == Kind.ERROR:  # a tensor of this stage's refused (the inbox raises other ERRORs)
+            self.metrics.event("refused-by", stage=sender, step=msg.step, reason=msg.error_message[:500])
         else:
             raise StageError(f"{msg.src} sent an unexpected {msg.kind.name} message to a stage")
         self._work()
@@ -219,10 +231,13 @@ class StageRunner:
         if topic.kind is DataKind.BACKWARD:
             link = self.outbox.link(self.name, sender, "sent gradients", backward=True)
             self.board.check_gradients(msg.src, link.name, msg.step, msg.micro_batch)
-            grads, _ = link.receive(msg, self.stage.device)
-            return self.board.gradients(link.name, msg.step, msg.micro_batch, grads)
+            if (received := self.guard.receive(link, msg, sender, self.stage.device)) is not None:
+                self.board.gradients(link.name, msg.step, msg.micro_batch, received[0])
+            return
         link = self.outbox.link(sender, self.name, "sent tensors")
-        inputs, ids = link.receive(msg, self.stage.device)
+        if (received := self.guard.receive(link, msg, sender, self.stage.device, topic.kind is DataKind.INFER)) is None:
+            return  # refused: its step is aborted
+        inputs, ids = received
         assert ids is not None  # Link.receive refuses activations without their example ids
         if topic.kind is DataKind.INFER:
             return self.inference.received(msg, link, inputs, ids, topic)

@@ -5,7 +5,7 @@ import queue
 import threading
 from typing import Callable
 
-from nebula.errors import LinkDown, NebulaError, TransportError
+from nebula.errors import LinkDown, NebulaError, StageError, TransportError
 from nebula.transport.base import Channel
 from nebula.wire import Message
 
@@ -15,13 +15,18 @@ class BackgroundSender:
 
     Any exception in a build or a send (a codec bug, a TypeError, a dead link) is kept and raised
     by the next `submit`, `flush` or `settle` on the stage's thread; later work is skipped, never
-    left waiting, so `flush` cannot hang on a dead thread.
+    left waiting, so `flush` cannot hang on a dead thread. A send that failed is the link's failure
+    (TransportError: a restart may cure it); a build that failed is the stage's own (StageError: what it
+    sends cannot be encoded, e.g. a NaN an `fp16` link refuses, and a restart fails the same way). Both
+    were a TransportError, so such a stage was restarted as a crash, resumed, failed again and left its
+    peers waiting for it (issue 55: the `fp16` hang); now it stops and tells them why.
     """
 
     def __init__(self, channel: Channel, timeout: float):
         self._channel, self._timeout = channel, timeout
         self._queue: queue.Queue = queue.Queue(maxsize=64)
         self._error: BaseException | None = None
+        self._building = False  # whether _error came from a build (the stage's) rather than a send (the link's)
         self._submitted = self._built = 0
         self._progress = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="nebula-sender", daemon=True)
@@ -67,6 +72,9 @@ class BackgroundSender:
     def _raise_if_failed(self) -> None:
         if isinstance(self._error, LinkDown):
             raise LinkDown(str(self._error)) from self._error  # the job stops (exit 3), as on the stage's thread
+        if self._error is not None and self._building:
+            raise StageError(f"a message could not be built for sending: {type(self._error).__name__}: "
+                             f"{self._error}") from self._error
         if self._error is not None:
             if isinstance(self._error, NebulaError):
                 raise TransportError(f"background send failed: {self._error}") from self._error
@@ -80,7 +88,7 @@ class BackgroundSender:
                 if self._error is None:
                     message = build()
             except BaseException as exc:  # noqa: BLE001 - kept and raised on the stage's thread
-                self._error = exc
+                self._error, self._building = exc, True
             finally:
                 self._done()
             try:

@@ -53,12 +53,33 @@ class Port:
     rank: int  # number of dimensions, e.g. 3 for (B, S, H)
     role: str = "activation"  # what it is (activation, tokens, mask, labels): shown in errors and meters
     optional: bool = False  # an input a link may leave out
+    # The sizes after the batch dimension, where the stage knows them: a number, the name of one of its
+    # options that holds it ("width"), or None for any; None: not declared. Checked against the other end
+    # when the job loads and on every tensor received (a width mismatch was a torch error at step 1).
+    shape: tuple[int | str | None, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype != FLOAT and self.dtype not in ITEMSIZE:
             raise StageError(f"port {self.name!r}: dtype {self.dtype!r} is not 'float' or one of {sorted(ITEMSIZE)}")
         if not 1 <= self.rank <= 8:
             raise StageError(f"port {self.name!r}: rank {self.rank} must be 1..8 (the batch dimension first)")
+        if self.shape is not None and len(self.shape) != self.rank - 1:
+            raise StageError(f"port {self.name!r}: shape {self.shape} must give the {self.rank - 1} sizes after the "
+                             "batch dimension (None for any)")
+
+    def dims(self, options: Any) -> tuple[int | None, ...] | None:
+        """The declared sizes after the batch dimension, option names read from the stage's `options`."""
+        if self.shape is None:
+            return None
+        sizes = []
+        for size in self.shape:
+            if isinstance(size, str):
+                if not isinstance(getattr(options, size, None), int):
+                    raise StageError(f"port {self.name!r}: its shape names option {size!r}, which the stage's "
+                                     f"options ({type(options).__name__}) have not as an integer")
+                size = getattr(options, size)
+            sizes.append(size)
+        return tuple(sizes)
 
     def accepts(self, tensor: torch.Tensor, batch: int | None = None) -> str | None:
         """Why `tensor` does not fit this port (for a batch of `batch` examples), or None."""

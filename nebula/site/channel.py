@@ -26,7 +26,10 @@ def open_channel(site: SiteConfig, address: str, identity: Identity | None = Non
         raise ConfigError(f"{address} is not a service of site {site.name}: a stage only talks to its own gateway")
     credentials = site.credentials_for(address)
     identity = identity or load_identity(credentials, address)
-    gateway_key = peer_curve_key(TrustStore.load(credentials), site.gateway.address)
+
+    def gateway_key() -> bytes:  # read again for every session: a revoked gateway certificate is refused
+        return peer_curve_key(TrustStore.load(credentials), site.gateway.address)
+
     return ReliableChannel(identity, site.gateway.internal_connect, site.gateway.address, gateway_key,
                            config or site.channel, peers=peers,
                            peer_gateways=[peer.address for peer in site.peers.values()])

@@ -82,6 +82,13 @@ class GatewayConfig:
     stats_interval: float = field(default=30.0, metadata=limits(at_least=0))  # stats log lines; 0 = never
     audit_max_bytes: int = field(default=64 << 20, metadata=limits(at_least=4096))  # then the log rotates
     audit_summary_interval: float = field(default=10.0, metadata=limits(above=0))  # ACK/heartbeat tallies
+    # Transfer records per link (direction, job, src, dst) a second, after a burst: beyond, a link's messages
+    # are counted into one `transfer.summary` per interval (messages, bytes), not a record each.
+    audit_transfer_rate: float = field(default=20.0, metadata=limits(above=0))
+    audit_transfer_burst: int = field(default=200, metadata=limits(at_least=1))
+    # A link to a peer gateway renews its CURVE session after this many seconds or bytes (nebula.gateway.peers).
+    rekey_interval: float = field(default=120.0, metadata=limits(above=0))
+    rekey_bytes: int = field(default=16 << 30, metadata=limits(above=0))
     # Flood limits (docs/security.md, "Under a flood"): messages a second from one stage / peer gateway,
     # and bytes held for next hops that do not read (ZeroMQ's HWM counts messages, not bytes).
     rate_limit: float = field(default=1000.0, metadata=limits(above=0))  # more: ERROR "rate-limited"
@@ -157,6 +164,10 @@ class _GatewayTable:
     stats_interval: float = 30.0
     audit_max_bytes: int = 64 << 20
     audit_summary_interval: float = 10.0
+    audit_transfer_rate: float = 20.0
+    audit_transfer_burst: int = 200
+    rekey_interval: float = 120.0
+    rekey_bytes: int = 16 << 30
     rate_limit: float = 1000.0
     rate_burst: int = 2000
     peer_rate_limit: float = 20000.0

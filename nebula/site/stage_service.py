@@ -10,9 +10,11 @@ channel, the other ranks only talk to rank 0 (nebula.runtime.ranks).
 from __future__ import annotations
 
 import dataclasses
+import sys
+import traceback
 from pathlib import Path
 
-from nebula.errors import ConfigError
+from nebula.errors import ConfigError, NebulaError, StageError
 from nebula.runtime.job import JobConfig
 from nebula.runtime.metrics import WatchFactory
 from nebula.runtime.ranks import RankGroup
@@ -25,7 +27,23 @@ from nebula.site.config import load_site_config
 def run_stage(job: JobConfig, name: str, workdir: Path, site_path: Path, quiet: bool = False, *,
               principal: Principal | None = None, observe: WatchFactory | None = None) -> None:
     """`nebula stage run`: this process's rank of stage `name`, until the job is done. `principal`: the
-    job it runs for, as its entry point was told; `observe`: how rank 0 gets its watch (status, metrics)."""
+    job it runs for, as its entry point was told; `observe`: how rank 0 gets its watch (status, metrics).
+
+    An exception that is no NebulaError comes from the stage's own code (its forward, its loss, its data)
+    or from a library it calls: the same inputs fail the same way, so it is a StageError (exit 3, not
+    restarted) with its traceback in the log, where it was a crash restarted five times before."""
+    try:
+        _run(job, name, workdir, site_path, quiet, principal, observe)
+    except NebulaError:
+        raise
+    except Exception as exc:
+        traceback.print_exc(file=sys.stderr)  # the stage's log: where the bug is
+        raise StageError(f"stage {name} failed in its own code: {type(exc).__name__}: {exc} (traceback above in "
+                         "this log); fix it, then start the job's stages again") from exc
+
+
+def _run(job: JobConfig, name: str, workdir: Path, site_path: Path, quiet: bool, principal: Principal | None,
+         observe: WatchFactory | None) -> None:
     if principal is not None and principal.job:
         # A submitted job's messages carry its id, which every site's half shares (`job submit --join`):
         # a stage refuses messages of another job, such as a half submitted under another id.

@@ -11,6 +11,9 @@ it addressed itself (or, given a set, its peers): a stranger's message and silen
 An ERROR fails it only from an exact gateway address it was told (its own, and its site's peer
 gateways), and from a peer gateway only as the refusal of a message in flight to that gateway's
 site (refusals.py).
+
+On a schedule it renews its CURVE session with its gateway: a new socket, a full handshake with fresh
+ephemeral keys, and a switch that keeps every stream in order (rekey.py has the phases).
 """
 from __future__ import annotations
 
@@ -19,13 +22,15 @@ import os
 import queue
 import threading
 import time
+from typing import Callable
 
 import zmq
 
-from nebula.errors import LinkDown, RemoteError, TransportError, WireError
+from nebula.errors import AuthError, LinkDown, NebulaError, RemoteError, TransportError, WireError
 from nebula.security.certs import role_name
 from nebula.transport import sockets
 from nebula.transport.refusals import TRANSIENT, stray_refusal
+from nebula.transport.rekey import MOVED, REKEY, Phase, Rekey
 from nebula.transport.streams import RecvStream, SendStream, Verdict
 from nebula.transport.window import Window
 from nebula.wire import Kind, Message, decode_message, encode_message, with_base
@@ -33,12 +38,14 @@ from nebula.wire import Kind, Message, decode_message, encode_message, with_base
 log = logging.getLogger("nebula.channel")
 RECV_BATCH = 64  # messages handled per poll round before timers and ACKs get their turn
 REFUSAL_LOG_INTERVAL = 10.0  # seconds between log lines about one refused sender (they may write in a loop)
+Dial = Callable[[], tuple[zmq.Socket, zmq.Socket]]  # a new socket to the gateway, connecting, and its monitor
 
 
 class ChannelIO(threading.Thread):
     def __init__(self, address: str, gateway: str, sock: zmq.Socket, monitor: zmq.Socket,
                  window: Window, inbox: queue.Queue, peers: frozenset[str] | None = None,
-                 gateways: frozenset[str] = frozenset()) -> None:
+                 gateways: frozenset[str] = frozenset(), dial: Dial | None = None) -> None:
+        """`dial`: how to open the next session's socket (None: the first session is kept for good)."""
         super().__init__(name=f"nebula-io-{address}", daemon=True)
         self.address, self.gateway, self.sock, self.monitor = address, gateway, sock, monitor
         self.window, self.inbox, self.config = window, inbox, window.config
@@ -58,6 +65,12 @@ class ChannelIO(threading.Thread):
         self.pinged: dict[str, float] = {}  # peer -> when the last ping went, for the round trip at its pong
         self.stats = {"sent": 0, "resent": 0, "delivered": 0, "duplicates": 0, "gaps": 0, "dropped_full": 0,
                       "bad": 0, "disconnects": 0, "refused": 0, "unmatched_refusals": 0}
+        self.dial = dial
+        self.rekey = Rekey(self.config.rekey_interval, self.config.rekey_bytes,
+                           min(self.config.connect_timeout, self.config.gateway_timeout / 2), time.monotonic())
+        self.fresh: tuple[zmq.Socket, zmq.Socket] | None = None  # the next session's socket and monitor
+        self.retired: tuple[zmq.Socket, zmq.Socket] | None = None  # DRAINING: the last session's
+        self.announce = False  # a new session's first message is due: a ping to the gateway, which binds it
 
     def wake(self) -> None:
         try:
@@ -80,8 +93,9 @@ class ChannelIO(threading.Thread):
             log.exception("channel I/O thread of %s failed", self.address)
             self.window.fail(TransportError(f"{self.address}: channel I/O failed: {exc!r}"))
         finally:
-            self.sock.close(linger=0)
-            self.monitor.close(linger=0)
+            for pair in (self.fresh, self.retired, (self.sock, self.monitor)):
+                if pair is not None:
+                    _close(*pair)
             # the wake pipe stays open until release(): a user thread may still call wake(), and a
             # closed descriptor number could by then belong to another file
 
@@ -95,19 +109,28 @@ class ChannelIO(threading.Thread):
 
     def _round(self) -> None:
         poller = zmq.Poller()
-        poller.register(self.sock, zmq.POLLIN | (zmq.POLLOUT if self.blocked else 0))
+        # DRAINING: the new connection is read only once the old one has delivered all it carried
+        reading = 0 if self.retired is not None else zmq.POLLIN
+        poller.register(self.sock, reading | (zmq.POLLOUT if self.blocked else 0))
         poller.register(self.monitor, zmq.POLLIN)
         poller.register(self.wake_r, zmq.POLLIN)
+        for sock in (self.fresh[1] if self.fresh else None, self.retired[0] if self.retired else None):
+            if sock is not None:
+                poller.register(sock, zmq.POLLIN)
         wait = max(0.0, self.next_tick - time.monotonic())
         events = dict(poller.poll(int(wait * 1000) + 1))
         if self.wake_r in events:
             os.read(self.wake_r, 4096)
         if self.monitor in events:
             self._on_monitor_event(sockets.read_event(self.monitor))
+        if self.fresh is not None and self.fresh[1] in events:
+            self._on_fresh_event(sockets.read_event(self.fresh[1]))
+        if self.retired is not None and self.retired[0] in events:
+            self._receive_batch(self.retired[0])
         if events.get(self.sock, 0) & zmq.POLLOUT:
             self.blocked = False
         if events.get(self.sock, 0) & zmq.POLLIN:
-            self._receive_batch()
+            self._receive_batch(self.sock)
         self._flush_outbox()
         now = time.monotonic()
         if now >= self.next_tick:
@@ -121,7 +144,14 @@ class ChannelIO(threading.Thread):
 
     # --- outgoing --------------------------------------------------------------------------
     def _flush_outbox(self) -> None:
-        while not self.blocked:
+        if self.announce and not self.blocked:
+            try:
+                self.sock.send_multipart(encode_message(Message(kind=Kind.HEARTBEAT, src=self.address,
+                                                                dst=self.gateway, topic="ping")), flags=zmq.NOBLOCK)
+                self.announce = False
+            except zmq.Again:  # its pipe is attached a moment after the handshake: at POLLOUT
+                self.blocked = True
+        while not self.blocked and not self.rekey.holds_data:
             item = self.window.next_outgoing()
             if item is None:
                 return
@@ -134,19 +164,27 @@ class ChannelIO(threading.Thread):
                 self.blocked = True
                 return
             now = time.monotonic()
+            self.rekey.carried(pending.nbytes)
             self.window.mark_sent(stream, pending, now)
             self.heard.setdefault(stream.dst, now)
             self.stats["sent"] += 1
 
-    def _send_control(self, msg: Message) -> None:
-        """ACKs and heartbeats: unsequenced, small, dropped (not queued) if the socket is full."""
+    def _send_control(self, msg: Message) -> bool:
+        """ACKs and heartbeats: unsequenced, small, dropped (not queued) if the socket is full, or while
+        the session switches (QUIESCING: after the marker, nothing more goes on the old connection);
+        -> whether it was handed to the socket."""
+        if self.rekey.holds_data and msg.topic != REKEY:
+            return False
         msg.src = self.address
         try:
             self.sock.send_multipart(encode_message(msg), flags=zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            pass  # the peer will ask again, or time out; never block the I/O thread
+            return False  # the peer will ask again, or time out; never block the I/O thread
+        return True
 
     def _send_acks(self) -> None:
+        if self.rekey.holds_data:
+            return  # QUIESCING: nothing after the marker on the old session; they go on the new one
         for peer, (epoch, go_back) in self.acks_due.items():
             stream = self.recv_streams[peer]
             ack = stream.delivered if stream.epoch == epoch else 0
@@ -155,12 +193,15 @@ class ChannelIO(threading.Thread):
         self.acks_due.clear()
 
     # --- incoming --------------------------------------------------------------------------
-    def _receive_batch(self) -> None:
+    def _receive_batch(self, sock: zmq.Socket) -> None:
         for _ in range(RECV_BATCH):
+            if sock.closed:  # a session that ended with the message before ("moved")
+                return
             try:
-                frames = self.sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                frames = sock.recv_multipart(flags=zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            self.rekey.carried(sum(len(frame) for frame in frames))
             try:
                 msg = decode_message(frames)
             except WireError as exc:
@@ -227,6 +268,15 @@ class ChannelIO(threading.Thread):
             self.window.round_trip(msg.src, time.monotonic() - self.pinged.pop(msg.src))
         elif msg.topic == "bye":  # a peer that closed cleanly is not dead: stop watching it
             self.heard.pop(msg.src, None)
+        elif msg.topic == REKEY and msg.src == self.gateway:
+            if self.rekey.echoed(msg.epoch, time.monotonic()):
+                self._switch()
+        elif msg.topic == MOVED and msg.src == self.gateway:
+            if self.rekey.moved(time.monotonic()):
+                self._retire()
+            else:  # no switch of ours: another connection proved this stage's key and address
+                log.warning("%s: its gateway now sends this stage's messages to another connection: is a second "
+                            "process running with this stage's certificate?", self.address)
 
     def _on_gateway_error(self, msg: Message) -> None:
         log.debug("%s: gateway error %s: %s", self.address, msg.error_code, msg.error_message)
@@ -292,13 +342,83 @@ class ChannelIO(threading.Thread):
         log.info("%s: reconnected to %s; resending unacknowledged messages", self.address, self.gateway)
         self.heard[self.gateway] = time.monotonic()
         self.last_ping = 0.0  # ping at the next tick: a restarted gateway sends us nothing until we speak
+        self._go_back_everywhere()
+
+    def _go_back_everywhere(self) -> None:
         for stream in self.window.snapshot():
             self.stats["resent"] += self.window.requeue(stream)
         for peer, received in self.recv_streams.items():
             self.acks_due[peer] = (received.epoch, True)
 
+    # --- rekeying (rekey.py) ---------------------------------------------------------------
+    def _renew(self, now: float) -> None:
+        """Dial the next session when it is due; end a phase that outlived its time."""
+        if self.dial is None:
+            return
+        if self.rekey.due(now):
+            try:
+                self.fresh = self.dial()  # its server key read again: a revoked gateway key fails here
+            except AuthError as exc:
+                self.window.fail(AuthError(f"{self.address}: at its scheduled rekey: {exc}"))
+                return
+            except (NebulaError, zmq.ZMQError) as exc:
+                log.warning("%s: could not dial its gateway for a new session (%s); keeping the current one",
+                            self.address, exc)
+                self.rekey.dial_failed(now)
+                return
+            self.rekey.dialing(now)
+        overdue = self.rekey.overdue(now)
+        if overdue is Phase.DIALING:
+            log.warning("%s: no CURVE handshake with %s within %.1f s for a new session; keeping the current one",
+                        self.address, self.gateway, self.rekey.phase_timeout)
+            self._drop_fresh()
+            self.rekey.dial_failed(now)
+        elif overdue is not None:
+            log.warning("%s: its gateway did not answer the session switch (%s) within %.1f s; switching anyway "
+                        "and resending what is unacknowledged", self.address, overdue.value, self.rekey.phase_timeout)
+            self.rekey.forced(now)
+            if overdue is Phase.QUIESCING:
+                self._switch()
+            else:
+                self._retire()
+            self._go_back_everywhere()
+
+    def _on_fresh_event(self, event: sockets.MonitorEvent) -> None:
+        kind = event["event"]
+        if kind == zmq.EVENT_HANDSHAKE_SUCCEEDED and self.rekey.phase is Phase.DIALING:
+            now = time.monotonic()
+            token = self.rekey.handshaken(now)
+            if not self._send_control(Message(kind=Kind.HEARTBEAT, dst=self.gateway, topic=REKEY, epoch=token)):
+                # the old connection is down or full: no echo can come; switch now, resend what it held
+                self.rekey.forced(now)
+                self._switch()
+                self._go_back_everywhere()
+        elif kind in sockets.HANDSHAKE_FAILURES:  # refused: e.g. this stage's certificate was revoked
+            error = sockets.handshake_error(event, self.address, self.gateway)
+            self.window.fail(AuthError(f"{self.address}: at its scheduled rekey: {error}"))
+
+    def _switch(self) -> None:
+        """The gateway forwarded everything the old session carried: send on the new one from now on,
+        first a ping (it binds this stage's address to the new connection at the gateway)."""
+        assert self.fresh is not None  # DIALING made it, QUIESCING kept it
+        self.retired, (self.sock, self.monitor), self.fresh = (self.sock, self.monitor), self.fresh, None
+        self.blocked, self.announce = False, True
+
+    def _retire(self) -> None:
+        if self.retired is not None:
+            _close(*self.retired)
+            self.retired = None
+        log.debug("%s: new CURVE session with %s (%d handshakes)", self.address, self.gateway,
+                  self.rekey.counts["handshakes"])
+
+    def _drop_fresh(self) -> None:
+        if self.fresh is not None:
+            _close(*self.fresh)
+            self.fresh = None
+
     # --- timers ----------------------------------------------------------------------------
     def _tick(self, now: float) -> None:
+        self._renew(now)
         if now - self.last_ping >= self.config.heartbeat_interval:
             self.last_ping = now
             for peer in list(self.heard):
@@ -370,3 +490,13 @@ class ChannelIO(threading.Thread):
         """Site -> seconds it has been unreachable so far (for user threads: from a copy)."""
         now = time.monotonic()
         return {site: now - since for site, since in dict(self.down_since).items()}
+
+
+def _close(sock: zmq.Socket, monitor: zmq.Socket) -> None:
+    """Close a socket and its monitor (the monitor first: its events would otherwise outlive it)."""
+    try:
+        sock.disable_monitor()
+    except zmq.ZMQError:
+        pass  # already closed
+    monitor.close(linger=0)
+    sock.close(linger=0)

@@ -28,6 +28,10 @@ class ChannelConfig:
     # death: its stages are waited for this long, then LinkDown stops the job (docs/runtime.md).
     wan_timeout: float = 600.0
     connect_timeout: float = 10.0  # first CURVE handshake with the gateway
+    # A new CURVE session with the gateway (a fresh handshake, fresh ephemeral keys, the certificate checked
+    # again) after this many seconds or bytes carried, whichever comes first (nebula.transport.rekey).
+    rekey_interval: float = 120.0
+    rekey_bytes: int = 16 << 30
     close_timeout: float = 5.0  # close() waits this long for outstanding ACKs
     io_threads: int = 1
     hwm: int = 1000

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import queue
 import time
-from typing import Iterable
+from typing import Callable, Iterable
 
 import zmq
 
@@ -33,35 +33,44 @@ DEFAULTS = ChannelConfig()  # a channel's knobs where the site config sets none 
 class ReliableChannel(Channel):
     """`peers`: the only addresses it sends to and takes messages from (a job's stage: those it has
     links with); None: anyone (tools, tests). `peer_gateways`: the other sites' gateway addresses, whose
-    ERRORs (relayed by our gateway) are refusals of our messages, as our own gateway's are."""
+    ERRORs (relayed by our gateway) are refusals of our messages, as our own gateway's are.
+    `gateway_key`: the gateway's CURVE key (z85), or how to read it from the trust store each session
+    (a revoked gateway certificate then fails the next rekey, `config.rekey_interval` at the latest)."""
 
-    def __init__(self, identity: Identity, endpoint: str, gateway: str, gateway_key: bytes,
+    def __init__(self, identity: Identity, endpoint: str, gateway: str, gateway_key: bytes | Callable[[], bytes],
                  config: ChannelConfig = DEFAULTS, *, peers: Iterable[str] | None = None,
                  peer_gateways: Iterable[str] = ()) -> None:
         self.address, self.gateway, self.config = identity.address, gateway, config
         self.peers = None if peers is None else frozenset(peers)
+        self._identity, self._endpoint = identity, endpoint
+        self._gateway_key = gateway_key if callable(gateway_key) else lambda: gateway_key
         self._ctx = zmq.Context(io_threads=config.io_threads)
         self._window = Window(self.address, config)
         self._inbox: queue.Queue[Message] = queue.Queue(maxsize=config.inbox_messages)
         self._closed = False
         try:
-            sock, monitor = self._connect(identity, endpoint, gateway_key)
+            sock, monitor = self._connect()
         except BaseException:
             self._ctx.destroy(linger=0)
             raise
         self._io = ChannelIO(self.address, gateway, sock, monitor, self._window, self._inbox, self.peers,
-                             frozenset(peer_gateways))
+                             frozenset(peer_gateways), dial=self._dial)
         self._io.start()
 
-    def _connect(self, identity: Identity, endpoint: str, gateway_key: bytes) -> tuple[zmq.Socket, zmq.Socket]:
-        # address#secret: the gateway sends this stage's messages only to the connection that showed both
-        sock = sockets.client_socket(self._ctx, zmq.DEALER, identity, gateway_key, self.config.hwm,
+    def _dial(self) -> tuple[zmq.Socket, zmq.Socket]:
+        """A new socket to the gateway, connecting, and its monitor; each with a routing id of its own:
+        address#secret, the gateway sends this stage's messages only to the connection that showed both."""
+        sock = sockets.client_socket(self._ctx, zmq.DEALER, self._identity, self._gateway_key(), self.config.hwm,
                                      routing_id=stage_routing_id(self.address))
         sock.immediate = True  # queue only on a live connection: what a dead one held is resent anyway
         monitor = sock.get_monitor_socket(sockets.MONITORED)
-        sock.connect(endpoint)
+        sock.connect(self._endpoint)
+        return sock, monitor
+
+    def _connect(self) -> tuple[zmq.Socket, zmq.Socket]:
+        sock, monitor = self._dial()
         try:
-            sockets.await_handshake(monitor, self.address, endpoint, self.config.connect_timeout)
+            sockets.await_handshake(monitor, self.address, self._endpoint, self.config.connect_timeout)
         except BaseException:
             sock.disable_monitor()
             monitor.close(linger=0)
@@ -118,8 +127,10 @@ class ReliableChannel(Channel):
 
     @property
     def stats(self) -> dict[str, int]:
-        """Counters of the I/O thread, plus the window's current occupancy."""
-        return {**self._io.stats, "in_flight": self._window.in_flight, "in_flight_bytes": self._window.in_flight_bytes}
+        """Counters of the I/O thread (with its CURVE sessions: `handshakes`, `rekeys`), plus the window's
+        current occupancy."""
+        return {**self._io.stats, **self._io.rekey.counts, "in_flight": self._window.in_flight,
+                "in_flight_bytes": self._window.in_flight_bytes}
 
     def close(self) -> None:
         if self._closed:

@@ -67,6 +67,7 @@ class ZapHandler:
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self.decisions = {"admitted": 0, "refused": 0}  # handshakes decided, for the gateway's status
+        self.sessions: dict[str, int] = {}  # certified address -> handshakes admitted (a session each)
         self._thread = threading.Thread(target=self._run, name="nebula-zap", daemon=True)
 
     def start(self, timeout: float = 5.0) -> ZapHandler:
@@ -119,6 +120,7 @@ class ZapHandler:
             self._refused(domain, credentials[0] if credentials else b"", peer, f"internal error: {exc!r}")
             return [b"1.0", request_id, b"500", b"internal error in the authenticator", b"", b""]
         self.decisions["admitted"] += 1
+        self.sessions[cert.address] = self.sessions.get(cert.address, 0) + 1  # addresses: certified, so bounded
         if self.audit is not None:
             self.audit.repeated("auth.admitted", {"domain": domain.decode(), "peer": peer, "address": cert.address},
                                 {"role": cert.role, "serial": cert.serial}, reason="admitted")

@@ -60,7 +60,7 @@ class _Example(Stage):
 class Source(_Example):
     """Reads x; sends hidden = tanh(W x) (B, width); with local_loss also fits y from it."""
 
-    outputs = (Port("hidden", FLOAT, rank=2),)
+    outputs = (Port("hidden", FLOAT, rank=2, shape=("width",)),)
 
     def __init__(self, context, options: Options):
         super().__init__(context, options)
@@ -86,8 +86,8 @@ class Source(_Example):
 class Middle(_Example):
     """hidden -> tanh(W hidden)."""
 
-    inputs = (Port("hidden", FLOAT, rank=2),)
-    outputs = (Port("hidden", FLOAT, rank=2),)
+    inputs = (Port("hidden", FLOAT, rank=2, shape=("width",)),)
+    outputs = (Port("hidden", FLOAT, rank=2, shape=("width",)),)
 
     def __init__(self, context, options: Options):
         super().__init__(context, options)
@@ -101,7 +101,7 @@ class Middle(_Example):
 class Sink(_Example):
     """Predicts y from hidden; the loss is the squared error; inference scores the mean squared error."""
 
-    inputs = (Port("hidden", FLOAT, rank=2),)
+    inputs = (Port("hidden", FLOAT, rank=2, shape=("width",)),)
 
     def __init__(self, context, options: Options):
         super().__init__(context, options)

@@ -1,8 +1,8 @@
 """Bad input and faults in a two-site job: each stops with an error that names the cause and what to
 fix, the supervisor gives up instead of restarting a deterministic failure forever, and a stage that
-fails tells its peer, which stops with RemoteError instead of waiting for it. The framework's checks run
-on the example workload (tests/e2e/jobs/pair.toml); ABNet's own (its hidden sizes, its model files) on
-the tiny ABNet job."""
+fails tells its peer, which stops with the same reason (PeerFailed, not restarted) instead of waiting for
+it. The framework's checks run on the example workload (tests/e2e/jobs/pair.toml); ABNet's own (its hidden
+sizes, its model files) on the tiny ABNet job."""
 import os
 import subprocess
 import sys
@@ -47,7 +47,7 @@ def test_hidden_size_mismatch_stops_both_stages_naming_sizes_and_option(tmp_path
              "set [stages.decoder].enc_hidden = 384")
     assert f"nebula: error: {cause}" in sites.log("decoder")
     # the decoder told the encoder, which stopped with RemoteError naming the same cause
-    assert sites.group.services["encoder"].proc.returncode == 2
+    assert sites.group.services["encoder"].proc.returncode == 3  # its peer failed for good: not restarted
     assert "remote error [stage]: b/decoder/0 failed: DataError: " + cause in sites.log("encoder")
 
 
@@ -66,7 +66,7 @@ def test_output_that_breaks_its_port_stops_the_stage_and_is_reported_to_its_peer
     assert f"nebula: error: {cause}" in sites.log("src")
     assert sites.group.services["src"].proc.returncode == 3  # a bug to fix: not restarted
     assert "remote error [stage]: a/src/0 failed: StageError: " + cause in sites.log("sink")
-    assert sites.group.services["sink"].proc.returncode == 2
+    assert sites.group.services["sink"].proc.returncode == 3  # its peer failed for good: not restarted
 
 
 def stage_run(tmp_path, stage: str, env: dict) -> tuple[int | None, str]:

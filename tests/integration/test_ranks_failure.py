@@ -18,5 +18,5 @@ def test_bad_data_on_rank_1_fails_the_stage_naming_the_cause(tmp_path):
     (_, rank1_err), (out, err) = (p.communicate(timeout=120) for p in ranks)
     errors = json.loads(out.strip().splitlines()[-1]) if out.strip() else err[-3000:]
     assert errors["sink"].startswith("StageError: stage sink: rank 1 failed: DataError: bad example on rank 1"), errors
-    assert errors["src"].startswith("RemoteError:") and "bad example on rank 1" in errors["src"], errors
+    assert errors["src"].startswith("PeerFailed:") and "bad example on rank 1" in errors["src"], errors
     assert "DataError: bad example on rank 1 at step 3" in rank1_err

@@ -64,8 +64,10 @@ class World:
             publish_site(site.store.dir, site.config.credentials)
 
 
-def make_world(root: Path, names=("a", "b"), stages=("a/enc/0", "b/dec/0"), max_message_bytes: int = 1 << 30) -> World:
-    gateway = {"io_threads": 1, "max_message_bytes": max_message_bytes, "stats_interval": 0}
+def make_world(root: Path, names=("a", "b"), stages=("a/enc/0", "b/dec/0"), max_message_bytes: int = 1 << 30,
+               gateway: dict | None = None) -> World:
+    """`gateway`: more keys of every site's [gateway] table."""
+    gateway = {"io_threads": 1, "max_message_bytes": max_message_bytes, "stats_interval": 0, **(gateway or {})}
     paths = local_sites(root, names, stages, gateway=gateway, days=1)
     world = World(root)
     for name in names:

@@ -12,6 +12,7 @@ import torch
 
 from nebula.errors import DataError
 from nebula.runtime.job import parse_job
+from nebula.runtime.job_digest import SITE_LOCAL
 from nebula.runtime.service import build_stage, make_runner
 from nebula.runtime.stage import FLOAT, Output, Port, Stage
 from services.example.stages import Options, Sink, Source
@@ -22,6 +23,7 @@ TIMELINE: list[tuple[float, str, int]] = []  # (time, event, step) from the inst
 def example_job(stages: int = 2, schedule: str = "synchronous", backward: bool = True, steps: int = 12,
                 credit: int | None = None, compression: dict | None = None, local_loss: bool = False,
                 sink_impl: str = "example-sink", sink_options: dict | None = None, source_impl: str = "example-source",
+                source_options: dict | None = None, integrity: dict | None = None,
                 checkpoint_every: int = 3, micro_batches: int = 4, sink_ranks: int = 1,
                 schedule_options: dict | None = None):
     """A chain source -> [middle ->] sink on sites a, b[, c] of the example workload; stages="fan-out":
@@ -40,6 +42,9 @@ def example_job(stages: int = 2, schedule: str = "synchronous", backward: bool =
     if local_loss:
         raw["stages"]["src"]["local_loss"] = True
     raw["stages"]["sink"].update(sink_options or {})
+    raw["stages"]["src"].update(source_options or {})
+    if integrity:
+        raw["integrity"] = integrity
     if sink_ranks > 1:
         raw["stages"]["sink"]["ranks"] = sink_ranks
     return parse_job(raw)
@@ -101,8 +106,9 @@ def run_job(job, root: Path, crash: str | None = None, crashed_job=None, timeout
 
 @dataclass(frozen=True, kw_only=True)
 class CrashOptions(Options):
-    crash_at: int = 0  # die (as a killed process would) in the middle of this step
-    slow_infer: float = 0.0  # seconds per inference batch
+    # faults injected into one incarnation of a stage: not the job's definition, which the restart shares
+    crash_at: int = field(default=0, metadata=SITE_LOCAL)  # die (as a killed process would) in the middle of this step
+    slow_infer: float = field(default=0.0, metadata=SITE_LOCAL)  # seconds per inference batch
 
 
 class CrashingSink(Sink):

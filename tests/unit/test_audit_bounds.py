@@ -18,6 +18,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "security.md"
 WIDE = "\U0001F600"  # one character, 12 bytes in a record (\ud83d\ude00): the widest there is
 MORE = 10_000  # characters beyond the clip: a 5-digit count, as many as a 64 KiB envelope allows
 FLOOD_S, RATE, BURST = 20, 1000, 2000  # the bound's example: 20 s at the default rate limit and burst
+AUDIT_RATE, AUDIT_BURST = 20, 200  # the defaults of [gateway] audit_transfer_rate and audit_transfer_burst
 
 
 def record_bytes(tmp_path: Path, env: pb.Envelope, nbytes: int, seq: int) -> int:
@@ -53,9 +54,11 @@ def test_the_sizes_docs_security_states_are_the_measured_ones(tmp_path):
     widest = record_bytes(tmp_path, widest_envelope(), DEFAULT_LIMITS.max_message_bytes, seq=10**18)
     assert widest <= 2048
     text = " ".join(DOC.read_text().split())
-    records = BURST + RATE * FLOOD_S
+    forwarded, records = BURST + RATE * FLOOD_S, AUDIT_BURST + AUDIT_RATE * FLOOD_S  # messages, records per link
     assert f"about {round(typical, -1)} bytes each with short names" in text
     assert f"{widest:,} bytes at most" in text
-    assert f"For t = {FLOOD_S} s: at most {records:,} transfer records" in text
-    assert f"{records * widest / 1e6:.0f} MB with the longest names" in text
+    assert f"at most {BURST:,} + {RATE:,}·t messages forwarded, and of them at most {AUDIT_BURST} + {AUDIT_RATE}·t " \
+           "transfer records per link" in text and forwarded == 22_000
+    assert f"For t = {FLOOD_S} s: at most {records:,} transfer records per link" in text
+    assert f"{records * widest / 1e6:.1f} MB with the longest names" in text
     assert re.search(rf"\b{RATE:,}/s\b", text) and f"defaults {BURST:,}" in text

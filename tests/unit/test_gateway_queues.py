@@ -20,3 +20,16 @@ def test_small_messages_are_charged_what_they_hold_and_the_budget_stops_them():
         assert queues.status() == {"a/stall/0": 3 * one}
         for sock in (receiver, sender):
             sock.close(linger=0)
+
+
+def test_the_allocator_is_asked_to_give_memory_back_once_the_queues_let_go_of_enough():
+    """nebula/gateway/memory.py: the real malloc_trim on this glibc, and when it is called."""
+    from nebula.gateway.memory import Reclaim
+
+    assert Reclaim().trim is not None  # glibc here: the gateway does return memory
+    calls = []
+    reclaim = Reclaim(threshold=10 << 20, trim=lambda: calls.append(1))
+    held = [0, 4 << 20, 12 << 20, 3 << 20, 1 << 20, 30 << 20, 25 << 20, 0, 0]
+    # 12 -> 3 MiB is 9 below the peak: not yet; 1 MiB is 11 below: asked; the next peak (30) counts afresh
+    assert [reclaim.observe(h) for h in held] == [False, False, False, False, True, False, False, True, False]
+    assert reclaim.trims == len(calls) == 2

@@ -13,12 +13,19 @@ from nebula.codecs import pack
 from nebula.errors import StageError
 from nebula.runtime import control as ctl
 from nebula.runtime import generations as generations_module
+from nebula.runtime.job_digest import JobDefinition
 from nebula.runtime.order import id_hashes
 from nebula.transport.inproc import InProcHub
 from nebula.wire import Kind, Message
 from tests.support.runtime import Running, example_job
 
 SRC, SINK = "a/src/0", "b/sink/0"
+
+
+def definition(running) -> dict:
+    """The job definition fields of a HELLO or RESYNC for the job `running` runs (a peer of the same job)."""
+    job = JobDefinition.of(running.job)
+    return {"job": job.digest, "job_keys": job.keys}
 
 
 def control(body, generation: int, dst: str = SINK, step: int = 0) -> Message:
@@ -33,7 +40,7 @@ def joined_sink(tmp_path):
     running = Running(example_job(steps=2), tmp_path, InProcHub())
     src = running.hub.channel(SRC)
     running.start("sink")
-    src.send(control(ctl.Resync(round=1), 0))
+    src.send(control(ctl.Resync(round=1, **definition(running)), 0))
     src.send(control(ctl.Resume(round=1, step=0, generation=1), 0))
     while True:
         msg = src.recv(timeout=20)
@@ -43,7 +50,7 @@ def joined_sink(tmp_path):
 
 def forward(step: int, micro_batch: int, topic: str = "fwd", rows=(0, 1, 2, 3)) -> Message:
     ids = id_hashes([f"train:{r}" for r in rows])
-    return Message(kind=Kind.TENSORS, dst=SINK, step=step, micro_batch=micro_batch, generation=1, topic=topic,
+    return Message(kind=Kind.TENSORS, job="t", dst=SINK, step=step, micro_batch=micro_batch, generation=1, topic=topic,
                    tensors=[pack("hidden", "activation", torch.randn(len(rows), 16), "none"),
                             pack("example_ids", "ids", ids, "none")])
 
@@ -56,7 +63,8 @@ def stopped_with(running, name: str) -> StageError:
 
 
 @pytest.mark.parametrize("send, says", [
-    (lambda src: src.send(Message(kind=Kind.CONTROL, dst=SINK, generation=1, topic="pace", body=b"[" * 50_000)),
+    (lambda src: src.send(Message(kind=Kind.CONTROL, job="t", dst=SINK, generation=1, topic="pace",
+                                  body=b"[" * 50_000)),
      "the body is not JSON"),  # a RecursionError in json.loads
     (lambda src: src.send(control(ctl.InferEnd(origin="nosuch", split="test"), 1)), "'nosuch', which is no stage"),
     (lambda src: src.send(forward(0, 0, topic="infer:nosuch:test")), "'nosuch', which is no stage"),  # KeyError
@@ -86,7 +94,7 @@ def test_a_generation_no_message_can_carry_is_refused_where_it_is_heard(tmp_path
     running = Running(example_job(steps=2), tmp_path, InProcHub())
     src = running.hub.channel(SRC)
     running.start("sink")
-    src.send(control(ctl.Resync(round=1), 0))
+    src.send(control(ctl.Resync(round=1, **definition(running)), 0))
     src.send(control(ctl.Resume(round=1, step=0, generation=2 ** 64), 0))  # READY could not be encoded
     started = time.monotonic()
     assert "generation" in str(stopped_with(running, "sink"))
@@ -103,8 +111,8 @@ def test_gradients_sent_twice_are_refused(tmp_path):
             continue
         topic, body = ctl.parse_control(msg)
         if topic is ctl.Topic.RESYNC:
-            sink.send(control(ctl.Hello(incarnation=1, checkpoints=(0,), generation=0, answer_to=body.round), 0,
-                              dst=SRC))
+            sink.send(control(ctl.Hello(incarnation=1, checkpoints=(0,), generation=0, answer_to=body.round,
+                                        **definition(running)), 0, dst=SRC))
         elif topic is ctl.Topic.RESUME:
             generation = body.generation
             sink.send(control(ctl.Ready(round=body.round, step=body.step), generation, dst=SRC))
@@ -113,7 +121,7 @@ def test_gradients_sent_twice_are_refused(tmp_path):
         pass  # the first micro-batch of step 1
 
     def gradient(value: float) -> Message:
-        return Message(kind=Kind.TENSORS, dst=SRC, step=1, micro_batch=0, generation=generation, topic="bwd",
+        return Message(kind=Kind.TENSORS, job="t", dst=SRC, step=1, micro_batch=0, generation=generation, topic="bwd",
                        tensors=[pack("hidden", "gradient", torch.full((4, 16), value), "none")])
     sink.send(gradient(1.0))
     sink.send(gradient(1000.0))
@@ -124,7 +132,7 @@ def test_a_resume_into_a_generation_already_abandoned_is_refused(tmp_path):
     """Once refused nothing: the sink resumed into generation 1 again and dropped every message of it
     as abandoned work until its receive timeout, silent."""
     running, src = joined_sink(tmp_path)
-    src.send(control(ctl.Resync(round=2), 1))
+    src.send(control(ctl.Resync(round=2, **definition(running)), 1))
     src.send(control(ctl.Resume(round=2, step=0, generation=1), 1))
     started = time.monotonic()
     assert "into generation 1, below 2" in str(stopped_with(running, "sink"))
@@ -156,6 +164,6 @@ def test_messages_of_a_generation_not_yet_entered_are_kept_within_a_bound(tmp_pa
 ])
 def test_a_split_or_stage_name_that_is_no_name_is_refused(tmp_path, topic, body, says):
     running, src = joined_sink(tmp_path)
-    src.send(Message(kind=Kind.CONTROL, dst=SINK, generation=1, topic=topic, body=json.dumps(body).encode()))
+    src.send(Message(kind=Kind.CONTROL, job="t", dst=SINK, generation=1, topic=topic, body=json.dumps(body).encode()))
     assert says in str(stopped_with(running, "sink"))
     assert not list(tmp_path.parent.rglob("escape*"))

@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from nebula.errors import DataError, RemoteError, StageError, TransportError
+from nebula.errors import DataError, RemoteError, StageError
 from nebula.runtime import control as ctl
 from nebula.runtime.coordinator import Coordination, Phase
 from nebula.runtime.sender import BackgroundSender
@@ -21,11 +21,14 @@ def roundtrip(body):
 
 
 def test_every_control_topic_round_trips_typed():
-    bodies = [ctl.Hello(incarnation=7, checkpoints=(0, 3), generation=2, answer_to=1), ctl.Resync(round=2),
+    keys = {"train.steps": "8", "stages.sink.width": "16"}
+    bodies = [ctl.Hello(incarnation=7, checkpoints=(0, 3), generation=2, answer_to=1, job="d" * 64, job_keys=keys),
+              ctl.Resync(round=2, job="d" * 64, job_keys=keys),
               ctl.Resume(round=2, step=3, generation=4), ctl.Ready(round=2, step=3), ctl.Pace(step=5),
               ctl.InferEnd(origin="src", split="test"), ctl.InferProgress(split="test", n=8),
               ctl.Scores(split="test", sink="sink", scores={"bleu": 1.5}), ctl.Ended(step=9),
-              ctl.Finish(step=9), ctl.Done(step=9)]
+              ctl.Finish(step=9), ctl.Done(step=9), ctl.Abort(step=9, reason="a NaN"),
+              ctl.Resume(round=3, step=6, generation=5, skip=(7, 9))]
     assert {type(b) for b in bodies} == set(ctl.BODIES.values())  # every topic is covered here
     for body in bodies:
         assert roundtrip(body) == (ctl.TOPICS[type(body)], body)
@@ -54,7 +57,7 @@ def test_malformed_data_topics_are_errors(topic, message):
 
 def hello(incarnation, checkpoints=(0,), generation=0, answer_to=0):
     return ctl.Hello(incarnation=incarnation, checkpoints=tuple(checkpoints), generation=generation,
-                     answer_to=answer_to)
+                     answer_to=answer_to, job="", job_keys={})
 
 
 def test_coordinator_agrees_on_the_last_common_checkpoint_and_a_new_generation():
@@ -101,15 +104,16 @@ def test_tensors_that_break_the_receivers_ports_are_refused_and_reported(tmp_pat
     running = Running(job, tmp_path, InProcHub())
     src = running.hub.channel("a/src/0")
     running.start("sink")
-    src.send(Message(kind=Kind.CONTROL, dst="b/sink/0", **_as(ctl.Resync(round=1))))
+    src.send(Message(kind=Kind.CONTROL, job="t", dst="b/sink/0", **_as(ctl.Resync(round=1, **_definition(job)))))
     reply = src.recv(timeout=20)  # the sink's hello
     assert ctl.parse_control(reply)[0] is ctl.Topic.HELLO
-    src.send(Message(kind=Kind.CONTROL, dst="b/sink/0", generation=0,
+    src.send(Message(kind=Kind.CONTROL, job="t", dst="b/sink/0", generation=0,
                      **_as(ctl.Resume(round=1, step=0, generation=1))))
     from nebula.codecs import pack
     bad = [pack("hidden", "activation", torch.ones(4, 16, dtype=torch.int64), "none"),
            pack("example_ids", "ids", torch.arange(4), "none")]
-    src.send(Message(kind=Kind.TENSORS, dst="b/sink/0", step=1, micro_batch=0, generation=1, topic="fwd", tensors=bad))
+    src.send(Message(kind=Kind.TENSORS, job="t", dst="b/sink/0", step=1, micro_batch=0, generation=1, topic="fwd",
+                     tensors=bad))
     running.threads["sink"].join(20)
     error = running.errors["sink"]
     assert isinstance(error, DataError)
@@ -117,6 +121,13 @@ def test_tensors_that_break_the_receivers_ports_are_refused_and_reported(tmp_pat
     while (msg := src.recv(timeout=20)).kind != Kind.ERROR:
         pass
     assert "DataError: a/src/0 sent step 1 on link src->sink: 'hidden'" in msg.error_message
+
+
+def _definition(job) -> dict:
+    """The job definition fields of a RESYNC from a coordinator of the same job."""
+    from nebula.runtime.job_digest import JobDefinition
+    definition = JobDefinition.of(job)
+    return {"job": definition.digest, "job_keys": definition.keys}
 
 
 def _as(body):
@@ -133,6 +144,8 @@ class _Channel:
 
 
 def test_an_exception_in_the_sender_thread_surfaces_and_flush_does_not_hang():
+    """A build that fails is the stage's own failure (StageError: not restarted, its peers are told), not the
+    link's: as a TransportError it made the `fp16` NaN of issue 55 a restart loop."""
     sender = BackgroundSender(_Channel(), timeout=5)
     sender.submit(lambda: Message(kind=Kind.CONTROL, topic="x"))
 
@@ -145,13 +158,13 @@ def test_an_exception_in_the_sender_thread_surfaces_and_flush_does_not_hang():
     def flush():
         try:
             sender.flush()
-        except TransportError as exc:
+        except StageError as exc:
             errors.append(exc)
         done.set()
     threading.Thread(target=flush, daemon=True).start()
     assert done.wait(5), "flush() hung after the sender thread failed"
-    assert "TypeError: unsupported operand" in str(errors[0])
-    with pytest.raises(TransportError, match="TypeError"):
+    assert "a message could not be built for sending: TypeError: unsupported operand" in str(errors[0])
+    with pytest.raises(StageError, match="TypeError"):
         sender.submit(lambda: Message(kind=Kind.CONTROL))
     sender.close()
 
@@ -195,10 +208,10 @@ def test_a_control_message_a_stage_does_not_expect_is_an_error(tmp_path):
     running = Running(job, tmp_path, InProcHub())
     src = running.hub.channel("a/src/0")
     running.start("sink")
-    src.send(Message(kind=Kind.CONTROL, dst="b/sink/0", **_as(ctl.Resync(round=1))))
+    src.send(Message(kind=Kind.CONTROL, job="t", dst="b/sink/0", **_as(ctl.Resync(round=1, **_definition(job)))))
     src.recv(timeout=20)
-    src.send(Message(kind=Kind.CONTROL, dst="b/sink/0", **_as(ctl.Resume(round=1, step=0, generation=1))))
-    src.send(Message(kind=Kind.CONTROL, dst="b/sink/0", generation=1, **_as(ctl.Ended(step=2))))
+    src.send(Message(kind=Kind.CONTROL, job="t", dst="b/sink/0", **_as(ctl.Resume(round=1, step=0, generation=1))))
+    src.send(Message(kind=Kind.CONTROL, job="t", dst="b/sink/0", generation=1, **_as(ctl.Ended(step=2))))
     running.threads["sink"].join(20)
     assert "a/src/0 sent 'ended' to sink, which does not expect it now" in str(running.errors["sink"])
 

@@ -38,7 +38,7 @@ import torch
 
 from nebula.config import build
 from nebula.errors import ConfigError, StageError
-from nebula.runtime.actions import Action, Apply, Backward, BackwardInput, BackwardWeight, Forward, Open
+from nebula.runtime.actions import Action, Apply, Backward, BackwardInput, BackwardWeight, Forward, Open, Skip
 from nebula.runtime.graph import Graph
 from nebula.runtime.train import TrainConfig
 
@@ -93,7 +93,9 @@ class Schedule(ABC):
     def next_action(self, board: Board) -> Action | None:
         """What the stage whose board this is does next, or None: wait for a message. A source first
         opens the steps the schedule keeps open (as the pace credit allows); then the schedule's order;
-        a step is applied once all its micro-batches are done."""
+        a step is applied once all its micro-batches are done. A step the job skips is skipped first."""
+        if board.applied + 1 in board.skipping:
+            return Skip(board.applied + 1)
         if board.source:
             t = board.next_to_open(self.opens(board.applied, board.waits, board.train))
             if t is not None:
