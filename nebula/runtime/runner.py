@@ -6,7 +6,7 @@ it goes: data on the board (decoded and checked by its link), control to the com
 topic. Its parts are one object each, built here and handed only what they use (docs/runtime.md, "Inside
 a stage"): the board, the compute (this process or the stage's ranks), the outbox (links, control), the
 inbox (receive, say whom it waits for), progress (ledger, checkpoints), the coordinator role,
-generations and inference passes.
+generations, inference passes and, with [replicas], the outer rounds with the other replicas.
 """
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ import torch
 
 from nebula.errors import LinkDown, RemoteError, StageError, TransportError
 from nebula.runtime import control as ctl
-from nebula.runtime import coordinator, inference
-from nebula.runtime.actions import Action, Apply, Backward, BackwardWeight, Forward, Open
+from nebula.runtime import coordinator, inference, replicas
+from nebula.runtime.actions import Action, Apply, Backward, BackwardWeight, Forward, Open, Sync
 from nebula.runtime.board import Board, StepState
 from nebula.runtime.checkpoint import mark_finished
 from nebula.runtime.control import DataKind, Topic
 from nebula.runtime.coordinator import PROTOCOL, Role
 from nebula.runtime.executor import Executor
 from nebula.runtime.generations import Generations, Resync
-from nebula.runtime.inbox import Inbox
+from nebula.runtime.inbox import Inbox, awaited
 from nebula.runtime.inference import Inference
 from nebula.runtime.job import JobConfig
 from nebula.runtime.metrics import MetricsLog
@@ -55,12 +55,14 @@ class StageRunner:
         pace = Pace(self.schedule.credit, graph.in_links[name], graph.out_links[name])
         self.board = Board(name, graph, job.train, pace, self.compute.ready_for)
         self.progress = Progress(job, stage, workdir, metrics, self.board, self.outbox, self.compute)
+        self.replicas = replicas.attach(replicas.Handle(name, job, stage, self.outbox, self.compute, self.progress,
+                                                        metrics, self.pump), self.board)
         self.inference = Inference(inference.Handle(name, graph, stage, self.compute, self.outbox, self.progress,
                                                     metrics, self.pump, self.examples.hashes))
         self.role = Role.of(coordinator.Handle(name, graph, self.progress, self.outbox, self.generations, metrics,
                                                self.pump, self.abandon, self.replay))
         self.inbox = Inbox(channel, name, self.outbox.addresses, metrics, timeout, self.compute, ranks is not None,
-                           self._awaited)
+                           lambda: awaited(self.role, self.board, self.outbox, self.train.steps))
         self.names = {address: n for n, address in self.outbox.addresses.items()}
 
     @property
@@ -90,6 +92,7 @@ class StageRunner:
                     break
                 except Resync as resync:
                     self.role.recover(resync)
+                    self.replicas.join(first=False)
             self.progress.final()
             self.role.final()
             self.outbox.sender.flush()
@@ -97,9 +100,7 @@ class StageRunner:
                 mark_finished(self.progress.workdir, self.train.steps)
             return result
         except LinkDown as exc:  # another site stayed unreachable: say where the job resumes from
-            raise LinkDown(f"{exc}; the job stops. Once the link is back, start its stages again: they resume "
-                           f"from the newest checkpoint every stage holds ({self.name}'s newest: "
-                           f"{self.progress.newest()})") from exc
+            raise self.progress.link_down(exc) from exc
         except (TransportError, RemoteError):
             raise  # the link or a peer failed: there is nothing to tell the others
         except Exception as exc:  # not KeyboardInterrupt & co: an interrupted stage is restarted, not blamed
@@ -110,12 +111,15 @@ class StageRunner:
         """Agree with every other stage on the last checkpoint they all hold, and load it."""
         # where it computes, first in its log: `device = "auto"` picks cuda when there is one
         self.metrics.event("started", device=str(self.stage.device), threads=torch.get_num_threads())
-        if not self.progress.checkpoints.steps():
+        first = not self.progress.checkpoints.steps()
+        if first:
             self.progress.save()
         self.role.start()
+        self.replicas.join(first)  # with replicas: meet the others, take their state where it is ahead
 
     def close(self) -> None:
         self.outbox.close()
+        self.replicas.close()
 
     def _train_to(self, last: int) -> None:
         """A source opens steps up to `last` (as its schedule and pace allow) until all are applied."""
@@ -152,6 +156,8 @@ class StageRunner:
             return board.open_step(action.step, *self.examples.of_step(action.step))
         if isinstance(action, Apply):
             return self._apply(board.open.pop(action.step))
+        if isinstance(action, Sync):
+            return self.replicas.sync(action.step)
         state = board.open[action.step]
         if isinstance(action, Forward):
             compute.forward(*board.take_forward(state))
@@ -163,27 +169,27 @@ class StageRunner:
             compute.backward(action.step, action.index, board.take_gradients(state, whole), "all" if whole else "input")
 
     def _apply(self, state: StepState) -> None:
-        tally = self.compute.apply(state.step, ahead=lambda: self._hand_out(state.step + 1))
+        tally = self.compute.apply(state.step, ahead=lambda: self.board.hand_out(state.step + 1, self.compute))
         self.progress.applied(state, tally)
         self.outbox.observe_step(tally.compute_s)
         for sender in self.board.pace.senders:
             self.outbox.tell(sender, ctl.Pace(step=state.step))  # the sender may now open step t + credit
 
-    def _hand_out(self, t: int) -> None:
-        """With ranks, while step t - 1 is applied: step t's micro-batches that have arrived and that other
-        ranks compute go out before the all-reduce, not after it (nebula.runtime.ranks says why)."""
-        while (work := self.board.take_arrived(t, self.compute.elsewhere)) is not None:
-            self.compute.forward(*work)
-
     # -- messages ---------------------------------------------------------------------------------------
-    def pump(self, until: Callable[[], bool]) -> None:
-        """Handle messages until `until()` holds."""
+    def pump(self, until: Callable[[], bool], deadline: float | None = None) -> None:
+        """Handle messages until `until()` holds (or time.monotonic() passes `deadline`)."""
         self._work()
         while not until():
-            self.handle(self.inbox.recv())
+            msg = self.inbox.recv(deadline)
+            if msg is None:
+                return
+            self.handle(msg)
 
     def handle(self, msg: Message) -> None:
         sender = self.names.get(msg.src)
+        if sender is None and self.replicas.owns(msg.src):
+            self.replicas.receive(msg)  # another replica's instance of this stage: the outer rounds
+            return self._work()
         if sender is None:
             raise StageError(f"{msg.src} sent a {msg.kind.name} message but is not a stage of job {self.job.name}")
         if msg.job and msg.job != self.job.name:  # every stage names its job; a bare test message may not
@@ -241,10 +247,3 @@ class StageRunner:
     def replay(self) -> None:
         """Handle what arrived early for the generation just entered."""
         self.generations.replay(self.handle)
-
-    def _awaited(self) -> list[str]:
-        """The stages whose messages this one needs next (best effort, for the waiting line)."""
-        for found in (self.role.awaited_resume(), self.board.awaited(self.train.steps), self.role.awaited_end()):
-            if found is not None:
-                return found
-        return [self.outbox.in_links[0].peer] if self.outbox.in_links and self.step + 1 not in self.board.open else []
