@@ -93,6 +93,9 @@ def register(sub) -> None:
                              "the baseline of `speedup`), e.g. --setting none none --setting fp16 int8")
     parser.add_argument("--schedule", choices=("synchronous", "one-step-stale", "forward-only"), default=None,
                         help="override the job's [schedule] name")
+    parser.add_argument("--peer", choices=("ddp",), default=None,
+                        help="--scenario replicas: also PyTorch DDP (gloo all-reduce every step) on the same "
+                             "links, model, data and global batch (nebula_lab/bench/replicas.py)")
     parser.add_argument("--staleness", type=int, choices=(0, 1), default=None,
                         help="shorthand: 0 = --schedule synchronous (the paper's), 1 = --schedule one-step-stale "
                              "(stages that wait for gradients run one step ahead: no per-step pipeline bubble)")

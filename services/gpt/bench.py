@@ -66,6 +66,47 @@ class GptScenario:
             points[record["step"]] = record["loss"]
         return [[step, loss] for step, loss in sorted(points.items())]
 
+    # -- the torch.distributed.pipelining peer (nebula_lab.bench.torch_peer) ---------------------------------
+    def peer_module(self, stage, first: bool, last: bool, dtype):
+        """The stage's own module as torch's pipeline calls it: tokens in at the first stage, the previous
+        stage's activation elsewhere; the activation out in `dtype` (what crosses the link), logits at the last."""
+        import torch
+
+        class Boundary(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.part = stage.module
+
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                out = self.part(x) if first else self.part(None, x.float())
+                return out if last else out.to(dtype)
+        return Boundary()
+
+    def peer_batch(self, stage, indices: list[int]):
+        """(inputs, targets) of the training windows at `indices`, (B, T) each."""
+        return stage.data.windows("train", indices)
+
+    def peer_loss(self, logits, targets):
+        from services.gpt.model import lm_loss
+        return lm_loss(logits, targets)
+
+    def peer_eval(self, stage, module) -> float:
+        """The validation loss of `module` (the whole model) on the windows the runtime's evaluation scores."""
+        import torch
+
+        from services.gpt.model import lm_loss
+        from services.gpt.stages import eval_windows
+        chosen, size = eval_windows(stage.data, stage.options), stage.options.eval_batch_size
+        total, tokens = 0.0, 0
+        module.train(False)  # as the runtime scores: without dropout (back in training mode after)
+        with torch.no_grad():
+            for start in range(0, len(chosen), size):
+                inputs, targets = stage.data.windows("valid", chosen[start:start + size])
+                total += float(lm_loss(module(inputs), targets, reduction="sum_rows").sum())
+                tokens += targets.numel()
+        module.train(True)
+        return total / max(1, tokens)
+
     def step_bytes(self, raw: dict) -> int:
         """One step of the residual stream on a link, (B, T, d) float32."""
         stage = next(iter(raw["stages"].values()))
