@@ -5,7 +5,8 @@ data and global batch, in one run.
 The model is a workload's whole-model job with [replicas] (--workload, default gpt: its
 deploy/jobs/gpt-replicas.toml, the bench's d = 128 GPT as one `gpt-whole` stage), replicated R times
 (--replicas 2,4: replica k at site k, one torch thread each; the global batch is R x batch_size windows
-per step for every system). Settings (--settings; `chosen` is the one the targets are judged on):
+per step for every system). Settings (--settings; `chosen` is the one the targets are judged on; --H
+changes the H of those with rounds):
 
     ddp        DDP: gloo all-reduce of every step's gradients, float32 (nebula_lab.bench.ddp_peer)
     h1         Nebula's replicas, H = 1, no codec: an outer round (lr 1, no momentum: the replicas' mean,
@@ -34,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nebula.errors import ConfigError
-from nebula_lab.bench.scenarios import LabTools
+from nebula_lab.bench.scenarios import DdpPeer, LabTools, TorchPeer, hooks, load_scenario
 from nebula_lab.bench.wan import _workdir, progress
 
 SITES = "abcdefgh"
@@ -72,6 +73,8 @@ class ReplicasBench:
                            metavar="ddp,h1,chosen", help=f"which settings (default all: {', '.join(SETTINGS)}; "
                            "quick: ddp,h1,chosen); ddp needs --peer ddp")
         group.add_argument("--workload", default=None, help="whose whole-model job and peer hooks (default gpt)")
+        group.add_argument("--H", type=int, default=None, metavar="H",
+                           help="inner steps per round of every setting that has rounds (default 50; quick 10)")
         group.add_argument("--kill", action="store_true", default=None,
                            help="also: the chosen setting with the last replica killed mid-round (root)")
 
@@ -100,6 +103,12 @@ class Plan:
         if "ddp" in names and args.peer != "ddp":
             names = [n for n in names if n != "ddp"]  # the peer runs only when asked for
         self.settings = [SETTINGS[n] for n in names]
+        if any(s.system == "ddp" for s in self.settings):
+            scenario = load_scenario(self.workload)
+            missing = [hook for kind in (TorchPeer, DdpPeer) for hook in hooks(kind) if not hasattr(scenario, hook)]
+            if missing:
+                raise ConfigError(f"--peer ddp: the scenario {self.workload} lacks {', '.join(missing)} "
+                                  "(nebula_lab.bench.scenarios.DdpPeer)")
         self.counts = args.replicas or ([2] if self.quick else [2, 4])
         if any(not 2 <= r <= len(SITES) for r in self.counts):
             raise ConfigError(f"--replicas {self.counts}: each must be 2 to {len(SITES)}")
@@ -120,7 +129,9 @@ class Plan:
                                   f"{s.name}) so that each evaluation ends a round")
 
     def h(self, setting: Setting) -> int:
-        return QUICK["H"] if self.quick and setting.H > 1 else setting.H
+        if setting.H == 1:
+            return 1
+        return self.args.H or (QUICK["H"] if self.quick else setting.H)
 
     def job(self, setting: Setting, count: int, seed: int, steps: int) -> dict:
         """The whole-model job, R replicas at sites a, b, ..., the setting's rounds, one torch thread each."""
@@ -139,7 +150,10 @@ class Plan:
     def run(self, work: Path) -> tuple[list[dict], dict | None]:
         from nebula_lab.bench.replicas_runs import curve, killed, speed
         rows = []
-        root = os.geteuid() == 0
+        root = os.geteuid() == 0 and not self.args.steps_only
+        if not root:
+            progress("step times, WAN bytes and utilisation skipped (--steps-only, or not root: the emulated WAN "
+                     "needs it)")
         for count in self.counts:
             rate = self.rate(work / f"r{count}" / "calibrate", count) if root else None
             for setting in self.settings:

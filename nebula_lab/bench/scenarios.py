@@ -97,8 +97,32 @@ class TimeToLoss(Protocol):
         """Uncompressed bytes one step sends on a link (the largest)."""
 
 
+class TorchPeer(Protocol):
+    """A workload whose stage chain also runs under torch.distributed.pipelining, the peer of `--peer torch`
+    (nebula_lab.bench.torch_peer): each rank builds its stage as Nebula does, then calls these."""
+
+    def peer_module(self, stage: Any, first: bool, last: bool, dtype: Any) -> Any:
+        """The stage's module as torch's pipeline calls it (one tensor in, one out; `dtype` on the wire)."""
+
+    def peer_batch(self, stage: Any, indices: list[int]) -> tuple[Any, Any]:
+        """(inputs of the first stage, targets of the last) for the training examples at `indices`."""
+
+    def peer_loss(self, output: Any, target: Any) -> Any:
+        """The last stage's loss of one micro-batch."""
+
+
 AnyScenario = Scenario | OwnBenchmark | TimeToLoss
 KINDS = (OwnBenchmark, TimeToLoss, Scenario)  # the order a scenario is recognised in
+
+
+class DdpPeer(TorchPeer, Protocol):
+    """A workload whose whole-model job the replicas bench (`--scenario replicas --peer ddp`) also trains
+    with PyTorch DDP (nebula_lab.bench.ddp_peer): the whole model as one module (`peer_module(stage, True,
+    True, float32)`: inputs in, the loss's input out), and its validation loss as the runtime scores it."""
+
+    def peer_eval(self, stage: Any, module: Any) -> float:
+        """The validation loss of `module` (the stage's whole model) on the windows the runtime's evaluation
+        scores."""
 
 
 def hooks(protocol: type) -> list[str]:

@@ -76,7 +76,7 @@ def test_replicas_at_h1_stay_near_ddp_and_score_as_its_peer_does(tmp_path):
 def args(**given):
     base = dict(quick=True, replicas=None, settings=None, workload=None, kill=None, peer="ddp", seeds=None,
                 job=None, max_steps=None, eval_every=25, time_to_loss=None, steps=None, rtt_ms=None,
-                bound_factor=5.0, workdir=None, json=False)
+                bound_factor=5.0, workdir=None, json=False, H=None, steps_only=False)
     return argparse.Namespace(**{**base, **given})
 
 
