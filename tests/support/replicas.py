@@ -3,7 +3,6 @@ run as runners in threads over one in-process hub, and a one-process reference o
 their outer optimiser must compute (torch.optim.SGD with Nesterov momentum as the outer step)."""
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from nebula.runtime.outer import split_fragments
 from nebula.runtime.service import build_stage, make_runner
 from nebula.runtime.stage import Batch
 from nebula.transport.inproc import InProcHub
-from tests.support.runtime import CrashingSink, CrashOptions
+from tests.support.runtime import CrashingSink, CrashOptions, in_thread
 
 
 def replica_job(replicas: dict | None = None, stages: int = 2, steps: int = 12, checkpoint_every: int = 3,
@@ -65,16 +64,7 @@ class Replicated:
         address = view.stage(stage_name).address
         channel = self.hub.restart(address) if restart else self.channels[name]
         runner = self.runners[name] = make_runner(view, stage_name, stage, channel, timeout=60.0)
-
-        def run() -> None:
-            try:
-                runner.run()
-            except BaseException as exc:  # noqa: BLE001 - reported to the test
-                self.errors[name] = exc
-            finally:
-                runner.close()
-        self.threads[name] = threading.Thread(target=run, name=f"test-{name}", daemon=True)
-        self.threads[name].start()
+        self.threads[name] = in_thread(runner, name, self.errors)
 
     def start_all(self, jobs: dict | None = None) -> Replicated:
         for name in self.job.instances():
