@@ -143,9 +143,11 @@ class Replicas:
 
     # -- joining -------------------------------------------------------------------------------------------
     def join(self, first: bool) -> None:
-        """Before training (at every start and resume): say hello to every other replica and wait for
-        theirs (up to start_timeout_s on a first start, deadline_s after); a parameter list that differs
-        stops this stage here; fetch any fragment another replica is ahead on."""
+        """Before training (at every start and resume; nothing once joined): say hello to every other
+        replica and wait for theirs (up to start_timeout_s on a first start, deadline_s after); a
+        parameter list that differs stops this stage here; fetch any fragment another replica is ahead on."""
+        if self.joined:
+            return
         self.working = self.joining = True
         try:
             peers = self.exchange.peers

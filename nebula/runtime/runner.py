@@ -75,10 +75,12 @@ class StageRunner:
         """Start, train to [train].steps (a source drives it), run `hook` (default: the stage's
         after_training, at sources), and end the job together with the other stages."""
         try:
-            self.start()
+            first = self.start()
             result, hooked_at = None, None
             while True:
                 try:
+                    self.replicas.join(first)  # with replicas: meet the others (again after a resume)
+                    first = False
                     if train and self.board.source:
                         self._train_to(self.train.steps)
                     if (hook is not None or (train and self.board.source)) and hooked_at != self.step:
@@ -92,7 +94,6 @@ class StageRunner:
                     break
                 except Resync as resync:
                     self.role.recover(resync)
-                    self.replicas.join(first=False)
             self.progress.final()
             self.role.final()
             self.outbox.sender.flush()
@@ -107,15 +108,16 @@ class StageRunner:
             self.outbox.report(exc)
             raise
 
-    def start(self) -> None:
-        """Agree with every other stage on the last checkpoint they all hold, and load it."""
+    def start(self) -> bool:
+        """Agree with every other stage on the last checkpoint they all hold, and load it; -> whether
+        this stage starts for the first time (nothing saved yet)."""
         # where it computes, first in its log: `device = "auto"` picks cuda when there is one
         self.metrics.event("started", device=str(self.stage.device), threads=torch.get_num_threads())
         first = not self.progress.checkpoints.steps()
         if first:
             self.progress.save()
         self.role.start()
-        self.replicas.join(first)  # with replicas: meet the others, take their state where it is ahead
+        return first
 
     def close(self) -> None:
         self.outbox.close()
@@ -180,9 +182,8 @@ class StageRunner:
         """Handle messages until `until()` holds (or time.monotonic() passes `deadline`)."""
         self._work()
         while not until():
-            msg = self.inbox.recv(deadline)
-            if msg is None:
-                return
+            if (msg := self.inbox.recv(deadline)) is None:
+                return  # the deadline passed
             self.handle(msg)
 
     def handle(self, msg: Message) -> None:
