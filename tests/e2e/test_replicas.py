@@ -74,3 +74,19 @@ def test_a_replica_killed_mid_round_is_left_out_and_rejoins_exactly_once(tmp_pat
     assert fetched and fetched[0]["from"] == 0  # it rejoined with replica 0's state
     after = rounds(sites, "sink")[left_out[0]["version"]:]
     assert any(r["contributors"] == [0, 1] for r in after)  # and the two average again
+
+
+@pytest.mark.slow
+def test_a_replicas_stage_of_two_ranks_ends_where_one_rank_does(tmp_path, start_job):
+    """Each replica's sink as 2 gloo ranks: rank 0 runs the rounds and hands the weights they write to rank 1,
+    so every instance ends where it ends with one rank (the same shards and global batch)."""
+    one = start_job(job_file(tmp_path / "one", "replicas"))
+    one.wait()
+    two = start_job(job_file(tmp_path / "two", "replicas", {'pace_s = 0.025\n\n[[links]]': 'pace_s = 0.025\nranks = 2'
+                                                                                             '\n\n[[links]]'}))
+    two.wait()
+    assert len(two.group.services["sink-r1"].procs) == 2
+    for name in one.job.instances():
+        for key, value in final_weights(one, name).items():
+            torch.testing.assert_close(final_weights(two, name)[key], value, rtol=1e-5, atol=1e-6)
+        assert two.ledger(name) == one.ledger(name)
