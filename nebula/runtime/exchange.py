@@ -33,6 +33,7 @@ class Pending:
     started: float  # monotonic time of the send: the deadline runs from it
     own: torch.Tensor  # its own pseudo-gradient as the others decode it, flat
     sent: torch.Tensor | None = None  # the weights at the send, flat, where inner steps run before the merge
+    wire_bytes: int = 0  # what its sends took on the wire, to every replica together
 
 
 @dataclass

@@ -20,7 +20,6 @@ Each round and each refusal is a metrics event (the log) and a record of the sta
 from __future__ import annotations
 
 import json
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -51,7 +50,6 @@ HELLO, FETCH, GRAD, STATE = "outer-hello", "outer-fetch", "outer-grad", "outer-s
 @dataclass(frozen=True, kw_only=True)
 class Hello:
     replica: int
-    incarnation: int
     names: tuple[str, ...]  # the stage's trainable parameters, in order
     shapes: tuple[tuple[int, ...], ...]
     versions: tuple[int, ...]  # per fragment
@@ -109,14 +107,11 @@ class Replicas:
         self.by_address = {peer.address: j for j, peer in self.exchange.peers.items()}
         self.codec, self.codecs = parse(self.config.codec), CodecState()
         self.synced = 0  # the last step whose rounds ran
-        self.working = False  # in a round or a fetch
-        self.joining = False
+        self.working = False  # in a round, a join or a fetch
         self.joined = False  # since the last start or restore: until then no round may run
         self.restored = -1  # the step last restored
         self.fetching: dict[int, int] = {}  # fragment -> the replica asked for its state
-        self.incarnation = random.SystemRandom().randrange(1, 1 << 62)
         self.audit: AuditLog | None = None
-        self.sent_bytes = 0  # what the last round's pseudo-gradients took on the wire, all replicas together
 
     # -- what the board and the runner ask ---------------------------------------------------------------
     @property
@@ -148,7 +143,7 @@ class Replicas:
         parameter list that differs stops this stage here; fetch any fragment another replica is ahead on."""
         if self.joined:
             return
-        self.working = self.joining = True
+        self.working = True
         try:
             peers = self.exchange.peers
             for j, peer in peers.items():
@@ -166,11 +161,11 @@ class Replicas:
                 self._fetch(f)
             self.joined = True
         finally:
-            self.working = self.joining = False
+            self.working = False
 
     def _hello(self, answer: bool) -> Hello:
         states = self.exchange.states
-        return Hello(replica=self.k, incarnation=self.incarnation, names=tuple(self.names), shapes=self.shapes,
+        return Hello(replica=self.k, names=tuple(self.names), shapes=self.shapes,
                      versions=tuple(s.version for s in states), chains=tuple(s.chain for s in states),
                      weights=tuple(s.weight for s in states), digests=tuple(_digest(s.anchor) for s in states),
                      answer=answer)
@@ -226,14 +221,14 @@ class Replicas:
         slot = self.codecs.slot(f"fragment-{f}", "delta")  # error feedback's residual, where the codec keeps one
         payload = pack("delta", "outer", state.anchor - live, self.codec, state=slot)
         own = unpack(payload)  # what the others decode: everyone averages the same bits
+        present = self.exchange.present()
         self.exchange.pending[f] = Pending(state.version, t, time.monotonic(), own,
-                                           live if self.config.overlap else None)
+                                           live if self.config.overlap else None, payload.wire_bytes * len(present))
         tag = Tag(replica=self.k, fragment=f, version=state.version, chain=state.chain, weight=state.weight)
-        for j in self.exchange.present():
+        for j in present:
             self._send(j, GRAD, tag, [payload])
         for j in self.exchange.absent():  # where it is: two replicas that lost each other find each other again
             self._send(j, HELLO, self._hello(answer=False))
-        self.sent_bytes = payload.wire_bytes * len(self.exchange.present())
 
     def _merge(self, f: int) -> None:
         pending = self.exchange.pending[f]
@@ -251,7 +246,7 @@ class Replicas:
                   "version": decision.version, "step": pending.step, "contributors": decision.contributors,
                   "missing": decision.missing, "of": self.exchange.replica_count}
         self.stage.metrics.event("outer", echo=bool(decision.missing), **fields, wait_s=round(waited, 3),
-                                 sent_bytes=self.sent_bytes)
+                                 sent_bytes=pending.wire_bytes)
         self._audit().append("outer.round", **fields)
 
     # -- fetching another replica's state ----------------------------------------------------------------
@@ -267,6 +262,10 @@ class Replicas:
     def _on_state(self, j: int, tag: Tag, tensors: dict[str, torch.Tensor]) -> None:
         if self.fetching.get(tag.fragment) != j:
             return  # asked of another, or given up: nothing to take
+        if self.exchange.states[tag.fragment].ahead_of(tag.version, tag.chain, tag.weight):
+            del self.fetching[tag.fragment]  # it fell behind us meanwhile (restarted): keep ours
+            self.exchange.behind.pop(tag.fragment, None)
+            return
         momentum = tensors["momentum"].clone() if tag.version else None
         state = OuterState(tensors["anchor"].clone(), momentum, tag.version, tag.chain, tag.weight)
         self.exchange.adopt(tag.fragment, state, self.stage.stage.trainable())
