@@ -6,7 +6,7 @@ The model is a workload's whole-model job with [replicas] (--workload, default g
 deploy/jobs/gpt-replicas.toml, the bench's d = 128 GPT as one `gpt-whole` stage), replicated R times
 (--replicas 2,4: replica k at site k, one torch thread each; the global batch is R x batch_size windows
 per step for every system). Settings (--settings; `chosen` is the one the targets are judged on; --H
-changes the H of those with rounds):
+changes the H of those at H = 50):
 
     ddp        DDP: gloo all-reduce of every step's gradients, float32 (nebula_lab.bench.ddp_peer)
     h1         Nebula's replicas, H = 1, no codec: an outer round (lr 1, no momentum: the replicas' mean,
@@ -14,6 +14,8 @@ changes the H of those with rounds):
     chosen     H = 50, int4 pseudo-gradients, Nesterov (lr 0.7, momentum 0.9)
     int8       H = 50, int8
     streaming  H = 50, int4, 2 fragments 25 steps apart, each merged 5 inner steps after its send
+    avg, h10   ablations (--settings): the chosen one with the replicas' mean for the outer step (lr 1, no
+               momentum: local SGD), and with H = 10
 
 Per R, seed and setting the validation curve (nebula_lab.bench.replicas_runs.curve: no root); with root,
 each setting timed on a full mesh of shaped links (nebula_lab.wanem) at the communication-bound rate: DDP's
@@ -59,7 +61,10 @@ SETTINGS = {s.name: s for s in [
     Setting("h1", "nebula", outer=(1.0, 0.0)),
     Setting("chosen", "nebula", 50, "int4"),
     Setting("int8", "nebula", 50, "int8"),
-    Setting("streaming", "nebula", 50, "int4", fragments=2, overlap=5)]}
+    Setting("streaming", "nebula", 50, "int4", fragments=2, overlap=5),
+    Setting("avg", "nebula", 50, "int4", outer=(1.0, 0.0)),
+    Setting("h10", "nebula", 10, "int4")]}
+DEFAULT = ["ddp", "h1", "chosen", "int8", "streaming"]  # avg and h10: ablations, named with --settings
 # --quick: a small model on short windows, H = 10, so that a whole run takes minutes on two cores
 QUICK_MODEL = {"d_model": 64, "n_layer": 2, "layers": [0, 2], "seq_len": 64, "warmup_steps": 5, "eval_examples": 32}
 QUICK = {"H": 10, "steps": 40, "batch": 8}
@@ -70,11 +75,11 @@ class ReplicasBench:
         group.add_argument("--replicas", type=_ints, default=None, metavar="2,4",
                            help="replica counts R to compare at (default 2,4; quick 2)")
         group.add_argument("--settings", type=lambda text: text.split(","), default=None,
-                           metavar="ddp,h1,chosen", help=f"which settings (default all: {', '.join(SETTINGS)}; "
-                           "quick: ddp,h1,chosen); ddp needs --peer ddp")
+                           metavar="ddp,h1,chosen", help=f"which settings (default {','.join(DEFAULT)}; quick: "
+                           f"ddp,h1,chosen; also {', '.join(set(SETTINGS) - set(DEFAULT))}); ddp needs --peer ddp")
         group.add_argument("--workload", default=None, help="whose whole-model job and peer hooks (default gpt)")
         group.add_argument("--H", type=int, default=None, metavar="H",
-                           help="inner steps per round of every setting that has rounds (default 50; quick 10)")
+                           help="inner steps per round of the settings at H = 50 (default 50; quick 10)")
         group.add_argument("--kill", action="store_true", default=None,
                            help="also: the chosen setting with the last replica killed mid-round (root)")
 
@@ -96,7 +101,7 @@ class Plan:
         from nebula.shipped import deploy_dir
         self.args, self.quick = args, args.quick
         self.workload = args.workload or "gpt"
-        names = args.settings or (["ddp", "h1", "chosen"] if self.quick else list(SETTINGS))
+        names = args.settings or (["ddp", "h1", "chosen"] if self.quick else DEFAULT)
         unknown = [n for n in names if n not in SETTINGS]
         if unknown:
             raise ConfigError(f"--settings: {', '.join(unknown)} unknown; choose from {', '.join(SETTINGS)}")
@@ -129,8 +134,9 @@ class Plan:
                                   f"{s.name}) so that each evaluation ends a round")
 
     def h(self, setting: Setting) -> int:
-        if setting.H == 1:
-            return 1
+        """The setting's H; those at DiLoCo's H = 50 take --H (quick: 10) instead."""
+        if setting.H != SETTINGS["chosen"].H:
+            return setting.H
         return self.args.H or (QUICK["H"] if self.quick else setting.H)
 
     def job(self, setting: Setting, count: int, seed: int, steps: int) -> dict:
