@@ -79,6 +79,7 @@ class Progress:
         self.stage.load_state_dict(state["stage"])
         self.ledger = [list(e) for e in state["ledger"]]
         self.board.reset(int(state["step"]))
+        self.saved = int(state["step"])  # what is on disk past it was saved before the roll-back: stale
         self.outbox.load_codec_state(state.get("codecs", {}))
         set_rng_state(state, self.stage.device)
         self.compute.reset(self.step)
