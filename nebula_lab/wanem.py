@@ -173,6 +173,26 @@ class WanLink:
         """Runs `argv` inside the site's namespace to completion; kwargs go to subprocess.run."""
         return subprocess.run([*self.exec_prefix(site), *argv], **kwargs)
 
+    # --- one address per site (torch.distributed peers) --------------------------------------
+    def home(self, site: str) -> tuple[str, str]:
+        """(the one address a process at `site` is reached at, its device): its end of its link to the
+        first other site. gloo gives each rank one address and every pair of ranks connects."""
+        peer = self.peers(site)[0]
+        return self.address(site, peer), self.device(site, peer)
+
+    def route_homes(self) -> None:
+        """Every site reaches every other's home over their direct link (a /32 route where the home is not
+        on that link, through the delay line where the mesh has one), so each pair's traffic stays on its
+        own shaped link, as gateway-to-gateway traffic does."""
+        for site in self.sites:
+            for other in self.peers(site):
+                far, _ = self.home(other)
+                if far == self.address(other, site):
+                    continue  # on-link already: their link's /30
+                via = DELAY_PREFIX + other if self.rtt_ms else self.device(site, other)
+                _ip("-n", self.namespace(site), "route", "add", f"{far}/32", "dev", via, "src",
+                    self.address(site, other))
+
     def _check_site(self, site: str) -> str:
         if site not in self.sites:
             raise ConfigError(f"unknown WAN site {site!r}: use one of {', '.join(self.sites)}")

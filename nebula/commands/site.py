@@ -214,7 +214,7 @@ def _stage_addresses(job: Path, site: str) -> list[str]:
     # why here: torch (a job file imports its stages), kept off `nebula --help` and `site init` without --job
     from nebula.runtime.job import load_job
 
-    return [s.address for s in load_job(job).stages.values() if s.site == site]
+    return [s.address for s in load_job(job).instances().values() if s.site == site]
 
 
 def _trust(args) -> int:

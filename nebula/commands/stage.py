@@ -18,7 +18,8 @@ def register(sub) -> None:
     run = stage_sub.add_parser("run", help="run one stage until the job is done (resumes from its workdir); "
                                "a stage with ranks = N: start N of these with torchrun's variables")
     run.add_argument("--job", required=True, help="job file (TOML), e.g. deploy/jobs/NAME.toml")
-    run.add_argument("--stage", required=True, help="stage name in the job file, as in [stages.NAME]")
+    run.add_argument("--stage", required=True, help="stage name in the job file, as in [stages.NAME]; with "
+                     "[replicas], replica k's is NAME-rK (docs/replicas.md)")
     run.add_argument("--site", required=True, help="site config (TOML) of the site this stage runs at")
     run.add_argument("--workdir", required=True, help="where checkpoints, metrics and results go")
     run.add_argument("--steps", type=int, help="override [train].steps")

@@ -10,6 +10,9 @@ overlaps the next action's compute, and a link's two directions carry different 
 (Qi et al. 2023; torch.distributed.pipelining's `stage_backward_input` / `stage_backward_weight`): the
 gradient of the stage's inputs is computed and sent first, the weights' gradient later, so the peer
 that waits for it does not also wait for this stage's weight gradient. `Backward` does both at once.
+
+`Sync(t)`: with [replicas], after `Apply(t)` of a step that ends an outer round, and before anything of
+step t+1: the stage's weights are exchanged with the other replicas' (nebula.runtime.replicas).
 """
 from __future__ import annotations
 
@@ -70,4 +73,11 @@ class Skip:
     step: int
 
 
-Action = Open | Forward | Backward | BackwardInput | BackwardWeight | Apply | Skip
+@dataclass(frozen=True)
+class Sync:
+    """The outer round(s) that applied step `step` ends: pseudo-gradients out, the average in."""
+
+    step: int
+
+
+Action = Open | Forward | Backward | BackwardInput | BackwardWeight | Apply | Skip | Sync

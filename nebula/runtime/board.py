@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 
@@ -19,6 +19,9 @@ from nebula.runtime.graph import Graph, Item
 from nebula.runtime.schedules.pace import Pace
 from nebula.runtime.stage import Batch
 from nebula.runtime.train import TrainConfig
+
+if TYPE_CHECKING:  # the runner hands it in: a type only
+    from nebula.runtime.compute import Compute
 
 
 @dataclass
@@ -40,6 +43,18 @@ class StepState:
         return self.forwarded - self.weighted
 
 
+class Rounds(Protocol):
+    """With [replicas]: what the schedule asks of the outer rounds (nebula.runtime.replicas.Replicas)."""
+
+    @property
+    def busy(self) -> bool:
+        """A round, a join or a fetch is under way (or the replica has not met the others since it
+        started): nothing else runs meanwhile."""
+
+    def due(self, t: int) -> bool:
+        """Whether step t, just applied, ends an outer round."""
+
+
 class Board:
     def __init__(self, name: str, graph: Graph, train: TrainConfig, pace: Pace, ready_for: Callable[[int], bool]):
         self.name, self.graph, self.train, self.pace, self.ready_for = name, graph, train, pace, ready_for
@@ -53,6 +68,7 @@ class Board:
         self.target = 0  # a source opens steps up to this one (the runner sets it while training)
         self.open: dict[int, StepState] = {}  # steps started and not applied yet
         self.skipping: frozenset[int] = frozenset()  # steps the job moves past unapplied (a bad tensor's)
+        self.rounds: Rounds | None = None  # the outer rounds of a job with replicas
 
     # -- what the schedule reads ---------------------------------------------------------------------
     def steps(self) -> list[StepState]:
@@ -153,6 +169,15 @@ class Board:
                 or not which(state.forwarded):
             return None
         return self.take_forward(state)
+
+    def hand_out(self, t: int, compute: Compute) -> None:
+        """With ranks, while step t - 1 is applied: step t's micro-batches that have arrived and that other
+        ranks compute go out before the all-reduce, not after it (nebula.runtime.ranks says why); not across
+        an outer round of replicas, whose weights step t runs at."""
+        if self.rounds is not None and self.rounds.due(t - 1):
+            return
+        while (work := self.take_arrived(t, compute.elsewhere)) is not None:
+            compute.forward(*work)
 
     def take_gradients(self, state: StepState, whole: bool) -> dict[str, dict]:
         """The gradients of the next micro-batch to backward, marked backwarded (`whole`: its weight

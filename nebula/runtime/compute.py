@@ -76,5 +76,8 @@ class Compute(ABC):
     def restore(self, checkpoint: Path) -> None:
         """After this process loaded `checkpoint`: the others (ranks) load it too."""
 
+    def broadcast_weights(self) -> None:
+        """After the runtime wrote the stage's weights (an outer round of replicas): the others (ranks) take them."""
+
     def close(self) -> None:
         """Stop what it started."""

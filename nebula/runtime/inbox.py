@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from nebula.errors import PeerFailed, RecvTimeout
+from nebula.errors import PeerFailed, RecvTimeout, StageError
 from nebula.runtime.compute import Compute
 from nebula.runtime.metrics import MetricsLog
 from nebula.transport.base import Channel
 from nebula.wire import Kind, Message
 
 REFUSED = "refused"  # the ERROR code of a tensor refused by its receiver (nebula.runtime.integrity)
+
+if TYPE_CHECKING:  # the runner hands them in: types only
+    from nebula.runtime.board import Board
+    from nebula.runtime.coordinator import Role
+    from nebula.runtime.outbox import Outbox
+
 WAIT_NOTICE_S = 10.0  # a stage that has received nothing for this long says whom it waits for, and again as often
 RANK_CHECK_S = 0.5  # a stage with ranks looks this often whether one of them failed
 
@@ -31,8 +37,23 @@ class Inbox:
         self.channel, self.name, self.addresses, self.metrics = channel, name, addresses, metrics
         self.timeout, self.compute, self.ranks, self.awaited = timeout, compute, ranks, awaited
         self.interrupt = interrupt
+        self.names = {address: n for n, address in addresses.items()}
 
-    def recv(self) -> Message:
+    def sender(self, msg: Message, job: str) -> str:
+        """The stage of job `job` that sent `msg`; one from no stage of it, or of another job (or of none:
+        every stage names its job), is an error of this stage's."""
+        sender = self.names.get(msg.src)
+        if sender is None:
+            raise StageError(f"{msg.src} sent a {msg.kind.name} message but is not a stage of job {job}")
+        if msg.job != job:
+            raise StageError(f"{msg.src} sent a message of job {msg.job!r} to a stage of job {job!r}: submit every "
+                             "site's half of a job under the id the first site issued "
+                             "(`nebula job submit JOB.toml --join ID`)")
+        return sender
+
+    def recv(self, deadline: float | None = None) -> Message | None:
+        """The next message; None once `deadline` (time.monotonic()) has passed without one: an outer round
+        of replicas waits for the others only so long (nebula.runtime.replicas)."""
         started = clock = noticed = time.monotonic()  # the timeout runs from `clock`, held while a site is down
         # with ranks, wake often enough to hear that one failed (its relay records it): a stage waiting for a
         # peer would otherwise learn it only at the next notice, 10 s later
@@ -41,8 +62,11 @@ class Inbox:
             self.compute.check()
             self.interrupt()
             left = self.timeout - (time.monotonic() - clock)
+            until = left if deadline is None else min(left, deadline - time.monotonic())
+            if deadline is not None and until <= 0:
+                return None
             try:
-                msg = self.channel.recv(timeout=max(0.0, min(slice_s, left)))
+                msg = self.channel.recv(timeout=max(0.0, min(slice_s, until)))
                 break
             except RecvTimeout as exc:
                 outages = self.channel.outages()
@@ -75,3 +99,12 @@ class Inbox:
     def awaited_text(self, stages: list[str] | None = None) -> str:
         stages = self.awaited() if stages is None else stages
         return ", ".join(f"{s} ({self.addresses[s]})" for s in stages) or "messages from the other stages"
+
+
+def awaited(role: Role, board: Board, outbox: Outbox, last: int) -> list[str]:
+    """The stages whose messages a stage needs next (best effort, for the waiting line): those a resume
+    waits for, those its next step lacks, those the end waits for, else its first in-link's peer."""
+    for found in (role.awaited_resume(), board.awaited(last), role.awaited_end()):
+        if found is not None:
+            return found
+    return [outbox.in_links[0].peer] if outbox.in_links and board.applied + 1 not in board.open else []

@@ -8,6 +8,7 @@ stage's options. Every mistake is a ConfigError naming the file and the key, bef
     [stages.sink]  address = "b/sink/0"  impl = "example-sink"     ranks = 2
     [[links]]    from = "src"   to = "sink"   tensors = ["hidden"]   backward = true
     [links.compression]   forward = "fp16"   backward = "int8"     # the link just above (or: compression = "auto")
+    [replicas]   groups = [["a", "b"], ["c", "d"]]   H = 50   codec = "int8"    # nebula.runtime.replica_set
 
 See docs/runtime.md for every key.
 """
@@ -26,6 +27,7 @@ from nebula.errors import ConfigError
 from nebula.runtime.graph import Graph, LinkConfig, check_ports
 from nebula.runtime.integrity import IntegrityConfig
 from nebula.runtime.registry import resolve_stage
+from nebula.runtime.replica_set import ReplicaSet, build_replicas
 from nebula.runtime.schedules import Schedule, build_schedule
 from nebula.runtime.stage import options_of
 from nebula.runtime.train import TrainConfig
@@ -75,11 +77,39 @@ class JobConfig:
     links: tuple[LinkConfig, ...]
     source: Path | None = None
     integrity: IntegrityConfig = field(default_factory=IntegrityConfig)  # [integrity]: nebula.runtime.integrity
+    replicas: ReplicaSet | None = None  # [replicas]: the graph replicated (cross-site data parallelism)
+    replica: int = 0  # which replica `stages` addresses (replica_view)
 
     def stage(self, name: str) -> StageConfig:
         if name not in self.stages:
             raise ConfigError(f"job {self.name}: no [stages.{name}] section (have: {', '.join(self.stages)})")
         return self.stages[name]
+
+    def replica_view(self, k: int) -> JobConfig:
+        """The job as replica k runs it: its stages at its addresses, its own coordinator and graph."""
+        if self.replicas is None or not 0 <= k < self.replicas.count:
+            raise ConfigError(f"job {self.name} has no replica {k}")
+        table = self.replicas.addresses[k]
+        stages = {n: dataclasses.replace(s, address=table[n]) for n, s in self.stages.items()}
+        return dataclasses.replace(self, stages=stages, replica=k)
+
+    def instances(self) -> dict[str, StageConfig]:
+        """Every service of the job: each stage of each replica, by its instance name (nebula.runtime.replica_set)."""
+        if self.replicas is None:
+            return dict(self.stages)
+        return {name: dataclasses.replace(self.stages[stage], address=self.replicas.addresses[k][stage])
+                for name, (k, stage) in self.replicas.instances().items()}
+
+    def for_instance(self, name: str) -> tuple[JobConfig, str]:
+        """(the job as the instance's replica runs it, the stage's name in it)."""
+        if self.replicas is None:
+            self.stage(name)
+            return self, name
+        found = self.replicas.instances().get(name)
+        if found is None:
+            raise ConfigError(f"job {self.name}: no stage or replica instance {name!r} (have: "
+                              f"{', '.join(self.replicas.instances())})")
+        return self.replica_view(found[0]), found[1]
 
     @functools.cached_property
     def graph(self) -> Graph:
@@ -87,7 +117,8 @@ class JobConfig:
 
     @property
     def sites(self) -> list[str]:
-        return list(dict.fromkeys(stage.site for stage in self.stages.values()))
+        """Every site the job runs at (every replica's)."""
+        return list(dict.fromkeys(stage.site for stage in self.instances().values()))
 
 
 def parse_job(raw: dict[str, Any], source: Path | None = None) -> JobConfig:
@@ -95,10 +126,10 @@ def parse_job(raw: dict[str, Any], source: Path | None = None) -> JobConfig:
     if "compression" in raw:
         raise ConfigError(f"{where}: [compression] is per link now: move it under the link it applies to, "
                           "as [links.compression] after that [[links]] entry (docs/codecs.md)")
-    unknown = sorted(set(raw) - {"job", "train", "schedule", "stages", "links", "integrity"})
+    unknown = sorted(set(raw) - {"job", "train", "schedule", "stages", "links", "integrity", "replicas"})
     if unknown:
         raise ConfigError(f"{where}: unknown section(s) {', '.join(unknown)}; allowed: job, train, schedule, "
-                          "stages, links, integrity")
+                          "stages, links, integrity, replicas")
     job = build(JobSection, raw.get("job"), f"{where}: [job]")
     train = build(TrainConfig, raw.get("train", {}), f"{where}: [train]", renamed=MOVED)
     schedule = build_schedule(raw.get("schedule", {}), f"{where}: [schedule]")
@@ -115,8 +146,9 @@ def parse_job(raw: dict[str, Any], source: Path | None = None) -> JobConfig:
     if data is not None and source is not None and not Path(data).is_absolute() and not data.startswith("dataset:"):
         data = str((source.parent / data).resolve())  # relative paths are relative to the job file
     integrity = build(IntegrityConfig, raw.get("integrity", {}), f"{where}: [integrity]")
+    replicas = build_replicas(raw["replicas"], configs, schedule, where) if "replicas" in raw else None
     config = JobConfig(name=job.name, data=data, train=train, schedule=schedule, stages=configs, links=links,
-                       source=source, integrity=integrity)
+                       source=source, integrity=integrity, replicas=replicas)
     check_ports(config.graph, classes, {name: stage.options for name, stage in configs.items()})
     schedule.check(config.graph)
     return config

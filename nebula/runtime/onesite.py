@@ -25,13 +25,18 @@ def run_one_site(job: Any, workdir: Path, quiet: bool = False, timeout: float | 
     hub = InProcHub()
     phase = _phase(job, until)
     errors: dict[str, BaseException] = {}
-    channels = {name: hub.channel(job.stage(name).address) for name in job.stages}
+    every = job.instances()  # with [replicas], each replica's stages: one graph each, in this process too
+    channels = {name: hub.channel(stage.address) for name, stage in every.items()}
     # built one after the other: each seeds torch's global generator before it initialises
-    stages = {name: build_stage(job, name, Path(workdir) / name, quiet=quiet) for name in job.stages}
+    stages = {}
+    for name in every:
+        view, stage_name = job.for_instance(name)
+        stages[name] = build_stage(view, stage_name, Path(workdir) / name, quiet=quiet)
 
     def run(name: str) -> None:
         try:
-            runner = make_runner(phase, name, stages[name], channels[name])
+            view, stage_name = phase.for_instance(name)
+            runner = make_runner(view, stage_name, stages[name], channels[name])
             try:
                 runner.run()
             finally:
@@ -39,7 +44,7 @@ def run_one_site(job: Any, workdir: Path, quiet: bool = False, timeout: float | 
         except BaseException as exc:  # noqa: BLE001 - re-raised below, with the stage's name
             errors[name] = exc
 
-    threads = [threading.Thread(target=run, args=(name,), name=f"stage-{name}", daemon=True) for name in job.stages]
+    threads = [threading.Thread(target=run, args=(name,), name=f"stage-{name}", daemon=True) for name in every]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))

@@ -1,5 +1,10 @@
 """Which examples each step trains on: a pure function of (seed, step), so every site agrees and a
-resumed job neither skips nor repeats an example. The ledger records what each applied step used."""
+resumed job neither skips nor repeats an example. The ledger records what each applied step used.
+
+With [replicas], replica k of R reads only its shard, the examples k, k + R, k + 2R, ... of the split
+(torch's DistributedSampler's split of a data set), in an order of its own that is again a pure function
+of (seed, step): a resumed replica neither skips nor repeats, and R replicas' step t together take R x
+batch_size distinct examples, as R data-parallel ranks of one global batch would."""
 from __future__ import annotations
 
 import hashlib
@@ -25,10 +30,15 @@ def id_hashes(example_ids: Sequence[str]) -> torch.Tensor:
 
 
 class ExampleOrder:
-    """Epoch-wise shuffled order over `n` examples; step s takes the next `batch_size` of them."""
+    """Epoch-wise shuffled order over `n` examples (or over shard k of R of them: the examples k, k + R,
+    ...); step s takes the next `batch_size` of them."""
 
-    def __init__(self, n: int, batch_size: int, seed: int):
-        self.n, self.batch_size, self.seed = n, batch_size, seed
+    def __init__(self, n: int, batch_size: int, seed: int, shard: tuple[int, int] = (0, 1)):
+        k, count = shard
+        self.positions = range(k, n, count)  # the examples this order draws from
+        if not self.positions:
+            raise DataError(f"{n} examples cannot be split over {count} replicas: replica {k} would have none")
+        self.n, self.batch_size, self.seed = len(self.positions), batch_size, seed
         self._epoch, self._order = -1, torch.empty(0, dtype=torch.long)
 
     def _permutation(self, epoch: int) -> torch.Tensor:
@@ -42,7 +52,7 @@ class ExampleOrder:
         start = (step - 1) * self.batch_size
         out = []
         for pos in range(start, start + self.batch_size):
-            out.append(int(self._permutation(pos // self.n)[pos % self.n]))
+            out.append(self.positions[int(self._permutation(pos // self.n)[pos % self.n])])
         return out
 
 
@@ -77,6 +87,7 @@ class Examples:
             if not len(hashes):
                 raise DataError(f"stage {self.stage.context.name} has no training examples: check its data "
                                 f"({self.job.data})")
-            train = self.job.train
-            self._order = ExampleOrder(len(hashes), train.batch_size, train.seed)
+            train, replicas = self.job.train, self.job.replicas
+            shard = (self.job.replica, replicas.count) if replicas is not None else (0, 1)
+            self._order = ExampleOrder(len(hashes), train.batch_size, train.seed, shard)
         return hashes, self._order.indices(step)

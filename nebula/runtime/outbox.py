@@ -101,6 +101,11 @@ class Outbox:
         except TransportError as exc:  # its own records hold the refusal; the sender learns of it at the resume
             print(f"warning: could not tell {dst} its tensor was refused: {exc}", file=sys.stderr)
 
+    def paced(self, senders: list[str], t: int) -> None:
+        """Step t is done with here (applied or skipped): `senders` may now open step t + credit."""
+        for sender in senders:
+            self.tell(sender, ctl.Pace(step=t))
+
     def tell(self, stage: str, body: Any, step: int | None = None) -> None:
         """Control message `body` to `stage`, in order with the data this stage sends."""
         msg = ctl.control(body, self.job.name, self.addresses[stage], self.generations.current)

@@ -1,8 +1,10 @@
 """A stage's applied steps: the ledger, each step's metrics record, and the checkpoints that hold them.
 
 What a checkpoint holds (nebula.runtime.checkpoint writes it atomically): the stage's own state, the
-step and the ledger, every link's codec state, the random generators. A restore puts each back where it
-lives: the stage, the board (which steps are open), the links' codecs, the computation (and its ranks).
+step and the ledger, every link's codec state, the random generators, and with replicas the outer state
+(anchors, momentum, version of each fragment: nebula.runtime.replicas). A restore puts each back where it
+lives: the stage, the board (which steps are open), the links' codecs, the computation (and its ranks),
+the outer rounds.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nebula.errors import LinkDown, StageError
 from nebula.runtime.board import Board, StepState
 from nebula.runtime.checkpoint import CheckpointDir, checkpoints_to_keep, rng_state, set_rng_state
 from nebula.runtime.compute import Compute, Tally
@@ -28,10 +31,15 @@ class Progress:
                  outbox: Outbox, compute: Compute):
         self.job, self.train, self.stage, self.workdir, self.metrics = job, job.train, stage, Path(workdir), metrics
         self.board, self.outbox, self.compute = board, outbox, compute
+        every = self.train.checkpoint_every  # with replicas a checkpoint also precedes every outer round
+        if job.replicas is not None:
+            every = min(every, job.replicas.config.H // job.replicas.config.fragments)
         self.checkpoints = CheckpointDir(self.workdir / "checkpoints", checkpoints_to_keep(
-            len(job.graph.stages), job.schedule.horizon, self.train.checkpoint_every))
+            len(job.graph.stages), job.schedule.horizon, every))
         self.ledger: list[list[Any]] = []  # [step, digest of its example ids] per applied step
         self.last_update: float | None = None
+        self.saved = -1  # the step this process last saved
+        self.parts: dict[str, Any] = {}  # more state a checkpoint keeps: name -> object with state_dict()
 
     @property
     def step(self) -> int:
@@ -71,7 +79,9 @@ class Progress:
         self.outbox.sender.settle()  # the codec state then covers exactly the messages sent so far
         path = self.checkpoints.save(self.step, {
             "stage": self.stage.state_dict(), "step": self.step, "ledger": self.ledger,
-            "codecs": self.outbox.codec_state(), **rng_state(self.stage.device), "seed": self.train.seed})
+            "codecs": self.outbox.codec_state(), **rng_state(self.stage.device), "seed": self.train.seed,
+            **{name: part.state_dict() for name, part in self.parts.items()}})
+        self.saved = self.step
         self.metrics.event("checkpoint", step=self.step, file=str(path))
 
     def restore(self, step: int) -> None:
@@ -80,11 +90,17 @@ class Progress:
         self.stage.load_state_dict(state["stage"])
         self.ledger = [list(e) for e in state["ledger"]]
         self.board.reset(int(state["step"]))
+        self.saved = int(state["step"])  # what is on disk past it was saved before the roll-back: stale
         self.outbox.load_codec_state(state.get("codecs", {}))
         set_rng_state(state, self.stage.device)
         self.compute.reset(self.step)
         self.last_update = None
         self.compute.restore(self.checkpoints.file(step))
+        for name, part in self.parts.items():
+            if name not in state:
+                raise StageError(f"checkpoint {self.checkpoints.file(step)} has no {name} state: it was written by "
+                                 f"a job without it; start {self.stage.context.name} from an empty workdir")
+            part.load_state_dict(state[name])
 
     def final(self) -> None:
         """The job's end: its last state saved, the ledger written beside the checkpoints."""
@@ -94,6 +110,12 @@ class Progress:
         # the process's peak memory: what a schedule's bound on activations in flight shows up in
         self.metrics.event("finished", step=self.step,
                            peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1))
+
+    def link_down(self, exc: LinkDown) -> LinkDown:
+        """Another site stayed unreachable: the job stops; what to do, and where it resumes from."""
+        return LinkDown(f"{exc}; the job stops. Once the link is back, start its stages again: they resume from "
+                        f"the newest checkpoint every stage holds ({self.stage.context.name}'s newest: "
+                        f"{self.newest()})")
 
     def newest(self) -> Path:
         """This stage's newest good checkpoint."""

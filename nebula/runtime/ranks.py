@@ -198,6 +198,13 @@ class RankGroup(Compute):
         for rank in range(1, self.world):
             self._send("restore", rank, 0, {}, [pack("checkpoint", "state", data, "none")])
 
+    def broadcast_weights(self) -> None:
+        """Rank 0's trainable weights to every other rank (an outer round wrote them: nebula.runtime.replicas)."""
+        weights = [pack(n, "weight", p.detach().cpu(), "none") for n, p in self.stage.trainable().items()]
+        for start in range(0, len(weights), 200):  # a message carries at most 256 tensors (nebula.wire)
+            for rank in range(1, self.world):
+                self._send("weights", rank, 0, {}, weights[start:start + 200])
+
     def check(self) -> None:
         if self.error is not None and self.gone:  # restarted with the others, as a killed stage is: nobody to blame
             raise TransportError(self.error)
@@ -360,6 +367,11 @@ class RankGroup(Compute):
             self.stage.load_state_dict(state["stage"])
             checkpoint.set_rng_state(state, self.stage.device)
             self.executor.reset(int(state["step"]))
+        elif msg.topic == "weights":
+            with torch.no_grad():
+                params = self.stage.trainable()
+                for name, tensor in tensors.items():
+                    params[name].copy_(tensor.to(params[name].device, params[name].dtype))
         elif msg.topic == "stop":
             return False
         else:

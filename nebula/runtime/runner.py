@@ -4,9 +4,8 @@
 board: what has arrived, what has run) and, when it names none, receives one message and puts it where
 it goes: data on the board (decoded and checked by its link), control to the component that takes its
 topic. Its parts are one object each, built here and handed only what they use (docs/runtime.md, "Inside
-a stage"): the board, the compute (this process or the stage's ranks), the outbox (links, control), the
-inbox (receive, say whom it waits for), progress (ledger, checkpoints), the coordinator role,
-generations and inference passes.
+a stage"): board, compute (this process or its ranks), outbox (links, control), inbox (receive, whom it
+waits for), progress (ledger, checkpoints), coordinator role, generations, inference, guard (bad tensors), replicas.
 """
 from __future__ import annotations
 
@@ -17,8 +16,8 @@ import torch
 
 from nebula.errors import LinkDown, RemoteError, StageError, TransportError
 from nebula.runtime import control as ctl
-from nebula.runtime import coordinator, inference
-from nebula.runtime.actions import Action, Apply, Backward, BackwardWeight, Forward, Open, Skip
+from nebula.runtime import coordinator, inference, replicas
+from nebula.runtime.actions import Action, Apply, Backward, BackwardWeight, Forward, Open, Skip, Sync
 from nebula.runtime.board import Board, StepState
 from nebula.runtime.checkpoint import mark_finished
 from nebula.runtime.control import DataKind, Topic
@@ -26,7 +25,7 @@ from nebula.runtime.coordinator import PROTOCOL, Role
 from nebula.runtime.executor import Executor
 from nebula.runtime.generations import Generations, Resync
 from nebula.runtime.guard import Guard
-from nebula.runtime.inbox import Inbox
+from nebula.runtime.inbox import Inbox, awaited
 from nebula.runtime.inference import Inference
 from nebula.runtime.job import JobConfig
 from nebula.runtime.metrics import MetricsLog
@@ -57,14 +56,16 @@ class StageRunner:
         self.board = Board(name, graph, job.train, pace, self.compute.ready_for)
         self.progress = Progress(job, stage, workdir, metrics, self.board, self.outbox, self.compute)
         self.guard = Guard(job.integrity.on_bad, self.outbox, self.compute, self.progress, lambda: self.role,
-                           self._paced)
+                           lambda t: self.outbox.paced(self.board.pace.senders, t))
+        self.replicas = replicas.attach(replicas.Handle(name, job, stage, self.outbox, self.compute, self.progress,
+                                                        metrics, self.pump), self.board)
         self.inference = Inference(inference.Handle(name, graph, stage, self.compute, self.outbox, self.progress,
                                                     metrics, self.pump, self.examples.hashes))
         self.role = Role.of(coordinator.Handle(name, graph, self.progress, self.outbox, self.generations, metrics,
-                                               self.pump, self.abandon, self.replay))
+                                               self.pump, self.abandon,
+                                               lambda: self.generations.replay(self.handle)))
         self.inbox = Inbox(channel, name, self.outbox.addresses, metrics, timeout, self.compute, ranks is not None,
-                           self._awaited, self.guard.withheld)
-        self.names = {address: n for n, address in self.outbox.addresses.items()}
+                           lambda: awaited(self.role, self.board, self.outbox, self.train.steps), self.guard.withheld)
 
     @property
     def step(self) -> int:
@@ -76,10 +77,12 @@ class StageRunner:
         """Start, train to [train].steps (a source drives it), run `hook` (default: the stage's
         after_training, at sources), and end the job together with the other stages."""
         try:
-            self.start()
+            first = self.start()
             result, hooked_at = None, None
             while True:
                 try:
+                    self.replicas.join(first)  # with replicas: meet the others (again after a resume)
+                    first = False
                     if train and self.board.source:
                         self._train_to(self.train.steps)
                     if (hook is not None or (train and self.board.source)) and hooked_at != self.step:
@@ -100,25 +103,27 @@ class StageRunner:
                 mark_finished(self.progress.workdir, self.train.steps)
             return result
         except LinkDown as exc:  # another site stayed unreachable: say where the job resumes from
-            raise LinkDown(f"{exc}; the job stops. Once the link is back, start its stages again: they resume "
-                           f"from the newest checkpoint every stage holds ({self.name}'s newest: "
-                           f"{self.progress.newest()})") from exc
+            raise self.progress.link_down(exc) from exc
         except (TransportError, RemoteError):
             raise  # the link or a peer failed: there is nothing to tell the others
         except Exception as exc:  # not KeyboardInterrupt & co: an interrupted stage is restarted, not blamed
             self.outbox.report(exc)
             raise
 
-    def start(self) -> None:
-        """Agree with every other stage on the last checkpoint they all hold, and load it."""
+    def start(self) -> bool:
+        """Agree with every other stage on the last checkpoint they all hold, and load it; -> whether
+        this stage starts for the first time (nothing saved yet)."""
         # where it computes, first in its log: `device = "auto"` picks cuda when there is one
         self.metrics.event("started", device=str(self.stage.device), threads=torch.get_num_threads())
-        if not self.progress.checkpoints.steps():
+        first = not self.progress.checkpoints.steps()
+        if first:
             self.progress.save()
         self.role.start()
+        return first
 
     def close(self) -> None:
         self.outbox.close()
+        self.replicas.close()
 
     def _train_to(self, last: int) -> None:
         """A source opens steps up to `last` (as its schedule and pace allow) until all are applied."""
@@ -159,6 +164,8 @@ class StageRunner:
             return self._apply(board.open.pop(action.step))
         if isinstance(action, Skip):
             return self.guard.skip(action.step)
+        if isinstance(action, Sync):
+            return self.replicas.sync(action.step)
         state = board.open[action.step]
         if isinstance(action, Forward):
             compute.forward(*board.take_forward(state))
@@ -170,36 +177,25 @@ class StageRunner:
             compute.backward(action.step, action.index, board.take_gradients(state, whole), "all" if whole else "input")
 
     def _apply(self, state: StepState) -> None:
-        tally = self.compute.apply(state.step, ahead=lambda: self._hand_out(state.step + 1))
+        tally = self.compute.apply(state.step, ahead=lambda: self.board.hand_out(state.step + 1, self.compute))
         self.progress.applied(state, tally)
         self.outbox.observe_step(tally.compute_s)
-        self._paced(state.step)
-
-    def _paced(self, t: int) -> None:
-        for sender in self.board.pace.senders:
-            self.outbox.tell(sender, ctl.Pace(step=t))  # the sender may now open step t + credit
-
-    def _hand_out(self, t: int) -> None:
-        """With ranks, while step t - 1 is applied: step t's micro-batches that have arrived and that other
-        ranks compute go out before the all-reduce, not after it (nebula.runtime.ranks says why)."""
-        while (work := self.board.take_arrived(t, self.compute.elsewhere)) is not None:
-            self.compute.forward(*work)
+        self.outbox.paced(self.board.pace.senders, state.step)
 
     # -- messages ---------------------------------------------------------------------------------------
-    def pump(self, until: Callable[[], bool]) -> None:
-        """Handle messages until `until()` holds."""
+    def pump(self, until: Callable[[], bool], deadline: float | None = None) -> None:
+        """Handle messages until `until()` holds (or time.monotonic() passes `deadline`)."""
         self._work()
         while not until():
-            self.handle(self.inbox.recv())
+            if (msg := self.inbox.recv(deadline)) is None:
+                return  # the deadline passed
+            self.handle(msg)
 
     def handle(self, msg: Message) -> None:
-        sender = self.names.get(msg.src)
-        if sender is None:
-            raise StageError(f"{msg.src} sent a {msg.kind.name} message but is not a stage of job {self.job.name}")
-        if msg.job != self.job.name:  # every stage names its job: a message without one is refused too
-            raise StageError(f"{msg.src} sent a message of job {msg.job!r} to a stage of job {self.job.name!r}: "
-                             "submit every site's half of a job under the id the first site issued "
-                             "(`nebula job submit JOB.toml --join ID`)")
+        if self.replicas.owns(msg.src):
+            self.replicas.receive(msg)  # another replica's instance of this stage: the outer rounds
+            return self._work()
+        sender = self.inbox.sender(msg, self.job.name)
         if msg.kind == Kind.CONTROL:
             topic, body = ctl.parse_control(msg)
             if topic in PROTOCOL:  # the resume protocol crosses generations
@@ -252,14 +248,3 @@ class StageRunner:
         self.outbox.sender.discard()
         self.board.abandon()
         self.inference.clear()
-
-    def replay(self) -> None:
-        """Handle what arrived early for the generation just entered."""
-        self.generations.replay(self.handle)
-
-    def _awaited(self) -> list[str]:
-        """The stages whose messages this one needs next (best effort, for the waiting line)."""
-        for found in (self.role.awaited_resume(), self.board.awaited(self.train.steps), self.role.awaited_end()):
-            if found is not None:
-                return found
-        return [self.outbox.in_links[0].peer] if self.outbox.in_links and self.step + 1 not in self.board.open else []

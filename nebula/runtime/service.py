@@ -58,7 +58,8 @@ def build_stage(job: JobConfig, name: str, workdir: Path, quiet: bool = False, r
     device = resolve_device(config.device, local_rank)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    label = name if world == 1 else f"{name}/{rank}"
+    instance = job.replicas.instance(job.replica, name) if job.replicas is not None else name  # whole-r1
+    label = instance if world == 1 else f"{instance}/{rank}"
     metrics = MetricsLog(workdir / "metrics.jsonl" if rank == 0 else None, label, job.train.log_every, quiet=quiet,
                          tensorboard=job.train.tensorboard, watch=watch)
     torch.manual_seed(job.train.seed + list(job.stages).index(name))

@@ -19,9 +19,11 @@ from nebula.transport.reliable import ReliableChannel
 
 
 def open_channel(site: SiteConfig, address: str, identity: Identity | None = None,
-                 config: ChannelConfig | None = None, peers: Iterable[str] | None = None) -> ReliableChannel:
+                 config: ChannelConfig | None = None, peers: Iterable[str] | None = None,
+                 loose: Iterable[str] = ()) -> ReliableChannel:
     """The channel of the stage `address`, through its site's gateway, with its own credentials;
-    `peers`: the addresses its job links it with (None: anyone may write to it)."""
+    `peers`: the addresses its job links it with (None: anyone may write to it); `loose`: peers whose
+    silence does not fail it (the other replicas' instances of the stage)."""
     if parse_address(address)[0] != site.name:
         raise ConfigError(f"{address} is not a service of site {site.name}: a stage only talks to its own gateway")
     credentials = site.credentials_for(address)
@@ -31,5 +33,5 @@ def open_channel(site: SiteConfig, address: str, identity: Identity | None = Non
         return peer_curve_key(TrustStore.load(credentials), site.gateway.address)
 
     return ReliableChannel(identity, site.gateway.internal_connect, site.gateway.address, gateway_key,
-                           config or site.channel, peers=peers,
+                           config or site.channel, peers=peers, loose=loose,
                            peer_gateways=[peer.address for peer in site.peers.values()])

@@ -50,7 +50,7 @@ def start_sites(run: Path, job_file: Path, wan: Network | None = None, restart: 
         job_file = resolved
     job = load_job(job_file)
     if keys:
-        configs = local_sites(run, job.sites, [s.address for s in job.stages.values()], run=run, job=job_file,
+        configs = local_sites(run, job.sites, [s.address for s in job.instances().values()], run=run, job=job_file,
                               wan=wan, channel=channel)
     else:
         configs = {site: run / f"site-{site}.toml" for site in job.sites}

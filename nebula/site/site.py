@@ -63,23 +63,24 @@ def site_services(site: SiteConfig, config_path: Path, only: str | None = None,
 
 
 def stages_here(site: SiteConfig) -> dict[str, StageConfig]:
-    """name -> StageConfig of the stages this site runs."""
+    """name -> StageConfig of the stages this site runs (with [replicas], every replica's instances here)."""
     if site.stages.job is None:
         return {}
     job = load_job(site.stages.job)
-    here = {name: s for name, s in job.stages.items() if s.site == site.name}
+    every = job.instances()
+    here = {name: s for name, s in every.items() if s.site == site.name}
     names = site.stages.run if site.stages.run is not None else tuple(here)
     for name in names:
-        if name not in job.stages:
+        if name not in every:
             raise ConfigError(f"{site.source} [stages].run: {name!r} is not a stage of {site.stages.job} "
-                              f"(it has {', '.join(job.stages)})")
+                              f"(it has {', '.join(every)})")
         if name not in here:
-            raise ConfigError(f"{site.source} [stages].run: stage {name} runs at site {job.stage(name).site} "
-                              f"({job.stage(name).address}), not at {site.name}")
-        if job.stage(name).auto_ranks:
+            raise ConfigError(f"{site.source} [stages].run: stage {name} runs at site {every[name].site} "
+                              f"({every[name].address}), not at {site.name}")
+        if every[name].auto_ranks:
             raise ConfigError(f"stage {name} has ranks = \"auto\": resolve the job first (`nebula stage resolve "
                               f"--job {site.stages.job} --out RESOLVED.toml`) and point [stages].job at the result")
-    return {name: job.stage(name) for name in names}
+    return {name: every[name] for name in names}
 
 
 def finished_stages(site: SiteConfig, steps: int | None = None) -> dict[str, int]:

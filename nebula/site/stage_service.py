@@ -26,8 +26,9 @@ from nebula.site.config import load_site_config
 
 def run_stage(job: JobConfig, name: str, workdir: Path, site_path: Path, quiet: bool = False, *,
               principal: Principal | None = None, observe: WatchFactory | None = None) -> None:
-    """`nebula stage run`: this process's rank of stage `name`, until the job is done. `principal`: the
-    job it runs for, as its entry point was told; `observe`: how rank 0 gets its watch (status, metrics).
+    """`nebula stage run`: this process's rank of stage `name` (with [replicas]: of a replica's instance,
+    e.g. `first-r1`), until the job is done. `principal`: the job it runs for, as its entry point was told;
+    `observe`: how rank 0 gets its watch (status, metrics).
 
     An exception that is no NebulaError comes from the stage's own code (its forward, its loss, its data)
     or from a library it calls: the same inputs fail the same way, so it is a StageError (exit 3, not
@@ -44,6 +45,7 @@ def run_stage(job: JobConfig, name: str, workdir: Path, site_path: Path, quiet: 
 
 def _run(job: JobConfig, name: str, workdir: Path, site_path: Path, quiet: bool, principal: Principal | None,
          observe: WatchFactory | None) -> None:
+    job, name = job.for_instance(name)  # the job as the instance's replica runs it
     if principal is not None and principal.job:
         # A submitted job's messages carry its id, which every site's half shares (`job submit --join`):
         # a stage refuses messages of another job, such as a half submitted under another id.
@@ -72,7 +74,9 @@ def _run(job: JobConfig, name: str, workdir: Path, site_path: Path, quiet: bool,
     try:
         # Only the stages it works with may write to it: a stranger's message, or silence, never fails it.
         peers = {job.stage(peer).address for peer in job.graph.peers(name)}
-        with open_channel(site, config.address, peers=peers) as opened, \
+        # the other replicas' instances of this stage: their silence never fails it (nebula.runtime.replicas)
+        loose = job.replicas.peers(job.replica, name).values() if job.replicas is not None else ()
+        with open_channel(site, config.address, peers=peers, loose=loose) as opened, \
                 stage.context.metrics.watching(opened) as channel:
             runner = make_runner(job, name, stage, channel, ranks)
             try:

@@ -48,7 +48,7 @@ def submit(site: Site, job_file: Path, user: str, secret: str, cert_days: float 
         directory = _new_workspace(site, digest) if join is None else _joined_workspace(site, join, digest, user)
         record = {"id": directory.name, "owner": user, "site": site.config.name, "dir": str(directory),
                   "submitted": time.time(), "state": "starting", "pid": None, "job_file": str(job_file.resolve()),
-                  "sites": list(job.sites), "job_stages": {n: s.address for n, s in job.stages.items()},
+                  "sites": list(job.sites), "job_stages": {n: s.address for n, s in job.instances().items()},
                   "config_sha256": digest,
                   "code_sha256": _code_hash(job, stages), "stages": stages, "serials": []}
         with record_file(directory).update() as entries:
@@ -67,12 +67,12 @@ def submit(site: Site, job_file: Path, user: str, secret: str, cert_days: float 
 
 
 def _stages_here(site: Site, job: JobConfig, job_file: Path) -> dict[str, str]:
-    """name -> address of the job's stages at this site."""
-    here = {name: s.address for name, s in job.stages.items() if s.site == site.config.name}
+    """name -> address of the job's stages at this site (every replica's: nebula.runtime.replica_set)."""
+    here = {name: s.address for name, s in job.instances().items() if s.site == site.config.name}
     if not here:
         raise ConfigError(f"{job_file} has no stage at site {site.config.name}; submit it at the sites its "
                           f"stages name ({', '.join(job.sites)})")
-    auto = [name for name in here if job.stage(name).auto_ranks]
+    auto = [name for name in here if job.instances()[name].auto_ranks]
     if auto:
         raise ConfigError(f"{job_file}: stage {auto[0]} has ranks = \"auto\"; resolve it first with `nebula stage "
                           f"resolve --job {job_file} --out RESOLVED.toml` and submit the resolved file")
@@ -143,12 +143,13 @@ def _jobs_lock(site: Site) -> AbstractContextManager[None]:
 def _code_hash(job: JobConfig, stages: dict[str, str]) -> str:
     """sha256 over each stage implementation's name and module source: what code the job ran."""
     digest = hashlib.sha256()
+    every = job.instances()
     for name in sorted(stages):
-        cls = resolve_stage(job.stage(name).impl)
+        cls = resolve_stage(every[name].impl)
         digest.update(f"{name}={cls.__module__}:{cls.__qualname__}\n".encode())
         source = inspect.getsourcefile(cls)
         if source is None:  # a module shipped compiled (an extension, or .pyc only): no source to hash
-            raise ConfigError(f"stage {name}: the module of {job.stage(name).impl} ({cls.__module__}) has no source "
+            raise ConfigError(f"stage {name}: the module of {every[name].impl} ({cls.__module__}) has no source "
                               "file, so the job record could not say what code ran; install the workload from source")
         digest.update(Path(source).read_bytes())
     return digest.hexdigest()

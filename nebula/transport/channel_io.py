@@ -8,6 +8,8 @@ User threads wake it through a pipe (a zmq socket must not be shared between thr
 Given the set of peers its job links it with, it refuses (drops, unanswered and unwatched) what
 anyone else sends. Without one it takes anyone's messages, but watches for silence only the peers
 it addressed itself (or, given a set, its peers): a stranger's message and silence never fail it.
+A *loose* peer (another replica of the job) never fails it: once silent past peer_timeout, or reported
+not connected by its site's gateway, what waits for its ACK is dropped and it is no longer watched.
 An ERROR fails it only from an exact gateway address it was told (its own, and its site's peer
 gateways), and from a peer gateway only as the refusal of a message in flight to that gateway's
 site (refusals.py).
@@ -44,12 +46,14 @@ Dial = Callable[[], tuple[zmq.Socket, zmq.Socket]]  # a new socket to the gatewa
 class ChannelIO(threading.Thread):
     def __init__(self, address: str, gateway: str, sock: zmq.Socket, monitor: zmq.Socket,
                  window: Window, inbox: queue.Queue, peers: frozenset[str] | None = None,
-                 gateways: frozenset[str] = frozenset(), dial: Dial | None = None) -> None:
+                 gateways: frozenset[str] = frozenset(), loose: frozenset[str] = frozenset(),
+                 dial: Dial | None = None) -> None:
         """`dial`: how to open the next session's socket (None: the first session is kept for good)."""
         super().__init__(name=f"nebula-io-{address}", daemon=True)
         self.address, self.gateway, self.sock, self.monitor = address, gateway, sock, monitor
         self.window, self.inbox, self.config = window, inbox, window.config
         self.peers = peers  # None: anyone may write (tools, tests); else only these addresses
+        self.loose = loose  # peers whose silence never fails the channel (let_go)
         self.gateways = gateways | {gateway}  # exact addresses whose ERROR is a refusal of ours
         # sender -> when its refusal was last logged; gateways admit one src per certificate, so it stays small
         self.refusals_logged: dict[str, float] = {}
@@ -294,6 +298,10 @@ class ChannelIO(threading.Thread):
             if msg.error_code == "unreachable" and msg.src == self.gateway and site != self._site(self.address):
                 self.down_since.setdefault(site, time.monotonic())  # the WAN or that site's gateway is down:
                 return  # resent when the site answers a ping again (_site_heard), not every retry_delay meanwhile
+            if msg.error_code == "unreachable" and msg.topic in self.loose:
+                # not connected at its site (killed, restarting): resending its large messages across the WAN
+                # every retry_delay would be for nothing; it says hello when it is back
+                return self._let_go(msg.topic, "not connected at its site")
             stream = self.window.streams.get(msg.topic)
             if stream is not None and stream.retry_at is None:
                 stream.retry_at = time.monotonic() + self.config.retry_delay
@@ -451,9 +459,11 @@ class ChannelIO(threading.Thread):
         if silent > self.config.gateway_timeout:
             dead["gateway"] = (f"its gateway {self.gateway} has not answered for {silent:.1f} s "
                                f"(gateway_timeout {self.config.gateway_timeout} s); is it running?")
-        for peer, last in self.heard.items():
+        for peer, last in list(self.heard.items()):
             silent = now - last
-            if peer != self.gateway and silent > self.config.peer_timeout and self._site(peer) not in self.down_since:
+            if peer in self.loose and silent > self.config.peer_timeout:
+                self._let_go(peer, f"silent for {silent:.1f} s")
+            elif peer != self.gateway and silent > self.config.peer_timeout and self._site(peer) not in self.down_since:
                 dead[peer] = (f"peer {peer} has not answered for {silent:.1f} s (peer_timeout "
                               f"{self.config.peer_timeout} s); is it running and reachable?")
         return dead
@@ -480,11 +490,18 @@ class ChannelIO(threading.Thread):
         """A site we talk to, unreachable past wan_timeout, fails this channel (and so the stage) for good."""
         for site, since in self.down_since.items():
             if now - since > self.config.wan_timeout and any(
-                    self._site(peer) == site for peer in self.heard if peer != self.gateway):
+                    self._site(peer) == site for peer in self.heard if peer != self.gateway and peer not in self.loose):
                 self.window.fail(LinkDown(
                     f"{self.address}: site {site} has been unreachable for {now - since:.0f} s (its gateway "
                     f"{self.gateway} cannot reach site {site}: the WAN link or that site's gateway is down; "
                     f"[channel] wan_timeout {self.config.wan_timeout:g} s)"))
+
+    def _let_go(self, peer: str, why: str) -> None:
+        """A loose peer is gone: drop what waits for its ACK and stop watching it until it speaks again."""
+        self.heard.pop(peer, None)
+        self.pinged.pop(peer, None)
+        dropped = self.window.abandon(peer)
+        log.info("%s: let go of %s (%s): %d unacknowledged messages dropped", self.address, peer, why, dropped)
 
     def outages(self) -> dict[str, float]:
         """Site -> seconds it has been unreachable so far (for user threads: from a copy)."""

@@ -32,16 +32,19 @@ DEFAULTS = ChannelConfig()  # a channel's knobs where the site config sets none 
 
 class ReliableChannel(Channel):
     """`peers`: the only addresses it sends to and takes messages from (a job's stage: those it has
-    links with); None: anyone (tools, tests). `peer_gateways`: the other sites' gateway addresses, whose
-    ERRORs (relayed by our gateway) are refusals of our messages, as our own gateway's are.
+    links with); None: anyone (tools, tests). `loose`: peers whose silence or absence never fails the
+    channel (another replica of the job: nebula.runtime.replicas); what it holds for one that goes silent
+    or is not connected at its site is dropped, not resent. `peer_gateways`: the other sites' gateway
+    addresses, whose ERRORs (relayed by our gateway) are refusals of our messages, as our own gateway's are.
     `gateway_key`: the gateway's CURVE key (z85), or how to read it from the trust store each session
     (a revoked gateway certificate then fails the next rekey, `config.rekey_interval` at the latest)."""
 
     def __init__(self, identity: Identity, endpoint: str, gateway: str, gateway_key: bytes | Callable[[], bytes],
                  config: ChannelConfig = DEFAULTS, *, peers: Iterable[str] | None = None,
-                 peer_gateways: Iterable[str] = ()) -> None:
+                 loose: Iterable[str] = (), peer_gateways: Iterable[str] = ()) -> None:
         self.address, self.gateway, self.config = identity.address, gateway, config
-        self.peers = None if peers is None else frozenset(peers)
+        self.loose = frozenset(loose)
+        self.peers = None if peers is None else frozenset(peers) | self.loose
         self._identity, self._endpoint = identity, endpoint
         self._gateway_key = gateway_key if callable(gateway_key) else lambda: gateway_key
         self._ctx = zmq.Context(io_threads=config.io_threads)
@@ -54,7 +57,7 @@ class ReliableChannel(Channel):
             self._ctx.destroy(linger=0)
             raise
         self._io = ChannelIO(self.address, gateway, sock, monitor, self._window, self._inbox, self.peers,
-                             frozenset(peer_gateways), dial=self._dial)
+                             frozenset(peer_gateways), self.loose, dial=self._dial)
         self._io.start()
 
     def _dial(self) -> tuple[zmq.Socket, zmq.Socket]:

@@ -170,6 +170,21 @@ class Window:
         with self.cond:
             self.outbox.appendleft(item)
 
+    def abandon(self, dst: str) -> int:
+        """Drop what waits for `dst`'s ACK (a loose peer gone): it frees the window and is never resent;
+        the stream's next message tells the peer, by its base, to start there."""
+        with self.cond:
+            stream = self.streams.get(dst)
+            if stream is None or not stream.unacked:
+                return 0
+            dropped = list(stream.unacked.values())
+            stream.unacked.clear()
+            stream.retry_at = None
+            self.in_flight -= len(dropped)
+            self.in_flight_bytes -= sum(p.nbytes for p in dropped)
+            self.cond.notify_all()
+            return len(dropped)
+
     def fail(self, error: NebulaError) -> None:
         with self.cond:
             if self.failure is None:

@@ -115,6 +115,16 @@ AnyScenario = Scenario | OwnBenchmark | TimeToLoss
 KINDS = (OwnBenchmark, TimeToLoss, Scenario)  # the order a scenario is recognised in
 
 
+class DdpPeer(TorchPeer, Protocol):
+    """A workload whose whole-model job the replicas bench (`--scenario replicas --peer ddp`) also trains
+    with PyTorch DDP (nebula_lab.bench.ddp_peer): the whole model as one module (`peer_module(stage, True,
+    True, float32)`: inputs in, the loss's input out), and its validation loss as the runtime scores it."""
+
+    def peer_eval(self, stage: Any, module: Any) -> float:
+        """The validation loss of `module` (the stage's whole model) on the windows the runtime's evaluation
+        scores."""
+
+
 def hooks(protocol: type) -> list[str]:
     """The attributes and methods a protocol declares: what the lab may use of a scenario."""
     methods = [name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")]

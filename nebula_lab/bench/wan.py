@@ -96,10 +96,12 @@ def register(sub) -> None:
                         help="measure this codec pair instead of the built-in list (repeatable; the first is "
                              "the baseline of `speedup`), e.g. --setting none none --setting fp16 int8")
     parser.add_argument("--schedule", choices=SCHEDULES, default=None, help="override the job's [schedule] name")
-    parser.add_argument("--peer", choices=("torch",), default=None,
-                        help="the pipeline against its limit and against torch.distributed.pipelining (GPipe, "
-                             "1F1B) over the same emulated links, per schedule and micro-batch count (root; "
-                             "nebula_lab/bench/pipeline.py)")
+    parser.add_argument("--peer", choices=("torch", "ddp"), default=None,
+                        help="torch: the pipeline against its limit and against torch.distributed.pipelining "
+                             "(GPipe, 1F1B) over the same emulated links, per schedule and micro-batch count "
+                             "(root; nebula_lab/bench/pipeline.py); ddp, with --scenario replicas: also PyTorch "
+                             "DDP (gloo all-reduce every step) on the same links, model, data and global batch "
+                             "(nebula_lab/bench/replicas.py)")
     parser.add_argument("--schedules", type=lambda text: text.split(","), default=None, metavar="1f1b,gpipe",
                         help="--peer: Nebula's schedules to run (default synchronous,gpipe,1f1b)")
     parser.add_argument("--bound-factors", type=float_list, default=None, metavar="1,2,5",
@@ -181,6 +183,9 @@ def run(args: argparse.Namespace) -> int:
     check_scenario_options(args)
     if is_own(scenario):  # a workload with tables of its own
         return scenario.bench(args, LabTools(BOUND_FACTOR, _workdir, run_job, WanLink))
+    if args.peer == "ddp":
+        raise ConfigError("--peer ddp compares replicas with DDP: only with --scenario replicas; a pipeline's "
+                          "peer is --peer torch")
     if args.peer:
         if os.geteuid() != 0:
             raise ConfigError("--peer torch runs both systems over the emulated WAN, which needs root")

@@ -97,6 +97,23 @@ class GptScenario:
         from services.gpt.model import lm_loss
         return lm_loss(logits, targets)
 
+    def peer_eval(self, stage, module) -> float:
+        """The validation loss of `module` (the whole model) on the windows the runtime's evaluation scores."""
+        import torch
+
+        from services.gpt.model import lm_loss
+        from services.gpt.stages import eval_windows
+        chosen, size = eval_windows(stage.data, stage.options), stage.options.eval_batch_size
+        total, tokens = 0.0, 0
+        module.train(False)  # as the runtime scores: without dropout (back in training mode after)
+        with torch.no_grad():
+            for start in range(0, len(chosen), size):
+                inputs, targets = stage.data.windows("valid", chosen[start:start + size])
+                total += float(lm_loss(module(inputs), targets, reduction="sum_rows").sum())
+                tokens += targets.numel()
+        module.train(True)
+        return total / max(1, tokens)
+
     def step_bytes(self, raw: dict) -> int:
         """One step of the residual stream on a link, (B, T, d) float32."""
         stage = next(iter(raw["stages"].values()))

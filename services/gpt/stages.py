@@ -97,8 +97,9 @@ class GptFirst(_Gpt):
 
     def after_training(self, runner) -> None:
         """Score the validation loss across the sites; scores-valid.json here, and a line of valid.jsonl
-        (one per evaluation, so a job run in parts keeps its curve)."""
-        if self.options.eval_examples:
+        (one per evaluation, so a job run in parts keeps its curve). With replicas, replica 0 scores: after
+        the job's last round every replica holds the same outer weights."""
+        if self.options.eval_examples and self.context.job.replica == 0:
             scores = evaluate(runner, self.data, self.options)
             (self.context.workdir / "scores-valid.json").write_text(json.dumps(scores, indent=1))
             with open(self.context.workdir / "valid.jsonl", "a") as log:
@@ -152,12 +153,17 @@ class GptWhole(_Scores):
     after_training = GptFirst.after_training
 
 
-def evaluate(runner, data: TokenWindows, options: GptOptions) -> dict[str, Any]:
-    """The validation loss over `eval_examples` windows spread over the split (the same ones every time)."""
+def eval_windows(data: TokenWindows, options: GptOptions) -> list[int]:
+    """The `eval_examples` validation windows the loss is scored on, spread over the split (the same ones
+    every time, whoever scores them: the runtime's evaluation, or a peer's)."""
     total = len(data.ids["valid"])
     n = min(options.eval_examples, total)
-    chosen = [i * total // n for i in range(n)]
-    scores = runner.evaluate("valid", chosen, options.eval_batch_size)
+    return [i * total // n for i in range(n)]
+
+
+def evaluate(runner, data: TokenWindows, options: GptOptions) -> dict[str, Any]:
+    """The validation loss over `eval_examples` windows spread over the split (the same ones every time)."""
+    scores = runner.evaluate("valid", eval_windows(data, options), options.eval_batch_size)
     if len(scores) != 1:
         raise ConfigError(f"a GPT job has one loss stage; the evaluation reached {sorted(scores)}")
     return {**next(iter(scores.values())), "step": runner.step}

@@ -66,16 +66,7 @@ class Running:
         stage = build_stage(job, name, self.root / name, quiet=True)
         channel = channel or self.hub.channel(job.stage(name).address)
         runner = self.runners[name] = make_runner(job, name, stage, channel, timeout=20.0)
-
-        def run() -> None:
-            try:
-                runner.run()
-            except BaseException as exc:  # noqa: BLE001 - reported to the test
-                self.errors[name] = exc
-            finally:
-                runner.close()
-        self.threads[name] = threading.Thread(target=run, name=f"test-{name}", daemon=True)
-        self.threads[name].start()
+        self.threads[name] = in_thread(runner, name, self.errors)
 
     def join(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
@@ -86,6 +77,21 @@ class Running:
 
     def weights(self, name: str) -> dict[str, torch.Tensor]:
         return {k: p.detach().clone() for k, p in self.runners[name].stage.trainable().items()}
+
+
+def in_thread(runner, name: str, errors: dict) -> threading.Thread:
+    """`runner.run()` in a started daemon thread; whatever it raises (KeyboardInterrupt too: a process
+    'dying') goes to errors[name], for the test."""
+    def run() -> None:
+        try:
+            runner.run()
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            errors[name] = exc
+        finally:
+            runner.close()
+    thread = threading.Thread(target=run, name=f"test-{name}", daemon=True)
+    thread.start()
+    return thread
 
 
 def run_job(job, root: Path, crash: str | None = None, crashed_job=None, timeout: float = 30.0) -> Running:

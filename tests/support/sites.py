@@ -96,7 +96,7 @@ class Sites:
     def __init__(self, run: Path, job_file: Path, restart: bool = True, max_restarts: int = 3,
                  skip: tuple[str, ...] = (), channel: dict[str, float] | None = None):
         self.run, self.job_file, self.job = run, job_file, load_job(job_file)
-        self.stages = {name: stage.address for name, stage in self.job.stages.items()}
+        self.stages = {name: stage.address for name, stage in self.job.instances().items()}  # replicas' too
         self.group: Supervisor = start_sites(run, job_file, restart=restart, skip=skip, channel=channel)
         self.group.max_restarts = max_restarts
 

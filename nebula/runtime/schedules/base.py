@@ -17,7 +17,9 @@ below), registered by name. Every schedule answers:
 - `horizon`: how many steps past its own applied step a stage accepts a peer's micro-batches (and so
   how far apart two stages' checkpoints may be: nebula.runtime.checkpoint.checkpoints_to_keep);
 - `weights(waits, train)`: the per-stage policy that says which weights step t's forward and backward use
-  (`ExactWeights`: W_{t-1}, the weights after step t-1);
+  (`ExactWeights`: W_{t-1}, the weights after step t-1), and `exact_weights`: whether every step's forward
+  runs after the previous update (an outer round of replicas then lands between two steps: [replicas]
+  takes only such a schedule);
 - `drains`: whether each step ends with an empty pipeline (the limit a benchmark prints then counts one
   fill: nebula_lab.bench.limit);
 - `default_headroom`: the share of a step's compute that the wire may take and still hide under it,
@@ -38,7 +40,7 @@ import torch
 
 from nebula.config import build
 from nebula.errors import ConfigError, StageError
-from nebula.runtime.actions import Action, Apply, Backward, BackwardInput, BackwardWeight, Forward, Open, Skip
+from nebula.runtime.actions import Action, Apply, Backward, BackwardInput, BackwardWeight, Forward, Open, Skip, Sync
 from nebula.runtime.graph import Graph
 from nebula.runtime.train import TrainConfig
 
@@ -85,16 +87,23 @@ class Schedule(ABC):
     name: ClassVar[str] = ""  # set by @register_schedule
     Options: ClassVar[type] = NoOptions  # the [schedule] keys besides `name`, checked when the job loads
     default_headroom: ClassVar[float] = 0.4
+    exact_weights: ClassVar[bool] = True  # step t's forward runs after step t-1's update (see weights())
     drains: ClassVar[bool] = True  # every step ends with an empty pipeline: a fill per step
 
     def __init__(self, options: Any):
         self.options = options
 
     def next_action(self, board: Board) -> Action | None:
-        """What the stage whose board this is does next, or None: wait for a message. A source first
-        opens the steps the schedule keeps open (as the pace credit allows); then the schedule's order;
-        a step is applied once all its micro-batches are done. A step the job skips is skipped first."""
-        if board.applied + 1 in board.skipping:
+        """What the stage whose board this is does next, or None: wait for a message. With replicas, an
+        outer round that the step just applied ends comes first, and nothing runs while one is under way;
+        a source then opens the steps the schedule keeps open (as the pace credit allows); then the
+        schedule's order; a step is applied once all its micro-batches are done."""
+        if board.rounds is not None:
+            if board.rounds.busy:
+                return None
+            if board.rounds.due(board.applied):
+                return Sync(board.applied)
+        if board.applied + 1 in board.skipping:  # a step the job skips (a bad tensor's) is skipped first
             return Skip(board.applied + 1)
         if board.source:
             t = board.next_to_open(self.opens(board.applied, board.waits, board.train))

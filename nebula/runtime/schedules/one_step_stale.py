@@ -73,6 +73,7 @@ def _snapshot(params: Mapping[str, torch.Tensor]) -> Params:
 @register_schedule("one-step-stale")
 class OneStepStale(Schedule):
     default_headroom = STALE_HEADROOM  # the wire overlaps the next step's compute whole
+    exact_weights = False  # a stage that waits for gradients forwards step t+1 before applying step t
     drains = False  # step t+1's forwards fill step t's drain
 
     def order(self, board: Board) -> Action | None:
