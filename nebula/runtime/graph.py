@@ -135,13 +135,14 @@ class Graph:
         return [Item(k, links[i], m) for k, (m, i) in enumerate(pairs)]
 
 
-def check_ports(graph: Graph, classes: Mapping[str, Any]) -> None:
+def check_ports(graph: Graph, classes: Mapping[str, Any], job: Any) -> None:
     """Every link carries tensors its ends declare, with the same dtype and rank; a source reads data."""
     where = graph.where
+    ports = {name: cls.ports(job, name) for name, cls in classes.items()}  # (inputs, outputs)
     for link in graph.links:
         at = f"{where}: [[links]] {link.name}"
         src, dst = classes[link.src], classes[link.dst]
-        outs, ins = {p.name: p for p in src.outputs}, {p.name: p for p in dst.inputs}
+        outs, ins = {p.name: p for p in ports[link.src][1]}, {p.name: p for p in ports[link.dst][0]}
         if not link.tensors:
             raise ConfigError(f"{at}: `tensors` is empty; {link.src} can send {', '.join(outs) or 'nothing'}")
         for name in link.tensors:
@@ -154,7 +155,7 @@ def check_ports(graph: Graph, classes: Mapping[str, Any]) -> None:
             if (outs[name].dtype, outs[name].rank) != (ins[name].dtype, ins[name].rank):
                 raise ConfigError(f"{at}: {name!r} is {outs[name].dtype} of rank {outs[name].rank} at "
                                   f"{link.src} but {ins[name].dtype} of rank {ins[name].rank} at {link.dst}")
-        missing = [p.name for p in dst.inputs if not p.optional and p.name not in link.tensors]
+        missing = [p.name for p in ins.values() if not p.optional and p.name not in link.tensors]
         if missing:
             raise ConfigError(f"{at}: {link.dst} needs {', '.join(missing)} from every link that feeds it; "
                               f"add them to `tensors`")

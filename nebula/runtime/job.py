@@ -114,7 +114,7 @@ def parse_job(raw: dict[str, Any], source: Path | None = None) -> JobConfig:
         data = str((source.parent / data).resolve())  # relative paths are relative to the job file
     config = JobConfig(name=job.name, data=data, train=train, schedule=schedule, stages=configs, links=links,
                        source=source)
-    check_ports(config.graph, classes)
+    check_ports(config.graph, classes, config)
     schedule.check(config.graph)
     return config
 

@@ -104,8 +104,8 @@ class StageRunner:
 
     def _open_links(self) -> dict[str, Link]:
         meter = LinkMeter(self.workdir / "link.jsonl")
-        ports = {"in": {p.name: p for p in type(self.stage).inputs},
-                 "out": {p.name: p for p in type(self.stage).outputs}}
+        inputs, outputs = type(self.stage).ports(self.job, self.name)
+        ports = {"in": {p.name: p for p in inputs}, "out": {p.name: p for p in outputs}}
         on_switch = lambda **event: self.metrics.event("compression", **event)  # noqa: E731 - `auto` changed rung
         return {config.name: Link.open(config, self.name, self.job, ports["out" if config.src == self.name else "in"],
                                        self.sender, self.channel, meter, self.workdir, on_switch)
