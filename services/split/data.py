@@ -170,6 +170,7 @@ def _tables(spec: DataSpec, directory: Path, cache: Path) -> dict[str, Any]:
     os.environ["HF_DATASETS_OFFLINE"] = os.environ["HF_HUB_OFFLINE"] = "1"
     import datasets
 
+    datasets.disable_progress_bars()  # a stage's log shows its steps, not a bar per split it reads
     if spec.format == "disk":
         loaded = datasets.load_from_disk(str(directory / spec.files.get("all", "")))
         if not isinstance(loaded, datasets.DatasetDict):
