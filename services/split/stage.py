@@ -33,6 +33,8 @@ from services.split.options import SplitOptions
 
 
 class SplitStage(Stage):
+    """One part of any model the job names, cut at its split points by torch's splitter: no stage code."""
+
     Options = SplitOptions
     stats = ("tokens",)  # positions a step processed: each link's bytes per token
 
