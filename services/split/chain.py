@@ -88,8 +88,11 @@ def boundaries(options: SplitOptions, job: Any) -> tuple[tuple[Boundary, ...], t
     key = json.dumps([dataclasses.asdict(options.model), dataclasses.asdict(options.data), str(base), batch],
                      sort_keys=True)
     if key not in _TRACED:
-        model = build_model(options.model, base, "meta")
-        parts = split(model, example_inputs(options.data, batch, "meta"), options.model.points,
+        # shapes without values on "meta"; but a model torch.export cannot trace may branch on its values, so
+        # the sequential fallback runs its children on real zeros
+        device = "cpu" if options.model.splitter == "sequential" else "meta"
+        model = build_model(options.model, base, device)
+        parts = split(model, example_inputs(options.data, batch, device), options.model.points,
                       options.model.splitter)
         _TRACED[key] = [(part.receives, part.sends) for part in parts]
     found = _TRACED[key]

@@ -258,24 +258,35 @@ def _check_batch_first(parts: list[Part], batch: int, points: tuple[str, ...]) -
 
 
 def _check_owners(model: Logits, parts: list[Part], points: tuple[str, ...]) -> None:
-    """Every trainable weight is held by exactly one part."""
-    owner: dict[int, tuple[int, str]] = {}
+    """Every trainable weight is held by exactly one part. Tied weights are one parameter under several
+    names in the model; the parts keep the names, so a tie is found by name (on "meta" too)."""
+    names: dict[str, str] = {}  # every name of a weight -> its first name
+    firsts: dict[int, str] = {}
+    for name, param in _all_named_parameters(model):
+        names[name] = firsts.setdefault(id(param), name)
+    owner: dict[str, tuple[int, str]] = {}  # a weight's first name -> (part, the name it has there)
     for part in parts:
-        for name, param in part.module.named_parameters():
-            if id(param) in owner and owner[id(param)][0] != part.index:
-                k, first = owner[id(param)]
-                raise ConfigError(f"weight {first.removeprefix(PREFIX)} is used on both sides of split point "
-                                  f"{points[part.index - 1]!r} (by parts {k} and {part.index}; tied weights, "
-                                  "e.g. an output head sharing the input embedding): each site would train a "
-                                  "copy of its own; untie it (transformers: overrides = {tie_word_embeddings = "
-                                  "false}) or keep its users in one part")
-            owner[id(param)] = (part.index, name)
+        for name, _ in _all_named_parameters(part.module):
+            first = names.get(name, name)
+            if first in owner and owner[first][0] != part.index:
+                k, other = owner[first]
+                shown = ", ".join(sorted({first, other, name})).replace(PREFIX, "")
+                raise ConfigError(f"weight {shown} (one parameter) is used on both sides of split point "
+                                  f"{points[part.index - 1]!r} (by parts {k} and {part.index}; tied weights, e.g. an "
+                                  "output head sharing the input embedding): each site would train a copy of its "
+                                  "own; untie it (transformers: overrides = {tie_word_embeddings = false}) or keep "
+                                  "its users in one part")
+            owner.setdefault(first, (part.index, name))
     for name, param in model.named_parameters():
-        if param.requires_grad and id(param) not in owner:
+        if param.requires_grad and names[name] not in owner:
             module = name.removeprefix(PREFIX).rpartition(".")[0]
             raise ConfigError(f"module {module!r} holds weights ({name.removeprefix(PREFIX)}) that no part uses: "
                               "the model's forward never reads them, so no stage would own or train them; "
                               "remove the module from the model or make the forward use it")
+
+
+def _all_named_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
+    return list(module.named_parameters(remove_duplicate=False))
 
 
 def _mode_dependent(parts: list[Part]) -> bool:

@@ -33,7 +33,7 @@ class Examples:
     ids: dict[str, list[str]]
 
     def __init__(self) -> None:
-        self._rows: dict[str, dict[int, int]] = {}
+        self._by_hash: dict[str, dict[int, int]] = {}
 
     def inputs(self, split: str, rows: Sequence[int]) -> dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -44,10 +44,10 @@ class Examples:
     def lookup(self, split: str, hashes: torch.Tensor) -> list[int]:
         """Rows of the examples whose id hashes arrived with a message."""
         self._split(split)
-        if split not in self._rows:
-            self._rows[split] = {id_hash(i): n for n, i in enumerate(self.ids[split])}
+        if split not in self._by_hash:
+            self._by_hash[split] = {id_hash(i): n for n, i in enumerate(self.ids[split])}
         try:
-            return [self._rows[split][int(h)] for h in hashes]
+            return [self._by_hash[split][int(h)] for h in hashes]
         except KeyError:
             raise DataError(f"an example id of split {split} is not in this site's data: do all sites hold the "
                             "same data (the same files, prepared the same way)?") from None
@@ -195,13 +195,13 @@ class FactoryExamples(Examples):
         self.ids = {split: list(getattr(rows, "ids", [f"{split}:{i}" for i in range(len(rows))]))
                     for split, rows in self.splits.items()}
 
-    def _rows(self, split: str, rows: Sequence[int]) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
+    def _examples(self, split: str, rows: Sequence[int]) -> list[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         self._split(split)
         return [self.splits[split][i] for i in rows]
 
     def inputs(self, split: str, rows: Sequence[int]) -> dict[str, torch.Tensor]:
-        examples = self._rows(split, rows)
+        examples = self._examples(split, rows)
         return {name: torch.stack([x[name] for x, _ in examples]) for name in examples[0][0]}
 
     def targets(self, split: str, rows: Sequence[int]) -> torch.Tensor:
-        return torch.stack([torch.as_tensor(y) for _, y in self._rows(split, rows)])
+        return torch.stack([torch.as_tensor(y) for _, y in self._examples(split, rows)])

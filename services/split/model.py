@@ -32,6 +32,8 @@ class Logits(nn.Module):
         self.model = model
 
     def forward(self, **inputs: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.model, nn.Sequential):  # its one input is positional
+            return one_tensor(self.model(*inputs.values()))
         return one_tensor(self.model(**inputs))
 
 

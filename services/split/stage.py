@@ -40,6 +40,9 @@ class SplitStage(Stage):
 
     @classmethod
     def ports(cls, job: Any, name: str) -> tuple[tuple[Port, ...], tuple[Port, ...]]:
+        """The tensors crossing its cuts, found by splitting the model (on the "meta" device): the job's split
+        is checked whole here, when the job file loads, before any stage starts."""
+        check_chain(job)
         received, sent = boundaries(job.stage(name).options, job)
         return tuple(b.port for b in received), tuple(b.port for b in sent)
 
