@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import torch
 from torch import fx, nn
 
-from nebula.errors import ConfigError
+from nebula.errors import ConfigError, StageError
 from nebula.runtime.stage import FLOAT, Port
 from nebula.wire import ITEMSIZE
 from services.split.model import Logits, _close
@@ -67,7 +67,8 @@ class Part:
     receives: tuple[Boundary, ...]  # what crosses the cut before it
     sends: tuple[Boundary, ...]  # what crosses the cut after it (its own results, then relays)
     produces: dict[str, int | None] = field(default_factory=dict)  # boundary name -> its output index
-    eval_module: nn.Module | None = None  # traced in eval mode, sharing the parameters (MODE_OPS)
+    mode_dependent: bool = False  # its graph has MODE_OPS: inference needs a twin traced in eval mode
+    eval_module: nn.Module | None = None  # that twin, sharing the parameters (trace_eval)
 
     @property
     def inputs(self) -> list[str]:
@@ -77,6 +78,8 @@ class Part:
     def run(self, received: dict[str, torch.Tensor], local: dict[str, torch.Tensor],
             training: bool = True) -> dict[str, torch.Tensor] | torch.Tensor:
         """Its boundary tensors for the next part (or, the last part, the model's output)."""
+        if not training and self.mode_dependent and self.eval_module is None:
+            raise StageError(f"part {self.index} acts differently in training: trace its eval twin first (trace_eval)")
         module = self.module if training or self.eval_module is None else self.eval_module
         values = [local[name] if kind == "input" else received[name] for kind, name in self.args]
         out = module(*values)
@@ -105,14 +108,18 @@ def split(model: Logits, example: dict[str, torch.Tensor], points: tuple[str, ..
         return parts
     parts = _exported(model, example, points)
     _check_batch_first(parts, batch, points)
-    if _mode_dependent(parts):
-        model.eval()
-        try:
-            for part, twin in zip(parts, _exported(model, example, points)):
-                part.eval_module = _sharing(twin.module, part.module)
-        finally:
-            model.train()
+    for part in parts:
+        part.mode_dependent = _mode_dependent(part)
     return parts
+
+
+def trace_eval(part: Part, model: Logits, example: dict[str, torch.Tensor], points: tuple[str, ...]) -> None:
+    """Give `part` its twin traced in eval mode (dropout off, batch norm's running statistics), cut from
+    `model` built again as at first, sharing `part`'s own parameters and buffers, so that it sees every
+    update: what inference runs where the graph acts differently in training (Part.mode_dependent)."""
+    model.eval()
+    twin = _exported(model, example, points)[part.index]
+    part.eval_module = _sharing(twin.module, part.module)
 
 
 def _check_points_exist(model: Logits, points: tuple[str, ...]) -> None:
@@ -289,15 +296,14 @@ def _all_named_parameters(module: nn.Module) -> list[tuple[str, nn.Parameter]]:
     return list(module.named_parameters(remove_duplicate=False))
 
 
-def _mode_dependent(parts: list[Part]) -> bool:
+def _mode_dependent(part: Part) -> bool:
     """Whether a traced part has an op that acts differently in training (dropout with p > 0, batch norm)."""
-    for part in parts:
-        for module in part.module.modules():
-            for node in getattr(module, "graph", fx.Graph()).nodes:
-                if node.op == "call_function" and str(node.target) in MODE_OPS:
-                    p = node.args[1] if len(node.args) > 1 and "dropout" in str(node.target) else None
-                    if p != 0.0:
-                        return True
+    for module in part.module.modules():
+        for node in getattr(module, "graph", fx.Graph()).nodes:
+            if node.op == "call_function" and str(node.target) in MODE_OPS:
+                p = node.args[1] if len(node.args) > 1 and "dropout" in str(node.target) else None
+                if p != 0.0:
+                    return True
     return False
 
 

@@ -24,7 +24,7 @@ import torch
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.stage import Batch, Output, Port, Stage
 from services.split.chain import base_dir, boundaries, check_chain, micro_batch
-from services.split.cut import split
+from services.split.cut import split, trace_eval
 from services.split.data import example_inputs, open_examples
 from services.split.losses import checked, loss_function, per_example, summary
 from services.split.model import build_model
@@ -104,6 +104,8 @@ class SplitStage(Stage):
     def _pieces(self, received: dict[str, torch.Tensor], local: dict[str, torch.Tensor], n: int) -> Any:
         """An inference batch of `n` examples run in pieces of the traced micro-batch, the last padded
         with copies of its last example, which are dropped again."""
+        if self.part.mode_dependent and self.part.eval_module is None:
+            self._trace_eval()
         outs = []
         for start in range(0, n, self.micro):
             take = min(self.micro, n - start)
@@ -114,6 +116,13 @@ class SplitStage(Stage):
         if isinstance(outs[0], torch.Tensor):
             return torch.cat(outs)
         return {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
+
+    def _trace_eval(self) -> None:
+        """The part's twin in eval mode (its dropout off), cut from the model built again; once, at the first
+        inference. Training never needs it, so a stage that only trains traces the model once."""
+        o = self.options
+        model = build_model(o.model, base_dir(self.context.job)).to(self.device)
+        trace_eval(self.part, model, example_inputs(o.data, self.micro, self.device), o.model.points)
 
     # -- evaluation --------------------------------------------------------------------------------
     def infer(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> list[list[float]]:
