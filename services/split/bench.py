@@ -1,4 +1,4 @@
-"""`nebula split bench`: a split job measured across local sites, per codec (docs/model.md, "Scale").
+"""`nebula split bench` (and `run`): a split job across local sites, measured per codec (docs/model.md, "Scale").
 
 For each codec the job runs for `steps` steps as real services on this host (a gateway per site, CURVE
 on every socket, each stage its own process: nebula.site.local), with the codec on both directions of
@@ -40,6 +40,18 @@ def run_bench(job_file: Path, work: Path, codecs: list[str], steps: int) -> dict
     for codec in codecs:
         result["runs"][codec] = _run(work / f"codec-{codec}", _with_codec(short, job, codec))
     return result
+
+
+def run_here(job_file: Path, work: Path, steps: int | None = None) -> dict[str, Any]:
+    """Every site of the job on this host, trained to its end (`nebula split run`); -> part 0's scores
+    (scores-SPLIT.json), and the wall time."""
+    table = portable(read_job_table(job_file), job_file)
+    if steps is not None:
+        table = override(table, train={"steps": steps})
+    found = _run(work, table)
+    first = next(iter(table["stages"]))
+    scores = sorted((work / first).glob("scores-*.json"))
+    return {"wall_s": found["wall_s"], **({"scores": json.loads(scores[0].read_text())} if scores else {})}
 
 
 def portable(table: dict[str, Any], job_file: Path) -> dict[str, Any]:

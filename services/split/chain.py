@@ -68,9 +68,10 @@ def _check_links(job: Any, chain: list[str]) -> None:
     for a, b in zip(chain, chain[1:]):
         link = links.get((a, b))
         if link is None:
+            tensors = ", ".join(f'"{t.name}"' for t in boundaries(job.stage(b).options, job)[0])
             raise ConfigError(f"no link from {a} (part {chain.index(a)}) to {b} (part {chain.index(b)}): add "
-                              f"[[links]] from = \"{a}\" to = \"{b}\" with the tensors of that cut and backward = true "
-                              "(`nebula split verify --job JOB` lists them)")
+                              f"[[links]] from = \"{a}\", to = \"{b}\", tensors = [{tensors}] (what crosses that "
+                              "cut), backward = true")
         if not link.backward:
             raise ConfigError(f"[[links]] {a}->{b}: backward = false, but the parts train as one model: the "
                               "gradients must come back (backward = true)")

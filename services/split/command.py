@@ -1,6 +1,7 @@
 """`nebula split verify | bench`: check a split job against its unsplit model, and measure it.
 
     nebula split verify --job JOB [--json]       loss and every gradient, split vs unsplit, one step
+    nebula split run --job JOB [--workdir D]     the job's sites on this host (gateways, CURVE), trained
     nebula split bench --job JOB [--codecs none,bf16,int8] [--steps 3] [--json]
                                                  per stage: peak memory and step time; per link and
                                                  codec: bytes per token each way (services/split/bench.py)
@@ -21,6 +22,12 @@ def register(sub) -> None:
     p.add_argument("--job", type=Path, required=True, help="the job file (or a shipped job's name)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_verify)
+    p = actions.add_parser("run", help="every site of the job on this host (a gateway per site, CURVE, each stage "
+                                       "its own process), trained to its end; prints part 0's evaluation")
+    p.add_argument("--job", type=Path, required=True, help="the job file (or a shipped job's name)")
+    p.add_argument("--workdir", type=Path, default=Path("runs/split"), help="where the run goes (default runs/split)")
+    p.add_argument("--steps", type=int, help="override [train].steps")
+    p.set_defaults(func=_run)
     p = actions.add_parser("bench", help="the job across local sites (gateways, CURVE) per codec: peak memory "
                                          "and step time per stage, bytes per token each way")
     p.add_argument("--job", type=Path, required=True, help="the job file (or a shipped job's name)")
@@ -51,6 +58,15 @@ def _verify(args) -> int:
     print(f"parameters {result['parameters']} ({result['elements']:,} values), each with its gradient compared")
     print("the split is the model" if result["ok"] else "the split DIFFERS from the model")
     return 0 if result["ok"] else EXIT_DIFFERS
+
+
+def _run(args) -> int:
+    from nebula.shipped import job_file  # why here: torch, kept off `nebula --help`
+    from services.split.bench import run_here
+
+    scores = run_here(job_file(args.job), args.workdir, args.steps)
+    print(json.dumps(scores, indent=1))
+    return 0
 
 
 def _bench(args) -> int:

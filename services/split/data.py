@@ -14,6 +14,7 @@ message, and each stage finds its rows by them (`lookup`), so raw data never cro
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -27,19 +28,21 @@ from services.split.model import resolve_file
 from services.split.options import DataSpec
 
 
-class Examples:
+class Examples(ABC):
     """Rows of each split: model inputs and targets by row, rows by example-id hash."""
 
-    ids: dict[str, list[str]]
+    ids: dict[str, list[str]]  # split -> the example ids, in row order
 
     def __init__(self) -> None:
         self._by_hash: dict[str, dict[int, int]] = {}
 
+    @abstractmethod
     def inputs(self, split: str, rows: Sequence[int]) -> dict[str, torch.Tensor]:
-        raise NotImplementedError
+        """The model's inputs for `rows`, batch first."""
 
+    @abstractmethod
     def targets(self, split: str, rows: Sequence[int]) -> torch.Tensor:
-        raise NotImplementedError
+        """What the loss compares the model's output with, for `rows`."""
 
     def lookup(self, split: str, hashes: torch.Tensor) -> list[int]:
         """Rows of the examples whose id hashes arrived with a message."""

@@ -16,6 +16,7 @@ import tomllib
 import torch
 from safetensors.torch import save_file
 
+from nebula.cli import main
 from nebula.errors import ConfigError
 from nebula.runtime.job import load_job
 from services.split import verify as verify_module
@@ -30,10 +31,15 @@ FAMILIES = {"gpt2-2": (gpt2_job, ["transformer.h.2"]),
 
 
 @pytest.mark.parametrize("case", FAMILIES)
-def test_the_split_model_has_the_unsplit_models_loss_and_gradients(tmp_path, case):
+def test_the_split_model_has_the_unsplit_models_loss_and_gradients(tmp_path, case, capsys):
     make, points = FAMILIES[case]
-    job = load_job(make(tmp_path, points))
-    result = verify_module.verify(job)
+    path = make(tmp_path, points)
+    job = load_job(path)
+    if case == "gpt2-2":  # as a user runs it
+        assert main(["split", "verify", "--job", str(path), "--json"]) == 0
+        result = json.loads(capsys.readouterr().out)
+    else:
+        result = verify_module.verify(job)
     assert result["ok"], result
     assert result["loss_diff"] <= 1e-6 and result["max_rel_grad_diff"] <= 1e-5
     assert len(result["parts"]) == len(points) + 1 and result["loss_split"] > 0
@@ -218,3 +224,17 @@ def test_jsonl_parquet_and_a_saved_datasetdict_give_the_same_examples(tmp_path):
         for key, value in opened["json"].inputs("valid", rows).items():
             assert torch.equal(examples.inputs("valid", rows)[key], value), (name, key)
         assert torch.equal(examples.targets("valid", rows), opened["json"].targets("valid", rows))
+
+
+def test_nebula_stages_lists_the_implementations_and_one_stages_options(capsys):
+    assert main(["stages"]) == 0
+    listed = capsys.readouterr().out
+    assert "split  " in listed and "services.split.stage:SplitStage" in listed and "example-sink" in listed
+    assert main(["stages", "split", "--json"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    keys = {o["key"]: o for o in described["options"]}
+    assert described["inputs"] is None  # decided by the job: what the split finds
+    assert keys["model.build"]["default"] == "required" and keys["model.points"]["default"] == []
+    assert keys["data.seq_len"]["limits"] == {"at_least": 1} and "examples" in described["hooks"]
+    assert main(["stages", "example-middle"]) == 0
+    assert "in   hidden: float, rank 2, activation" in capsys.readouterr().out
