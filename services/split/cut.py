@@ -30,7 +30,7 @@ from torch import fx, nn
 from nebula.errors import ConfigError, StageError
 from nebula.runtime.stage import FLOAT, Port
 from nebula.wire import ITEMSIZE
-from services.split.model import Logits, _close
+from services.split.model import Logits, close_match
 
 PREFIX = "model."  # the wrapper's attribute: a user's point "transformer.h.6" is "model.transformer.h.6" here
 # ops whose result depends on train() / eval(): a model that has them is traced once in each mode
@@ -127,7 +127,7 @@ def _check_points_exist(model: Logits, points: tuple[str, ...]) -> None:
     for point in points:
         if point not in names:
             raise ConfigError(f"split point {point!r} names no module of {type(model.model).__name__}"
-                              f"{_close(point, names)}; points are module names as named_modules() gives them")
+                              f"{close_match(point, names)}; points are module names as named_modules() gives them")
     if len(set(points)) != len(points):
         raise ConfigError(f"split points {list(points)}: a point is listed twice")
 

@@ -98,7 +98,7 @@ def _transformers_model(name: str, spec: ModelSpec, base: Path | None) -> nn.Mod
     cls = getattr(transformers, name, None)
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
         raise ConfigError(f"model.build {spec.build!r}: transformers has no model class {name!r}"
-                          f"{_close(name, [n for n in dir(transformers) if n.endswith('Model') or 'For' in n])}")
+                          f"{close_match(name, [n for n in dir(transformers) if n.endswith('Model') or 'For' in n])}")
     if spec.config is None:
         raise ConfigError(f"model.build {spec.build!r} needs model.config, a config.json (nothing is downloaded)")
     path = resolve_file(spec.config, base, "model.config")
@@ -109,7 +109,7 @@ def _transformers_model(name: str, spec: ModelSpec, base: Path | None) -> nn.Mod
     for key, value in spec.overrides.items():
         if not hasattr(config, key):  # PretrainedConfig would keep a misspelt key and use the default
             raise ConfigError(f"model.overrides.{key}: {cls.config_class.__name__} has no key {key!r}"
-                              f"{_close(key, list(config.to_dict()))}")
+                              f"{close_match(key, list(config.to_dict()))}")
         setattr(config, key, value)
     return cls(config)
 
@@ -136,7 +136,7 @@ def load_weights(model: nn.Module, path: Path, fresh: tuple[str, ...] = ()) -> N
     extra = [k for k in found if k not in expected]
     if extra:
         raise ConfigError(f"model.weights {path}: {extra[0]} is not a tensor of the model its config builds "
-                          f"({len(extra)} such){_close(extra[0], list(expected))}")
+                          f"({len(extra)} such){close_match(extra[0], list(expected))}")
     params = dict(model.named_parameters())
     missing = [k for k in params if k not in found and not any(k.startswith(f"{m}.") for m in fresh)]
     if missing:
@@ -148,6 +148,6 @@ def load_weights(model: nn.Module, path: Path, fresh: tuple[str, ...] = ()) -> N
             expected[key].copy_(tensor)
 
 
-def _close(word: str, choices: list[str]) -> str:
+def close_match(word: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
