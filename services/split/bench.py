@@ -23,6 +23,9 @@ from nebula.runtime.metrics import read_records
 from services.split.chain import boundaries
 from services.split.options import SplitOptions
 
+# a model of this size on a few shared cores: a stage computes for a minute between messages and a gateway may
+# be starved for tens of seconds; a bench must wait, not call them dead (nothing restarts in a bench)
+PATIENT = {"gateway_timeout": 120.0, "peer_timeout": 900.0}
 TIMEOUT_S = 3600  # per run: every stage builds and traces the whole model at start, then minutes a step on 2 cores
 
 
@@ -94,7 +97,7 @@ def _run(run: Path, table: dict[str, Any]) -> dict[str, Any]:
     job_path = run / "job.toml"
     job = write_job_file(job_path, table)
     started = time.monotonic()
-    group = start_sites(run, job_path, restart=False)
+    group = start_sites(run, job_path, restart=False, channel=PATIENT)
     try:
         group.run(lambda: all(group.services[n].finished() for n in job.stages), timeout=TIMEOUT_S,
                   what=f"the bench run {run.name}")
