@@ -9,6 +9,7 @@
 import copy
 import json
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import tomli_w
@@ -238,3 +239,19 @@ def test_nebula_stages_lists_the_implementations_and_one_stages_options(capsys):
     assert keys["data.seq_len"]["limits"] == {"at_least": 1} and "examples" in described["hooks"]
     assert main(["stages", "example-middle"]) == 0
     assert "in   hidden: float, rank 2, activation" in capsys.readouterr().out
+
+
+def test_the_bytes_per_token_docs_model_md_states_follow_from_the_codecs():
+    """docs/model.md, "Scale": what GPT-2 small's cut carries per token (d = 768, 256 positions), by codec."""
+    from nebula.codecs.spec import parse
+
+    hidden = torch.randn(2, 256, 768)  # a micro-batch of the stream: 512 tokens
+    mask = torch.ones(256, 256, dtype=torch.bool).tril().expand(2, 1, 256, 256).contiguous()
+
+    def per_token(spec, x):
+        parts, _ = parse(spec).encode(x)
+        return sum(p.numel() * p.element_size() for p in parts) / 512
+    assert [per_token(c, hidden) for c in ("none", "bf16", "int8")] == [3072, 1536, 816]
+    assert per_token("none", mask) == 256 and 3 < per_token("deflate", mask) < 5
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "model.md").read_text()
+    assert "(3,072 uncompressed)" in doc and "(820 / 816)" in doc and "(1,540 / 1,536)" in doc
