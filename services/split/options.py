@@ -7,11 +7,14 @@ built, services.split.chain) and its own `part`; the optimiser may differ per st
     address = "a/s0/0"
     impl = "split"
     part = 0                                          # this stage holds the model up to the first point
-    model = {build = "transformers:GPT2LMHeadModel", config = "../models/gpt2-small/config.json",
-             overrides = {vocab_size = 8192, tie_word_embeddings = false}, points = ["transformer.h.6"]}
-    data = {format = "tokens", seq_len = 256}
     loss = "next-token"
+    data = {format = "tokens", seq_len = 256}
     optimizer = {name = "AdamW", lr = 6e-4, args = {betas = [0.9, 0.95], weight_decay = 0.1}, warmup_steps = 20}
+    [stages.s0.model]
+    build = "transformers:GPT2LMHeadModel"
+    config = "../models/gpt2-small/config.json"
+    overrides = {vocab_size = 8192, tie_word_embeddings = false}
+    points = ["transformer.h.6"]
 
 docs/model.md has every key.
 """
