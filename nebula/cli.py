@@ -30,6 +30,7 @@ COMMANDS = [
     "keys",
     "audit",
     "stage",
+    "stages",
     "site",
     "health",
     "user",
@@ -53,6 +54,7 @@ GUIDE = [
     ("user", "the accounts that submit jobs"),
     ("job", "submit a job, list, stop it, read its logs"),
     ("stage", "one stage of a job as a service, or every stage in one process"),
+    ("stages", "the stage implementations a job may name, and their options"),
     ("health", "is a service up (compose health checks)"),
     ("audit", "verify the site's tamper-evident audit log"),
 ]

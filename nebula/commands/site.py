@@ -45,6 +45,9 @@ def register(sub) -> None:
     p.add_argument("--foreground", action="store_true", help="supervise in this process (containers, systemd)")
     p.add_argument("--service", help="only this service (a container runs one)")
     p.add_argument("--steps", type=int, help="override the job's [train].steps (e.g. a short trial run)")
+    p.add_argument("--new-run", action="store_true", help="run the (changed) job again from its first step: stop "
+                   "the site's own services if up, move its stages' workdirs to <run>/previous/<time>/ (nothing "
+                   "is deleted), start; run it at every site of the job")
     p.add_argument("--wait-healthy", type=float, metavar="SECONDS", help="wait up to SECONDS for every service to "
                    "be running and healthy (default: only until each has started)")
     p.set_defaults(func=_up)
@@ -103,6 +106,9 @@ def _up(args) -> int:
     load_site_config(config).scheduler.site_up(str(config))  # a Kubernetes site is applied, not brought up
     if args.steps is not None and args.steps < 1:
         raise ConfigError(f"--steps {args.steps}: must be a positive number of steps")
+    if args.new_run:  # docs/operate.md, "Run a changed job again"
+        from nebula.site.rerun import new_run
+        print("\n".join(new_run(load_site_config(config), config.resolve(), args.service)), flush=True)
     if args.foreground:
         return run_site(config, args.service, args.steps)
     site = load_site_config(config)  # every mistake surfaces here, before anything starts

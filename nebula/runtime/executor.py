@@ -56,7 +56,7 @@ class Executor(Compute):
         self.emit, self.reduce = emit, reduce
         self.per_step = graph.per_step(name)
         self.out_links = graph.out_links[name]
-        self.ports = {p.name: p for p in type(stage).outputs}
+        self.ports = {p.name: p for p in type(stage).ports(stage.context.job, name)[1]}
         self.pending: dict[tuple[int, int], _Pending] = {}
         self.tallies: dict[int, Tally] = {}
         self._bound = _Bound(stage)

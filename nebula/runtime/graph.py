@@ -135,14 +135,17 @@ class Graph:
         return [Item(k, links[i], m) for k, (m, i) in enumerate(pairs)]
 
 
-def check_ports(graph: Graph, classes: Mapping[str, Any], options: Mapping[str, Any] | None = None) -> None:
-    """Every link carries tensors its ends declare, with the same dtype and rank (and sizes, where both
-    declare them for these `options`); every required input is fed; a source reads data."""
+def check_ports(graph: Graph, classes: Mapping[str, Any], job: Any) -> None:
+    """Every link carries tensors its ends declare (`Stage.ports(job, name)`), with the same dtype and rank
+    (and sizes, where both declare them for the stages' options); every required input is fed; a source
+    reads data."""
+    options = {name: stage.options for name, stage in job.stages.items()}
     where = graph.where
+    ports = {name: cls.ports(job, name) for name, cls in classes.items()}  # (inputs, outputs)
     for link in graph.links:
         at = f"{where}: [[links]] {link.name}"
         src, dst = classes[link.src], classes[link.dst]
-        outs, ins = {p.name: p for p in src.outputs}, {p.name: p for p in dst.inputs}
+        outs, ins = {p.name: p for p in ports[link.src][1]}, {p.name: p for p in ports[link.dst][0]}
         if not link.tensors:
             raise ConfigError(f"{at}: `tensors` is empty; {link.src} can send {', '.join(outs) or 'nothing'}")
         for name in link.tensors:
@@ -155,17 +158,16 @@ def check_ports(graph: Graph, classes: Mapping[str, Any], options: Mapping[str, 
             if (outs[name].dtype, outs[name].rank) != (ins[name].dtype, ins[name].rank):
                 raise ConfigError(f"{at}: {name!r} is {outs[name].dtype} of rank {outs[name].rank} at "
                                   f"{link.src} but {ins[name].dtype} of rank {ins[name].rank} at {link.dst}")
-            if options is not None:
-                _check_sizes(at, name, (link.src, outs[name], options[link.src]),
-                             (link.dst, ins[name], options[link.dst]))
-        missing = [p.name for p in dst.inputs if not p.optional and p.name not in link.tensors]
+            _check_sizes(at, name, (link.src, outs[name], options[link.src]),
+                         (link.dst, ins[name], options[link.dst]))
+        missing = [p.name for p in ins.values() if not p.optional and p.name not in link.tensors]
         if missing:
             raise ConfigError(f"{at}: {link.dst} needs {', '.join(missing)} from every link that feeds it; "
                               f"add them to `tensors`")
         if link.backward and not any(outs[n].dtype == FLOAT for n in link.tensors):
             raise ConfigError(f"{at}: backward = true, but no floating-point tensor to return gradients for")
     for stage in graph.sources:
-        needed = [p.name for p in classes[stage].inputs if not p.optional]
+        needed = [p.name for p in ports[stage][0] if not p.optional]
         if needed:  # no link feeds it: its forward would find no input (a bare KeyError at step 1 before)
             raise ConfigError(f"{where}: stage {stage} ({classes[stage].__name__}) needs input "
                               f"{', '.join(map(repr, needed))}, but no link feeds it; add a [[links]] entry with "

@@ -149,7 +149,7 @@ def parse_job(raw: dict[str, Any], source: Path | None = None) -> JobConfig:
     replicas = build_replicas(raw["replicas"], configs, schedule, where) if "replicas" in raw else None
     config = JobConfig(name=job.name, data=data, train=train, schedule=schedule, stages=configs, links=links,
                        source=source, integrity=integrity, replicas=replicas)
-    check_ports(config.graph, classes, {name: stage.options for name, stage in configs.items()})
+    check_ports(config.graph, classes, config)
     schedule.check(config.graph)
     return config
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import threading
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
@@ -34,7 +34,7 @@ from nebula.wire import Kind, Message
 class Outbox:
     check_outgoing: ClassVar[bool] = True  # what it sends is checked first (a hostile peer's code would not)
 
-    def __init__(self, job: JobConfig, name: str, ports: dict[str, dict[str, Port]], channel: Channel,
+    def __init__(self, job: JobConfig, name: str, ports: tuple[Sequence[Port], Sequence[Port]], channel: Channel,
                  workdir: Path, metrics: MetricsLog, generations: Generations, applied: Callable[[], int],
                  timeout: float):
         self.job, self.name, self.channel, self.generations, self.applied = job, name, channel, generations, applied
@@ -44,7 +44,8 @@ class Outbox:
         on_switch = lambda **event: metrics.event("compression", **event)  # noqa: E731 - `auto` changed rung
         graph = job.graph
         self.integrity = Integrity.for_stage(job.integrity, Path(workdir), metrics)  # what its links receive
-        self.links = {config.name: Link.open(config, name, job, ports["out" if config.src == name else "in"],
+        sides = {"in": {p.name: p for p in ports[0]}, "out": {p.name: p for p in ports[1]}}  # Stage.ports
+        self.links = {config.name: Link.open(config, name, job, sides["out" if config.src == name else "in"],
                                              self.sender, channel, meter, workdir, on_switch, self.integrity)
                       for config in (*graph.in_links[name], *graph.out_links[name])}
         self.in_links = [self.links[link.name] for link in graph.in_links[name]]

@@ -46,8 +46,7 @@ class StageRunner:
         self.train, self.schedule, graph = job.train, job.schedule, job.graph
         self.generations = Generations(name)
         self.examples = Examples(stage, job)
-        ports = {"in": {p.name: p for p in type(stage).inputs}, "out": {p.name: p for p in type(stage).outputs}}
-        self.outbox = Outbox(job, name, ports, channel, workdir, metrics, self.generations,
+        self.outbox = Outbox(job, name, type(stage).ports(job, name), channel, workdir, metrics, self.generations,
                              lambda: self.board.applied, timeout)
         self.compute = ranks if ranks is not None else Executor.for_job(job, name, stage, self.outbox.emit)
         if ranks is not None:

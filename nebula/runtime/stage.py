@@ -162,6 +162,13 @@ class Stage(ABC):
         self.context, self.options = context, options
         self.device = context.device
 
+    @classmethod
+    def ports(cls, job: JobConfig, name: str) -> tuple[tuple[Port, ...], tuple[Port, ...]]:
+        """(inputs, outputs) of stage `name` of `job`: the class's own, unless they depend on the job (a
+        split model's boundary tensors are found by splitting it: services/split). The job loader, the
+        runner and the executor read ports through this, never the class attributes."""
+        return cls.inputs, cls.outputs
+
     # -- the maths ---------------------------------------------------------------------------
     @abstractmethod
     def forward(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> Output:

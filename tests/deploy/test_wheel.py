@@ -47,9 +47,10 @@ def test_the_wheel_finds_its_workloads_and_stages_through_the_one_group(installe
             "specs = workload.installed(); print(*sorted(specs.loaded), sep=' '); print(specs.broken); "
             "print(*registered_stages(), sep=' '); print(resolve_stage('abnet-encoder').__module__)")
     lines = ok(run([installed / "python", "-c", code], elsewhere)).stdout.splitlines()
-    assert lines[0].split() == ["abnet", "corpus", "electra", "example", "gpt", "lab", "replicas"] and lines[1] == "{}"
+    assert lines[0].split() == ["abnet", "corpus", "electra", "example", "gpt", "lab", "replicas", "split"] \
+        and lines[1] == "{}"
     assert {"abnet-encoder", "abnet-decoder", "electra-generator", "electra-discriminator", "example-source",
-            "example-middle", "example-sink", "gpt-first", "gpt-middle", "gpt-last", "gpt-whole"
+            "example-middle", "example-sink", "gpt-first", "gpt-middle", "gpt-last", "gpt-whole", "split"
             } == set(lines[2].split())
     assert lines[3] == "services.abnet.stages"
     commands = ok(run([installed / "nebula", "--help"], elsewhere)).stdout
