@@ -2,7 +2,7 @@
 run from a directory outside the repository, it finds its shipped job files (deploy/ and docs/ are package
 data, nebula.shipped) and reads a shipped job's data from ./data, where `nebula data prepare` writes.
 
-The whole demo from the wheel takes minutes, too long for the suite; README.md gives its measured time."""
+The whole demo from the wheel takes minutes, too long for the suite; docs/operate.md §11 gives its measured time."""
 import re
 from pathlib import Path
 
