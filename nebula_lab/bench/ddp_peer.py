@@ -24,23 +24,17 @@ import argparse
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from nebula_lab.bench.torch_peer import free_port, supervise
 
 
 def run_ranks(run: Path, job_file: Path, scenario: str, count: int, steps: int, eval_every: int,
               link=None, timeout_s: float = 3600.0) -> None:
     """Every rank (in its site's namespace with `link`); waits for all, raises with a log tail if one fails."""
-    from nebula.errors import StageError
     run.mkdir(parents=True, exist_ok=True)
     if link is not None:
         link.route_homes()
@@ -56,21 +50,7 @@ def run_ranks(run: Path, job_file: Path, scenario: str, count: int, steps: int, 
         log = open(run / f"rank{rank}.log", "w")
         env = {**os.environ, "GLOO_SOCKET_IFNAME": device}
         procs.append((subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT), log))
-    deadline = time.monotonic() + timeout_s
-    try:
-        while any(p.poll() is None for p, _ in procs):
-            failed = [i for i, (p, _) in enumerate(procs) if p.poll() not in (None, 0)]
-            if failed or time.monotonic() > deadline:
-                what = f"rank {failed[0]} failed" if failed else f"did not finish in {timeout_s:.0f} s"
-                tail = (run / f"rank{failed[0] if failed else 0}.log").read_text()[-3000:]
-                raise StageError(f"DDP peer: {what}; log tail:\n{tail}")
-            time.sleep(0.5)
-    finally:
-        for proc, log in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.close()
+    supervise(procs, run, timeout_s, "DDP peer")
 
 
 # --- in a rank's process -------------------------------------------------------------------------------

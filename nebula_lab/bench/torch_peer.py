@@ -67,7 +67,6 @@ def free_port() -> int:
 def run_ranks(run: Path, job_file: Path, scenario: str, link, schedule: str, steps: int, boundary: str,
               timeout_s: float) -> None:
     """Every rank in its site's namespace; waits for all, raises with a log tail if one fails."""
-    from nebula.errors import StageError
     run.mkdir(parents=True, exist_ok=True)
     master = f"{home(link, link.sites[0])[0]}:{20000 + free_port() % 20000}"
     procs = []
@@ -78,6 +77,13 @@ def run_ranks(run: Path, job_file: Path, scenario: str, link, schedule: str, ste
                 "--boundary", boundary, "--out", str(run), "--scenario", scenario]
         log = open(run / f"rank{rank}.log", "w")
         procs.append((subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    supervise(procs, run, timeout_s, f"torch.distributed.pipelining {schedule}")
+
+
+def supervise(procs: list, run: Path, timeout_s: float, who: str) -> None:
+    """Wait for every rank's (process, log); the first that fails, or the deadline, raises with a log tail
+    (`run`/rank<i>.log); whatever still runs is killed. The DDP peer's ranks too (nebula_lab.bench.ddp_peer)."""
+    from nebula.errors import StageError
     deadline = time.monotonic() + timeout_s
     try:
         while any(p.poll() is None for p, _ in procs):
@@ -85,7 +91,7 @@ def run_ranks(run: Path, job_file: Path, scenario: str, link, schedule: str, ste
             if failed or time.monotonic() > deadline:
                 what = f"rank {failed[0]} failed" if failed else f"did not finish in {timeout_s:.0f} s"
                 tail = (run / f"rank{failed[0] if failed else 0}.log").read_text()[-3000:]
-                raise StageError(f"torch.distributed.pipelining {schedule}: {what}; log tail:\n{tail}")
+                raise StageError(f"{who}: {what}; log tail:\n{tail}")
             time.sleep(0.5)
     finally:
         for proc, log in procs:
