@@ -226,7 +226,7 @@ def measure_speed(args: argparse.Namespace, work: Path, raw: dict, settings: lis
     rounds: dict = {}
     rates: list[tuple[str, float, float]] = [("png", PNG_MBIT, PNG_RTT_MS)]
     for round_ in range(1, (args.rounds or 1) + 1):
-        for label, mbit, rtt in list(rates):
+        for label, mbit, rtt in rates:  # the bound rates join the first round as soon as png calibrated them
             for i, group in enumerate(groups(settings)):
                 run = work / "speed" / f"round{round_}" / f"{label}-{i}"
                 job = speed_job(args, raw, group, work, scenario)

@@ -80,3 +80,25 @@ def test_auto_takes_the_steps_of_the_setting_trained_with_the_rung_it_chose_on_t
     assert bound["steps_from"] == "dense int8(lowrank(0.1))" and bound["steps"] == 200 and bound["T_s"] == 220.0
     assert bound["T_vs_dense"] == 0.55 and bound["reached"]
     assert png["steps_from"] is None and png["steps"] is None and png["T_s"] is None  # two rungs: not measured
+
+
+def test_every_round_times_every_rate_the_bound_ones_from_the_first_round_on(tmp_path, monkeypatch):
+    """--rounds 2 alternates png, 1x, 2x, 5x twice: the bound rates are calibrated from the first round's png
+    run and join that round (they were left to the second round alone, so each got half the rounds)."""
+    import argparse
+
+    from nebula_lab.bench import wan_ttl
+    ran = []
+
+    def measure(run, job, mbit, rtt):
+        ran.append(run.parent.name + "/" + run.name.rsplit("-", 1)[0])
+        return [{"s_per_step": 1.0 + mbit / 1000} for _ in job["group"]]
+
+    monkeypatch.setattr(wan_ttl, "measure_rate", measure)
+    monkeypatch.setattr(wan_ttl, "speed_job", lambda args, raw, group, work, scenario: {"group": group})
+    monkeypatch.setattr(wan_ttl, "bound_rate", lambda row, factor: round(10.0 / factor, 2))
+    args = argparse.Namespace(rounds=2, bound_factors=[1.0, 2.0, 5.0], bound_factor=5.0, rtt_ms=None)
+    rows = wan_ttl.measure_speed(args, tmp_path, {}, [dict(SETTING, name="dense")], SCENARIO)
+    labels = ["png", "1x", "2x", "5x"]
+    assert ran == [f"round{r}/{label}" for r in (1, 2) for label in labels]
+    assert all(len(rows[("dense", label)]["round_steps"]) == 2 for label in labels)
