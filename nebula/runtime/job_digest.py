@@ -27,6 +27,7 @@ from nebula.codecs.auto import Auto
 from nebula.codecs.base import Codec
 from nebula.errors import ConfigError
 from nebula.runtime.job import JobConfig
+from nebula.security.canonical import canonical_json
 
 LOCAL_TRAIN = frozenset({"log_every", "tensorboard"})  # [train] keys that only change what a site reports
 SITE_LOCAL = {"site_local": True}  # the metadata of a stage option each site may set for itself
@@ -41,7 +42,7 @@ class JobDefinition:
     @classmethod
     def of(cls, job: JobConfig) -> JobDefinition:
         values = definition(job)
-        digest = hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()
+        digest = hashlib.sha256(canonical_json(values)).hexdigest()
         return cls(digest, {key: _carried(value) for key, value in values.items()})
 
     def check(self, stage: str, digest: str, keys: dict[str, str]) -> None:
