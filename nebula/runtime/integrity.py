@@ -125,8 +125,10 @@ class Integrity:
         if bad or (ratio is not None and self.config.refuse_factor and ratio > self.config.refuse_factor):
             stats.refused += 1
             reason = "non-finite" if bad else "outlier"
-            # a peer can send bad tensors at will: the audit keeps a few in full, the rest counted
-            self._record("integrity.refused", at, _refusal(step, micro_batch, reason, bad, norm, ratio), reason)
+            self._event("integrity.refused", at, _refusal(step, micro_batch, reason, bad, norm, ratio))
+            if self.audit is not None:  # a peer can send bad tensors at will: a few in full, the rest counted
+                self.audit.repeated("integrity.refused", _tensor_key(link, direction, src, name),
+                                    _refusal(step, micro_batch, reason, bad, norm, ratio), reason=reason)
             where = (f"{src} sent step {step} micro-batch {micro_batch} on link {link}: {name!r} "
                      f"({'gradient' if direction == 'backward' else 'activation'})")
             if bad:
@@ -137,7 +139,10 @@ class Integrity:
                             f"[integrity] refuse_factor {self.config.refuse_factor:g}): refused", "outlier", step)
         if ratio is not None and (ratio > self.config.warn_factor or ratio < 1 / self.config.warn_factor):
             stats.warned += 1
-            self._record("integrity.outlier", at, _warning(step, micro_batch, norm, ratio), "outlier")
+            self._event("integrity.outlier", at, _warning(step, micro_batch, norm, ratio))
+            if self.audit is not None:
+                self.audit.repeated("integrity.outlier", _tensor_key(link, direction, src, name),
+                                    _warning(step, micro_batch, norm, ratio), reason="outlier")
         stats.accept(norm)
         self._maybe_report(step)
 
@@ -148,8 +153,10 @@ class Integrity:
         _, bad = inspect_norm(tensor)
         if not bad:
             return None
-        self._record("integrity.withheld", _withheld_key(link, direction, name), _withholding(step, micro_batch, bad),
-                     "non-finite")
+        self._event("integrity.withheld", _withheld_key(link, direction, name), _withholding(step, micro_batch, bad))
+        if self.audit is not None:
+            self.audit.repeated("integrity.withheld", _withheld_key(link, direction, name),
+                                _withholding(step, micro_batch, bad), reason="non-finite")
         what = "gradient" if direction == "backward" else "activation"
         return BadTensor(f"this stage's own {what} {name!r} of step {step} micro-batch {micro_batch} on link {link} "
                          f"has {bad} NaN/Inf values of {tensor.numel()}: withheld, not sent", "non-finite", step)
@@ -170,12 +177,9 @@ class Integrity:
         if self.audit is not None:
             self.audit.close()
 
-    def _record(self, event: str, at: dict[str, Any], fields: dict[str, Any], reason: str) -> None:
-        """In the metrics and in the audit log (which counts repeats of one `at` past a few in full)."""
+    def _event(self, event: str, at: dict[str, Any], fields: dict[str, Any]) -> None:
         if self.metrics is not None:
             self.metrics.event(event, **at, **fields)
-        if self.audit is not None:
-            self.audit.repeated(event, at, fields, reason=reason)
 
     def _maybe_report(self, step: int) -> None:
         if self.metrics is not None and step >= self._reported + self.report_every:
