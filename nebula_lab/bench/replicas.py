@@ -5,25 +5,28 @@ data and global batch, in one run.
 The model is a workload's whole-model job with [replicas] (--workload, default gpt: its
 deploy/jobs/gpt-replicas.toml, the bench's d = 128 GPT as one `gpt-whole` stage), replicated R times
 (--replicas 2,4: replica k at site k, one torch thread each; the global batch is R x batch_size windows
-per step for every system). Settings (--settings; `chosen` is the one the targets are judged on; --H
-changes the H of those at H = 50):
+per step for every system). Settings (--settings; `chosen` is the one the targets are judged on, picked on
+validation seeds 4 and 5 among H = 16 / 25 with Nesterov and H = 16 with the mean, docs/replicas.md; --H
+changes the H of those at DiLoCo's H = 50):
 
     ddp        DDP: gloo all-reduce of every step's gradients, float32 (nebula_lab.bench.ddp_peer)
     h1         Nebula's replicas, H = 1, no codec: an outer round (lr 1, no momentum: the replicas' mean,
                which for one inner step is DDP's update up to AdamW's non-linearity) every step
-    chosen     H = 50, int4 pseudo-gradients, Nesterov (lr 0.7, momentum 0.9)
-    int8       H = 50, int8
+    chosen     H = 16, int4 pseudo-gradients, the replicas' mean as the outer step (lr 1, no momentum: local
+               SGD; on 300 steps from a random start Nesterov's momentum overshoots the early rounds)
+    diloco     H = 50, int4, Nesterov (lr 0.7, momentum 0.9): DiLoCo's defaults, the job file's
+    int8       H = 50, int8, Nesterov
     streaming  H = 50, int4, 2 fragments 25 steps apart, each merged 5 inner steps after its send
-    avg, h10   ablations (--settings): the chosen one with the replicas' mean for the outer step (lr 1, no
-               momentum: local SGD), and with H = 10
+    avg, h10   ablations (--settings): diloco with the replicas' mean for the outer step, and with H = 10
 
 Per R, seed and setting the validation curve (nebula_lab.bench.replicas_runs.curve: no root); with root,
 each setting timed on a full mesh of shaped links (nebula_lab.wanem) at the communication-bound rate: DDP's
 all-reduce wire time per step = --bound-factor (default 5) x a step's compute (calibrated from a short
 DDP run on loopback; a ring all-reduce sends 2 (R - 1) / R x 4 bytes per parameter and rank). A row:
 system, setting, H, codec, replicas, wan_bytes_per_step (every link's bytes, all frames, per inner step),
-val_loss at equal tokens (the mean over seeds at --max-steps), tokens (seen by then, all replicas), T_s =
-steps to --time-to-loss (mean over seeds) x s_per_step, utilisation = compute time / wall time.
+val_loss at equal tokens (the mean over seeds at the last round up to --max-steps: 288 of 300 at H = 16),
+tokens (seen by then, all replicas), T_s = steps to --time-to-loss (mean over seeds) x s_per_step,
+utilisation = compute time / wall time.
 --kill: the chosen setting once more with the last replica killed mid-round (replicas_runs.killed).
 """
 from __future__ import annotations
@@ -45,6 +48,9 @@ TARGET_LOSS = 6.5  # the default --time-to-loss: the GPT time-to-loss bench's (d
 QUICK_TARGET = 7.3  # --quick's: what its small model reaches in its 40 steps
 
 
+DILOCO_H = 50  # DiLoCo's inner steps per round: the settings at it take --H (quick: 10)
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -59,12 +65,13 @@ class Setting:
 SETTINGS = {s.name: s for s in [
     Setting("ddp", "ddp"),
     Setting("h1", "nebula", outer=(1.0, 0.0)),
-    Setting("chosen", "nebula", 50, "int4"),
-    Setting("int8", "nebula", 50, "int8"),
-    Setting("streaming", "nebula", 50, "int4", fragments=2, overlap=5),
-    Setting("avg", "nebula", 50, "int4", outer=(1.0, 0.0)),
+    Setting("chosen", "nebula", 16, "int4", outer=(1.0, 0.0)),
+    Setting("diloco", "nebula", DILOCO_H, "int4"),
+    Setting("int8", "nebula", DILOCO_H, "int8"),
+    Setting("streaming", "nebula", DILOCO_H, "int4", fragments=2, overlap=5),
+    Setting("avg", "nebula", DILOCO_H, "int4", outer=(1.0, 0.0)),
     Setting("h10", "nebula", 10, "int4")]}
-DEFAULT = ["ddp", "h1", "chosen", "int8", "streaming"]  # avg and h10: ablations, named with --settings
+DEFAULT = ["ddp", "h1", "chosen", "diloco", "int8", "streaming"]  # avg and h10: ablations, named with --settings
 # --quick: a small model on short windows, H = 10, so that a whole run takes minutes on two cores
 QUICK_MODEL = {"d_model": 64, "n_layer": 2, "layers": [0, 2], "seq_len": 64, "warmup_steps": 5, "eval_examples": 32}
 QUICK = {"H": 10, "steps": 40, "batch": 8}
@@ -79,7 +86,7 @@ class ReplicasBench:
                            f"ddp,h1,chosen; also {', '.join(set(SETTINGS) - set(DEFAULT))}); ddp needs --peer ddp")
         group.add_argument("--workload", default=None, help="whose whole-model job and peer hooks (default gpt)")
         group.add_argument("--H", type=int, default=None, metavar="H",
-                           help="inner steps per round of the settings at H = 50 (default 50; quick 10)")
+                           help="inner steps per round of the settings at DiLoCo's H = 50 (default 50; quick 10)")
         group.add_argument("--kill", action="store_true", default=None,
                            help="also: the chosen setting with the last replica killed mid-round (root)")
 
@@ -134,8 +141,9 @@ class Plan:
                                   f"{s.name}) so that each evaluation ends a round")
 
     def h(self, setting: Setting) -> int:
-        """The setting's H; those at DiLoCo's H = 50 take --H (quick: 10) instead."""
-        if setting.H != SETTINGS["chosen"].H:
+        """The setting's H; those at DiLoCo's H = 50 take --H (quick: 10) instead, and so does `chosen` in
+        --quick (its 40 steps end on a round of 10)."""
+        if setting.H != DILOCO_H and not (self.quick and setting.name == "chosen"):
             return setting.H
         return self.args.H or (QUICK["H"] if self.quick else setting.H)
 
@@ -207,7 +215,8 @@ class Plan:
         finals = {seed: c[-1][1] for seed, c in curves.items() if c}
         reached = [next((step for step, loss in c if loss <= self.target), None) for c in curves.values()]
         steps = statistics.fmean(reached) if reached and None not in reached else None
-        tokens = self._tokens(count, self.steps)
+        from nebula_lab.bench.replicas_runs import last_evaluated
+        tokens = self._tokens(count, last_evaluated(self.steps, self.every))  # where val_loss is taken
         return {"system": setting.system, "setting": setting.name, "H": self.h(setting), "codec": setting.codec,
                 "fragments": setting.fragments, "replicas": count, "rate_mbit": rate,
                 "wan_bytes_per_step": timing.get("wan_bytes_per_step"),

@@ -44,12 +44,18 @@ def read_curve(path: Path) -> list[list[float]]:
     return [[step, loss] for step, loss in sorted(points.items())]
 
 
+def last_evaluated(steps: int, every: int) -> int:
+    """The last step a curve evaluates: the last multiple of `every` (a round) up to the job's steps, which
+    also set the LR schedule's length."""
+    return steps - steps % every if every else steps
+
+
 def curve(run: Path, raw: dict, system: str, every: int, scenario: str) -> list[list[float]]:
     """One setting's validation curve; kept runs are not trained again."""
     stage = next(iter(raw["stages"]))
     found = run / ("rank0" if system == "ddp" else stage) / "valid.jsonl"
     steps = raw["train"]["steps"]
-    if read_curve(found) and read_curve(found)[-1][0] >= steps:
+    if read_curve(found) and read_curve(found)[-1][0] >= last_evaluated(steps, every):
         return read_curve(found)
     shutil.rmtree(run, ignore_errors=True)
     job_file = write(run, raw)

@@ -13,8 +13,8 @@ from nebula.runtime.job import load_job
 from nebula.runtime.order import ExampleOrder
 from nebula.runtime.service import build_stage
 from nebula_lab.bench.ddp_peer import run_ranks
-from nebula_lab.bench.replicas import Plan, verdicts
-from nebula_lab.bench.replicas_runs import curve, write
+from nebula_lab.bench.replicas import SETTINGS, Plan, verdicts
+from nebula_lab.bench.replicas_runs import curve, last_evaluated, write
 from services.gpt.bench import SCENARIO as GPT
 from services.gpt.model import lm_loss
 from tests.support.gpt import TINY, tiny_corpus
@@ -110,3 +110,11 @@ def test_the_verdicts_judge_the_targets():
     worse = verdicts([row("ddp", val_loss=5.0), row("chosen", val_loss=5.2)], None)
     assert worse == ["R = 2: validation loss at equal tokens +4.00% of DDP's over seeds [1, 2, 3] (NOT met, target "
                      "within 2%)"]
+
+
+def test_a_curve_ends_on_its_last_round_and_the_row_counts_its_tokens():
+    assert last_evaluated(300, 16) == 288 and last_evaluated(300, 50) == 300 and last_evaluated(40, 10) == 40
+    plan = Plan(args(quick=False, settings=["ddp", "chosen"], max_steps=300))
+    assert plan.every == 16
+    row = plan.row(SETTINGS["chosen"], 2, {1: [[16, 7.0], [288, 6.0]]}, {}, None)
+    assert row["tokens"] == 288 * 2 * 16 * 128 and row["val_loss"] == 6.0
