@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nebula.errors import ConfigError
+from nebula_lab.bench.replicas_runs import last_evaluated
 from nebula_lab.bench.scenarios import DdpPeer, LabTools, TorchPeer, hooks, load_scenario
 from nebula_lab.bench.wan import _workdir, progress
 
@@ -141,9 +142,9 @@ class Plan:
                                   f"{s.name}) so that each evaluation ends a round")
 
     def h(self, setting: Setting) -> int:
-        """The setting's H; those at DiLoCo's H = 50 take --H (quick: 10) instead, and so does `chosen` in
-        --quick (its 40 steps end on a round of 10)."""
-        if setting.H != DILOCO_H and not (self.quick and setting.name == "chosen"):
+        """The setting's H; those at DiLoCo's H = 50 take --H (quick: 10) instead, and in --quick so does
+        every setting with rounds (its 40 steps end on a round of 10)."""
+        if setting.H == 1 or not (self.quick or setting.H == DILOCO_H):
             return setting.H
         return self.args.H or (QUICK["H"] if self.quick else setting.H)
 
@@ -215,7 +216,6 @@ class Plan:
         finals = {seed: c[-1][1] for seed, c in curves.items() if c}
         reached = [next((step for step, loss in c if loss <= self.target), None) for c in curves.values()]
         steps = statistics.fmean(reached) if reached and None not in reached else None
-        from nebula_lab.bench.replicas_runs import last_evaluated
         tokens = self._tokens(count, last_evaluated(self.steps, self.every))  # where val_loss is taken
         return {"system": setting.system, "setting": setting.name, "H": self.h(setting), "codec": setting.codec,
                 "fragments": setting.fragments, "replicas": count, "rate_mbit": rate,
