@@ -10,7 +10,8 @@ The sites form a full mesh of point-to-point links (default: sites a and b, one 
 - namespace `<prefix>-<site>` per site; it holds `lo` and one veth end per peer, named `wan-<peer>`
   (in namespace `<prefix>-a`, `wan-b` leads to site b). Both ends are created directly inside their
   namespaces, so nothing appears (or collides) in the host namespace. The prefix names one mesh:
-  `up()` refuses while any `<prefix>-<site>` namespace exists.
+  `up()` refuses while any `<prefix>-<site>` namespace exists; it first removes the meshes of benches
+  killed with SIGKILL (`remove_orphans`: named after a process that is gone, nothing of anyone's running in them).
 - each pair takes the next /30 of `subnet`, in the order of itertools.combinations(sites, 2); the
   first site of the pair gets host 1, the other host 2. With the default subnet 10.213.0.0/24, sites
   a and b are 10.213.0.1 and 10.213.0.2, and with a third site c the links a-c and b-c are
@@ -216,6 +217,7 @@ class WanLink:
 
     def up(self) -> WanLink:
         check_host()
+        remove_orphans()
         if taken := [f"{self.prefix}-{site}" for site in sites_up(self.prefix)]:
             raise WanError(f"network namespace(s) {', '.join(taken)} already exist: run "
                            f"`nebula wan down --prefix {self.prefix}` first, or pick another prefix")
@@ -353,6 +355,27 @@ def remove_mesh(name_prefix: str) -> list[str]:
         _stop_delay_lines(name)
         _ip("netns", "delete", name)
     return names
+
+
+# a bench's mesh: nb<kind><its pid>[x<serial>]-<site> (nebula_lab.bench.*, the WAN tests)
+_BENCH_MESH = re.compile(r"nb[a-z]+(\d+)(?:x\d+)?-[a-z0-9]+")
+
+
+def remove_orphans() -> list[str]:
+    """Deletes what a bench killed with SIGKILL left behind (its `with WanLink` never exited): namespaces
+    named after a bench process that is gone, in which nothing but our delay lines runs. Returns their names."""
+    removed = []
+    for name in _existing_namespaces():
+        found = _BENCH_MESH.fullmatch(name)
+        if not found or Path(f"/proc/{found[1]}").exists():
+            continue
+        lines = {pid for pid, _ in _delay_lines(name).values()}
+        if any(int(pid) not in lines for pid in _run(["ip", "netns", "pids", name]).split()):
+            continue  # something of someone's still runs in it: not ours to remove
+        _stop_delay_lines(name)
+        _ip("netns", "delete", name)
+        removed.append(name)
+    return removed
 
 
 def _delay_lines(ns: str) -> dict[str, tuple[int, float]]:

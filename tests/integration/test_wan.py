@@ -252,6 +252,27 @@ def test_up_refuses_existing_namespaces_and_leaves_them(needs_root):
 
 
 @pytest.mark.root
+def test_up_removes_the_meshes_of_killed_benches_and_nothing_else(needs_root):
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid no process has now: the bench that named the mesh was SIGKILLed
+    orphan, live, busy = f"nbt{gone.pid}x0-a", f"{unique_prefix()}-a", f"nbt{gone.pid}x1-a"
+    for name in (orphan, live, busy):
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    sleeper = subprocess.Popen(["ip", "netns", "exec", busy, "sleep", "60"])
+    try:
+        time.sleep(0.2)
+        with WanLink(name_prefix=unique_prefix(), rate_mbit=10):
+            left = host_namespaces()
+        assert orphan not in left  # its bench is gone and nothing runs in it
+        assert live in left and busy in left  # a live bench's mesh, and one something still runs in
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        for name in (orphan, live, busy):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+
+
+@pytest.mark.root
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("sites, shown, route, direction", [
     ("a,b", "10.213.0.2/30  tbf 40 Mbit/s", (), "a -> b"),
