@@ -18,6 +18,7 @@ changes the H of those at DiLoCo's H = 50):
     int8       H = 50, int8, Nesterov
     streaming  H = 50, int4, 2 fragments 25 steps apart, each merged 5 inner steps after its send
     avg, h10   ablations (--settings): diloco with the replicas' mean for the outer step, and with H = 10
+    ef, fp32   ablations: chosen with error feedback on its int4 (ef(int4): the same bytes), and with no codec
 
 Per R, seed and setting the validation curve (nebula_lab.bench.replicas_runs.curve: no root); with root,
 each setting timed on a full mesh of shaped links (nebula_lab.wanem) at the communication-bound rate: DDP's
@@ -71,8 +72,10 @@ SETTINGS = {s.name: s for s in [
     Setting("int8", "nebula", DILOCO_H, "int8"),
     Setting("streaming", "nebula", DILOCO_H, "int4", fragments=2, overlap=5),
     Setting("avg", "nebula", DILOCO_H, "int4", outer=(1.0, 0.0)),
-    Setting("h10", "nebula", 10, "int4")]}
-DEFAULT = ["ddp", "h1", "chosen", "diloco", "int8", "streaming"]  # avg and h10: ablations, named with --settings
+    Setting("h10", "nebula", 10, "int4"),
+    Setting("ef", "nebula", 16, "ef(int4)", outer=(1.0, 0.0)),
+    Setting("fp32", "nebula", 16, outer=(1.0, 0.0))]}
+DEFAULT = ["ddp", "h1", "chosen", "diloco", "int8", "streaming"]  # the others: ablations, named with --settings
 # --quick: a small model on short windows, H = 10, so that a whole run takes minutes on two cores
 QUICK_MODEL = {"d_model": 64, "n_layer": 2, "layers": [0, 2], "seq_len": 64, "warmup_steps": 5, "eval_examples": 32}
 QUICK = {"H": 10, "steps": 40, "batch": 8}
