@@ -369,11 +369,14 @@ def remove_orphans() -> list[str]:
         found = _BENCH_MESH.fullmatch(name)
         if not found or Path(f"/proc/{found[1]}").exists():
             continue
-        lines = {pid for pid, _ in _delay_lines(name).values()}
-        if any(int(pid) not in lines for pid in _run(["ip", "netns", "pids", name]).split()):
-            continue  # something of someone's still runs in it: not ours to remove
-        _stop_delay_lines(name)
-        _ip("netns", "delete", name)
+        try:
+            lines = {pid for pid, _ in _delay_lines(name).values()}
+            if any(int(pid) not in lines for pid in _run(["ip", "netns", "pids", name]).split()):
+                continue  # something of someone's still runs in it: not ours to remove
+            _stop_delay_lines(name)
+            _ip("netns", "delete", name)
+        except WanError:
+            continue  # another bench starting at the same moment removed it first: best effort
         removed.append(name)
     return removed
 
