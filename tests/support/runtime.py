@@ -115,6 +115,7 @@ class CrashOptions(Options):
     # faults injected into one incarnation of a stage: not the job's definition, which the restart shares
     crash_at: int = field(default=0, metadata=SITE_LOCAL)  # die (as a killed process would) in the middle of this step
     slow_infer: float = field(default=0.0, metadata=SITE_LOCAL)  # seconds per inference batch
+    slow_apply: float = field(default=0.01, metadata=SITE_LOCAL)  # seconds per optimiser step
 
 
 class CrashingSink(Sink):
@@ -124,7 +125,7 @@ class CrashingSink(Sink):
         if step == self.options.crash_at:
             raise KeyboardInterrupt("injected crash")  # a process dying, not an error it handles
         TIMELINE.append((time.monotonic(), "sink-applied", step))
-        time.sleep(0.01)  # a receiver slower than its sender: the pace credit must hold the sender back
+        time.sleep(self.options.slow_apply)  # a receiver slower than its sender: the pace credit must hold it back
         super().optimizer_step(step)
 
     def infer(self, batch, inputs):

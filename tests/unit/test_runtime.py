@@ -174,7 +174,8 @@ def test_a_resumed_stage_has_the_running_statistics_of_an_uninterrupted_one(tmp_
 def test_pace_credit_bounds_how_far_a_forward_only_sender_runs_ahead(tmp_path):
     TIMELINE.clear()
     job = example_job(schedule="forward-only", backward=False, local_loss=True, credit=2, steps=10,
-                      source_impl=TIMED, sink_impl=CRASHING, checkpoint_every=100)
+                      source_impl=TIMED, sink_impl=CRASHING, checkpoint_every=100,
+                      sink_options={"slow_apply": 0.1})  # 10 ms was not slower than a sender on a loaded CI host
     run_job(job, tmp_path / "run")
     applied, ahead = 0, []
     for _, event, step in sorted(TIMELINE):
