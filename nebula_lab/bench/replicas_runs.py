@@ -55,8 +55,9 @@ def curve(run: Path, raw: dict, system: str, every: int, scenario: str) -> list[
     stage = next(iter(raw["stages"]))
     found = run / ("rank0" if system == "ddp" else stage) / "valid.jsonl"
     steps = raw["train"]["steps"]
-    if read_curve(found) and read_curve(found)[-1][0] >= last_evaluated(steps, every):
-        return read_curve(found)
+    kept = read_curve(found)
+    if kept and kept[-1][0] >= last_evaluated(steps, every):
+        return kept
     shutil.rmtree(run, ignore_errors=True)
     job_file = write(run, raw)
     started = time.monotonic()
