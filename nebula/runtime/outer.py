@@ -100,9 +100,11 @@ def _neg(chain: str) -> tuple[int, ...]:
     return tuple(-ord(c) for c in chain)
 
 
-def next_chain(chain: str, version: int, contributors: list[int]) -> str:
-    text = f"{chain}|{version}|{','.join(map(str, sorted(contributors)))}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def next_chain(chain: str, version: int, contributors: list[int], shares: list[list[int]] | None = None) -> str:
+    """`shares` (a sharded round): each slice's contributors, which may differ from slice to slice."""
+    who = ','.join(map(str, sorted(contributors))) if shares is None else \
+        ';'.join(','.join(map(str, sorted(s))) for s in shares)
+    return hashlib.sha256(f"{chain}|{version}|{who}".encode()).hexdigest()[:16]
 
 
 def average(contributions: Mapping[int, torch.Tensor]) -> torch.Tensor:
@@ -118,13 +120,21 @@ class OuterOptimizer:
     def __init__(self, config: OuterConfig):
         self.lr, self.mu, self.nesterov = config.lr, config.momentum, config.name == "nesterov"
 
-    def step(self, state: OuterState, gradient: torch.Tensor, contributors: list[int]) -> None:
+    def step(self, state: OuterState, gradient: torch.Tensor, contributors: list[int],
+             shares: list[tuple[int, int, list[int]]] | None = None) -> None:
         """Apply the averaged pseudo-gradient `gradient` to the anchor (as torch.optim.SGD with momentum,
-        dampening 0, does to a parameter); the round is complete."""
+        dampening 0, does to a parameter); the round is complete. `shares` (a sharded round): each slice
+        (start, end, its contributors); a slice that none reached keeps its anchor and momentum."""
         g = gradient.to(torch.float32)
+        kept = [(lo, hi, state.anchor[lo:hi].clone(), None if state.momentum is None else state.momentum[lo:hi].clone())
+                for lo, hi, who in shares or [] if not who]
         state.momentum = g.clone() if state.momentum is None else state.momentum.mul_(self.mu).add_(g)
         update = g + self.mu * state.momentum if self.nesterov else state.momentum
         state.anchor.sub_(self.lr * update)
-        state.chain = next_chain(state.chain, state.version, contributors)
+        for lo, hi, anchor, momentum in kept:  # not averaged this round: as if the round had not touched it
+            state.anchor[lo:hi] = anchor
+            state.momentum[lo:hi] = 0 if momentum is None else momentum
+        state.chain = next_chain(state.chain, state.version, contributors,
+                                 None if shares is None else [who for _, _, who in shares])
         state.version += 1
-        state.weight += len(contributors)
+        state.weight += len(contributors) if shares is None else sum(len(who) for _, _, who in shares)

@@ -5,6 +5,7 @@
     # count = 3                      # or only a count: every replica at the job's sites (names -r1, -r2)
     H = 50                           # inner steps per outer round
     codec = "int8"                   # the pseudo-gradient's codec (nebula/codecs spec strings)
+    exchange = "all-to-all"          # or "sharded": each replica averages 1/R of the vector (reduce-scatter)
     fragments = 1                    # streaming: the parameters in F fragments, synchronised staggered
     overlap = 0                      # inner steps a fragment's exchange runs under before it is merged
     deadline_s = 60                  # how long a round waits for the other replicas' pseudo-gradients
@@ -47,6 +48,9 @@ class ReplicasConfig:
     groups: tuple[tuple[str, ...], ...] = ()
     H: int = field(default=50, metadata=limits(at_least=1, hint="inner steps per outer round"))
     codec: str = "none"
+    # "all-to-all": each replica sends its pseudo-gradient to every other, R - 1 vectors a round;
+    # "sharded": to the replica that averages that 1/R of it, which sends the mean back: 2 (R - 1) / R
+    exchange: Literal["all-to-all", "sharded"] = "all-to-all"
     fragments: int = field(default=1, metadata=limits(at_least=1))
     overlap: int = field(default=0, metadata=limits(at_least=0))
     deadline_s: float = field(default=60.0, metadata=limits(above=0))

@@ -11,6 +11,8 @@ Messages (their bodies are checked dataclasses; a bad one is refused, audited an
   weight, anchor digest); sent to every other replica on every (re)start, answered once. A replica whose
   parameters differ is refused before training, with the first mismatching name.
 - GRAD (tensors): a fragment's pseudo-gradient, flat, through the job's codec, tagged with its state.
+- PART, MEAN (tensors; `exchange = "sharded"`, in place of GRAD): slice i of a pseudo-gradient to the replica
+  that averages slice i; that replica's mean of it, with its contributors, to every other.
 - FETCH (control) / STATE (tensors): a replica behind (restarted, cut off, or on a losing history) asks
   one that is ahead for its state of a fragment: anchor and momentum, uncompressed.
 
@@ -45,6 +47,7 @@ if TYPE_CHECKING:  # the runner builds the handle: types only
     from nebula.runtime.stage import Stage
 
 HELLO, FETCH, GRAD, STATE = "outer-hello", "outer-fetch", "outer-grad", "outer-state"
+PART, MEAN = "outer-part", "outer-mean"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,12 +74,20 @@ class Tag:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Share(Tag):
+    """A PART or MEAN: which slice of the fragment; a MEAN's contributors."""
+
+    part: int
+    contributors: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
 class Fetch:
     replica: int
     fragment: int
 
 
-BODIES: dict[str, type] = {HELLO: Hello, GRAD: Tag, FETCH: Fetch, STATE: Tag}
+BODIES: dict[str, type] = {HELLO: Hello, GRAD: Tag, FETCH: Fetch, STATE: Tag, PART: Share, MEAN: Share}
 
 
 @dataclass(frozen=True)
@@ -102,8 +113,9 @@ class Replicas:
         self.names = list(params)
         self.shapes = tuple(tuple(p.shape) for p in params.values())
         fragments = split_fragments({n: p.numel() for n, p in params.items()}, self.config.fragments)
+        self.sharded = self.config.exchange == "sharded"
         self.exchange = Exchange.of(self.k, job.replicas.peers(self.k, stage.name), params, fragments,
-                                    OuterOptimizer(self.config.outer))
+                                    OuterOptimizer(self.config.outer), self.sharded)
         self.by_address = {peer.address: j for j, peer in self.exchange.peers.items()}
         self.codec, self.codecs = parse(self.config.codec), CodecState()
         self.synced = 0  # the last step whose rounds ran
@@ -218,6 +230,8 @@ class Replicas:
             self._fetch(f)
         state, names = self.exchange.states[f], self.exchange.fragments[f]
         live = flatten(self.stage.stage.trainable(), names)
+        if self.sharded:
+            return self._send_parts(f, t, state.anchor - live, live)
         slot = self.codecs.slot(f"fragment-{f}", "delta")  # error feedback's residual, where the codec keeps one
         payload = pack("delta", "outer", state.anchor - live, self.codec, state=slot)
         own = unpack(payload)  # what the others decode: everyone averages the same bits
@@ -230,14 +244,60 @@ class Replicas:
         for j in self.exchange.absent():  # where it is: two replicas that lost each other find each other again
             self._send(j, HELLO, self._hello(answer=False))
 
+    def _send_parts(self, f: int, t: int, delta: torch.Tensor, live: torch.Tensor) -> None:
+        """A sharded round's first half: slice i of the pseudo-gradient to its owner (kept, if it is us)."""
+        state, owners, own = self.exchange.states[f], self.exchange.owners(), torch.empty_like(delta)
+        pending = Pending(state.version, t, time.monotonic(), own, live if self.config.overlap else None,
+                          owners=owners)
+        self.exchange.pending[f] = pending
+        for i, (lo, hi) in enumerate(self.exchange.slices[f]):
+            if hi == lo:
+                continue
+            slot = self.codecs.slot(f"fragment-{f}-part-{i}", "delta")
+            payload = pack("delta", "outer", delta[lo:hi].contiguous(), self.codec, state=slot)
+            own[lo:hi] = unpack(payload)  # what its owner decodes
+            if owners[i] != self.k:
+                self._send(owners[i], PART, self._share(f, i), [payload])
+                pending.wire_bytes += payload.wire_bytes
+        for j in self.exchange.absent():
+            self._send(j, HELLO, self._hello(answer=False))
+        self._post_means(f)
+
+    def _post_means(self, f: int, force: bool = False) -> None:
+        """A sharded round's second half: once every present replica's part of our slices is in (or, with
+        `force`, at half the deadline), their means to every present replica."""
+        pending = self.exchange.pending.get(f)
+        if pending is None or pending.posted or not (force or not self.exchange.awaited_parts(f)):
+            return
+        pending.posted = True
+        for i, (mean, who) in self.exchange.mean_of(f).items():
+            slot = self.codecs.slot(f"fragment-{f}-mean-{i}", "delta")
+            payload = pack("delta", "outer", mean, self.codec, state=slot)
+            pending.means[i] = (unpack(payload), who)  # the bits every other replica applies
+            share = self._share(f, i, who)
+            for j in self.exchange.present():
+                self._send(j, MEAN, share, [payload])
+                pending.wire_bytes += payload.wire_bytes
+
+    def _share(self, f: int, part: int, contributors: list[int] | None = None) -> Share:
+        state = self.exchange.states[f]
+        return Share(replica=self.k, fragment=f, version=state.version, chain=state.chain, weight=state.weight,
+                     part=part, contributors=tuple(contributors or ()))
+
     def _merge(self, f: int) -> None:
         pending = self.exchange.pending[f]
-        started = time.monotonic()
-        self.stage.pump(lambda: not self.exchange.awaited(f) or f in self.exchange.behind,
-                        pending.started + self.config.deadline_s)
-        if f in self.exchange.behind:  # another replica is ahead: the round went on without us, or another way
+        started, behind = time.monotonic(), self.exchange.behind
+        if self.sharded:
+            self.stage.pump(lambda: not self.exchange.awaited_parts(f) or f in behind,
+                            pending.started + self.config.deadline_s / 2)
+            if f not in behind:
+                self._post_means(f, force=True)
+        waiting = self.exchange.awaited_means if self.sharded else self.exchange.awaited
+        self.stage.pump(lambda: not waiting(f) or f in behind, pending.started + self.config.deadline_s)
+        if f in behind:  # another replica is ahead: the round went on without us, or another way
             return self._fetch(f)
-        decision = self.exchange.decide(f, self.stage.stage.trainable())
+        params = self.stage.stage.trainable()
+        decision = self.exchange.decide_sharded(f, params) if self.sharded else self.exchange.decide(f, params)
         self.stage.compute.broadcast_weights()
         self._record(decision, pending, time.monotonic() - started)
 
@@ -298,20 +358,31 @@ class Replicas:
                 return self._on_hello(j, body)
             if isinstance(body, Fetch):
                 return self._send(j, STATE, *self._state_of(body.fragment))
+            if (msg.topic in (PART, MEAN) and not self.sharded) or (msg.topic == GRAD and self.sharded):
+                raise _Refused(f"a {msg.topic} in a job whose exchange is {self.config.exchange!r}")
             tensors = {t.name: unpack(t) for t in msg.tensors}
-            why = self.exchange.check(j, body.fragment, tensors, "delta" if msg.topic == GRAD else "anchor momentum")
+            part = body.part if isinstance(body, Share) else None
+            why = self.exchange.check(j, body.fragment, tensors, "anchor momentum" if msg.topic == STATE else "delta",
+                                      part) or (_bad_contributors(body, j, self.exchange.replica_count)
+                                                if msg.topic == MEAN else None)
             if why:
                 raise _Refused(why)
             if msg.topic == STATE:
                 return self._on_state(j, body, tensors)
-            self._on_grad(j, body, tensors["delta"])
+            self._on_grad(j, body, tensors["delta"], msg.topic)
         except (_Refused, NebulaError) as exc:
             if isinstance(exc, ConfigError) and not self.joined:
                 raise  # another graph, seen before training: this stage stops (exit 3)
             self._refuse(j, str(exc), msg)
 
-    def _on_grad(self, j: int, tag: Tag, grad: torch.Tensor) -> None:
-        verdict = self.exchange.offer(j, tag.fragment, tag.version, tag.chain, tag.weight, grad)
+    def _on_grad(self, j: int, tag: Tag, grad: torch.Tensor, topic: str) -> None:
+        share, entry = None, grad  # type: tuple[str, int] | None, Any
+        if isinstance(tag, Share):
+            share = ("mean" if topic == MEAN else "part", tag.part)
+            entry = (grad, list(tag.contributors)) if topic == MEAN else grad
+        verdict = self.exchange.offer(j, tag.fragment, tag.version, tag.chain, tag.weight, entry, share)
+        if verdict == "kept" and share and share[0] == "part":
+            self._post_means(tag.fragment)
         if verdict in ("stale", "twice"):
             fields = {"stage": self.stage.name, "replica": self.k, "from": j, "fragment": tag.fragment,
                       "version": tag.version, "verdict": verdict}
@@ -353,7 +424,9 @@ class Replicas:
     # -- checkpoints ---------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         pending = {f: {"version": p.version, "step": p.step, "own": p.own.clone(),
-                       "sent": None if p.sent is None else p.sent.clone()} for f, p in self.exchange.pending.items()}
+                       "sent": None if p.sent is None else p.sent.clone(), "owners": list(p.owners),
+                       "means": {i: (m.clone(), list(who)) for i, (m, who) in p.means.items()}, "posted": p.posted,
+                       "late": list(p.late)} for f, p in self.exchange.pending.items()}
         return {"synced": self.synced, "states": [s.state_dict() for s in self.exchange.states], "pending": pending,
                 "codecs": self.codecs.state_dict()}
 
@@ -362,7 +435,9 @@ class Replicas:
         they are)."""
         self.synced = int(saved["synced"])
         self.exchange.states = [OuterState.from_dict(s) for s in saved["states"]]
-        self.exchange.pending = {int(f): Pending(p["version"], p["step"], time.monotonic(), p["own"], p["sent"])
+        self.exchange.pending = {int(f): Pending(p["version"], p["step"], time.monotonic(), p["own"], p["sent"],
+                                                 owners=p.get("owners", []), means=p.get("means", {}),
+                                                 posted=p.get("posted", False), late=p.get("late", []))
                                  for f, p in saved["pending"].items()}
         self.exchange.arrived.clear()
         self.exchange.behind.clear()
@@ -409,6 +484,13 @@ def attach(handle: Handle, board: Any) -> Replicas | NoReplicas:
     found = Replicas(handle)
     board.rounds = handle.progress.parts["replicas"] = found
     return found
+
+
+def _bad_contributors(share: Share, owner: int, count: int) -> str | None:
+    who = list(share.contributors)
+    if who != sorted(set(who)) or owner not in who or not all(0 <= j < count for j in who):
+        return f"its contributors {who[:8]} are not distinct replicas of the {count}, in order, with its sender"
+    return None
 
 
 class _Refused(Exception):

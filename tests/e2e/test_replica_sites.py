@@ -1,8 +1,9 @@
 """Replicas as real processes (tests/e2e/jobs/replicas.toml: the example pair at sites a, b and its replica at
 c, d; four gateways, CURVE, loopback): every round averages both replicas' int8 pseudo-gradients through
-the gateways, which audit each one, and the replicas end with the same weights; a replica's stage killed
-mid-round is left out of that round within the deadline, its supervisor restarts it, it rejoins by
-fetching the other replica's state, and every stage of both replicas applies each of its steps once."""
+the gateways (all-to-all, or sharded: halves and their means), which audit each one, and the replicas end
+with the same weights; a replica's stage killed mid-round is left out of that round within the deadline,
+its supervisor restarts it, it rejoins by fetching the other replica's state, and every stage of both
+replicas applies each of its steps once."""
 import pytest
 import torch
 
@@ -29,8 +30,9 @@ def final_weights(sites, name: str) -> dict:
     return saved.load(max(saved.steps()))["stage"]["weights"]
 
 
-def test_replicas_average_through_the_gateways_and_end_alike(tmp_path, start_job):
-    sites = start_job(job_file(tmp_path, "replicas"))
+@pytest.mark.parametrize("exchange", ["all-to-all", "sharded"])
+def test_replicas_average_through_the_gateways_and_end_alike(tmp_path, start_job, exchange):
+    sites = start_job(job_file(tmp_path, "replicas", {'codec = "int8"': f'codec = "int8"\nexchange = "{exchange}"'}))
     sites.wait()
     sites.stop()
     job = sites.job

@@ -107,9 +107,10 @@ def test_the_verdicts_judge_the_targets():
     assert "+1.60% of DDP's over seeds [1, 2, 3] (met" in said
     assert "4.5x better than DDP (met" in said
     assert "with replicas [0] after 5.0 s (deadline 5 s)" in said and said.endswith("(met)")
-    worse = verdicts([row("ddp", val_loss=5.0), row("chosen", val_loss=5.2)], None)
-    assert worse == ["R = 2: validation loss at equal tokens +4.00% of DDP's over seeds [1, 2, 3] (NOT met, target "
-                     "within 2%)"]
+    worse = verdicts([row("ddp", val_loss=5.0), row("chosen", val_loss=5.2), row("sharded", val_loss=5.05)], None)
+    assert worse == ["R = 2: chosen: validation loss at equal tokens +4.00% of DDP's over seeds [1, 2, 3] (NOT met, "
+                     "target within 2%)", "R = 2: sharded: validation loss at equal tokens +1.00% of DDP's over seeds "
+                     "[1, 2, 3] (met, target within 2%)"]
 
 
 def test_a_curve_ends_on_its_last_round_and_the_row_counts_its_tokens():

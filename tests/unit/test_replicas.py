@@ -11,7 +11,7 @@ import torch
 
 from nebula.errors import ConfigError
 from nebula.runtime.order import ExampleOrder
-from nebula.runtime.replicas import GRAD, HELLO, Tag
+from nebula.runtime.replicas import GRAD, HELLO, MEAN, PART, Tag
 from nebula.security.audit import verify
 from nebula.wire import Kind, Message
 from tests.support.replicas import Replicated, reference, replica_job
@@ -24,7 +24,12 @@ CASES = {"two replicas": dict(), "nesterov off (heavy ball)": dict(replicas={"ou
          "streaming: 2 fragments, staggered": dict(stages=3, replicas={"fragments": 2}),
          "streaming with overlap": dict(stages=3, replicas={"fragments": 2, "overlap": 1}),
          "count at the same sites": dict(replicas={"groups": [], "count": 3}),
-         "H = 1": dict(replicas={"H": 1}, steps=6)}
+         "H = 1": dict(replicas={"H": 1}, steps=6),
+         "sharded: three replicas of a chain": dict(stages=3, replicas={
+             "groups": [["a", "b", "c"], ["d", "e", "f"], ["g", "h", "i"]], "H": 3, "exchange": "sharded"}),
+         "sharded streaming with overlap": dict(stages=3, replicas={"fragments": 2, "overlap": 1,
+                                                                     "exchange": "sharded"}),
+         "sharded: four replicas": dict(replicas={"groups": [], "count": 4, "exchange": "sharded"})}
 
 
 def events(root, name, prefix="outer"):
@@ -71,10 +76,12 @@ def test_a_compressed_pseudo_gradient_stays_close_to_the_reference(tmp_path, cod
     assert sent and all(0 < b < 17 * 4 for b in sent)  # the sink's 17 weights, less than float32
 
 
-def test_a_replica_killed_mid_round_is_left_out_within_the_deadline_and_rejoins(tmp_path):
+@pytest.mark.parametrize("exchange", ["all-to-all", "sharded"])
+def test_a_replica_killed_mid_round_is_left_out_within_the_deadline_and_rejoins(tmp_path, exchange):
     deadline = 2.0
-    job = replica_job({"deadline_s": deadline}, steps=24, sink_impl=SLOW)
-    crashed = replica_job({"deadline_s": deadline}, steps=24, sink_impl=SLOW, sink_options={"crash_at": 6})
+    table = {"deadline_s": deadline, "exchange": exchange}
+    job = replica_job(table, steps=24, sink_impl=SLOW)
+    crashed = replica_job(table, steps=24, sink_impl=SLOW, sink_options={"crash_at": 6})
     run = Replicated(job, tmp_path / "run").open()
     run.start_all({"sink-r1": crashed})
     run.threads["sink-r1"].join(60)
@@ -129,6 +136,48 @@ def test_what_does_not_fit_is_refused_audited_and_never_averaged(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run" / "sink" / "audit.jsonl").read_text().splitlines()]
     assert sum(r["event"] == "outer.refused" for r in records) == len(hostile)
     assert verify(tmp_path / "run" / "sink" / "audit.jsonl").ok
+
+
+def test_a_sharded_round_sends_less_and_refuses_what_does_not_fit(tmp_path):
+    """Three replicas: each sends 2 of 3 slices and 2 means of one, not 2 whole vectors (all-to-all); a part
+    of a slice that does not exist, of the wrong size, a mean whose contributors leave out its sender and a
+    whole pseudo-gradient are refused, audited and never averaged."""
+    from nebula.runtime.job import parse_job
+
+    def wide(table):  # 257 weights at the sink, so that the bytes are the vectors' more than the frames'
+        raw = replica_job({"groups": [], "count": 3, **table}, steps=8, raw=True)
+        raw["stages"]["sink"]["width"] = raw["stages"]["src"]["width"] = 256
+        return parse_job(raw)
+    sent = {}
+    for exchange in ("all-to-all", "sharded"):
+        job = wide({"exchange": exchange, "codec": "int8"})
+        run = Replicated(job, tmp_path / exchange).open()
+        if exchange == "sharded":
+            sink, peer = job.replicas.addresses[0]["sink"], job.replicas.addresses[1]["sink"]
+            for topic, part, tensor, who in [(PART, 5, torch.zeros(86), ()), (PART, 0, torch.zeros(17), ()),
+                                             (MEAN, 1, torch.zeros(86), (0,)), (GRAD, 0, torch.zeros(257), ())]:
+                from nebula.codecs import pack
+                body = {"replica": 1, "fragment": 0, "version": 0, "chain": "0" * 16, "weight": 0, "part": part,
+                        "contributors": list(who)}
+                if topic == GRAD:
+                    del body["part"], body["contributors"]
+                run.hub.deliver(Message(kind=Kind.TENSORS, job="r", src=peer, dst=sink, topic=topic,
+                                        body=json.dumps(body).encode(),
+                                        tensors=[pack("delta", "outer", tensor, "none")]))
+        run.start_all()
+        run.join()
+        assert not run.errors
+        rounds = [e for e in events(tmp_path / exchange, "sink") if e["event"] == "outer"]
+        assert rounds and all(e["contributors"] == [0, 1, 2] for e in rounds)
+        sent[exchange] = sum(e["sent_bytes"] for e in rounds)
+        want = reference(wide({}), tmp_path / f"ref-{exchange}")
+        for name in ("sink", "sink-r1", "sink-r2"):
+            torch.testing.assert_close(run.weights(name)["weight"], want["sink"]["weight"], rtol=0, atol=4e-3)
+    assert sent["sharded"] < 0.75 * sent["all-to-all"], sent  # 2 x 2/3 of a vector against 2 of them
+    reasons = " | ".join(e["reason"] for e in events(tmp_path / "sharded", "sink", "outer-refused"))
+    for words in ("slice 5 does not exist", "shape (17,), not (86,)", "are not distinct replicas", "a outer-grad in a"):
+        assert words in reasons, reasons
+    assert verify(tmp_path / "sharded" / "sink" / "audit.jsonl").ok
 
 
 def test_replicas_whose_parameters_differ_are_refused_before_training(tmp_path):
