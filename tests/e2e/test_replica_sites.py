@@ -92,3 +92,29 @@ def test_a_replicas_stage_of_two_ranks_ends_where_one_rank_does(tmp_path, start_
         for key, value in final_weights(one, name).items():
             torch.testing.assert_close(final_weights(two, name)[key], value, rtol=1e-5, atol=1e-6)
         assert two.ledger(name) == one.ledger(name)
+
+
+@pytest.mark.slow  # eight processes (four stages, four gateways), two of transformers models each site: ~2 min
+@pytest.mark.timeout(900)
+def test_a_brought_model_split_across_two_sites_is_replicated_at_two_more(tmp_path, start_job):
+    """transformers' GPT-2 cut in two by the split workload (no stage code: docs/model.md), its pipeline at
+    sites a, b and a replica at c, d, sharded int8 rounds every 4 steps: each part's instances end alike."""
+    from nebula.runtime.job_file import read_job_table, write_job_file
+    from services.split.bench import portable
+    from tests.support.split import gpt2_job
+
+    path = gpt2_job(tmp_path / "src", ["transformer.h.2"], steps=8)
+    table = portable(read_job_table(path), path)
+    table["replicas"] = {"groups": [["a", "b"], ["c", "d"]], "H": 4, "codec": "int8", "exchange": "sharded",
+                         "deadline_s": 120}
+    write_job_file(tmp_path / "job.toml", table)
+    sites = start_job(tmp_path / "job.toml")
+    sites.wait(timeout=600)
+    sites.stop()
+    for name in sites.job.replicas.instances():
+        assert [(r["step"], r["contributors"]) for r in rounds(sites, name)] == [(4, [0, 1]), (8, [0, 1])], name
+        assert sites.ledger(name) and [s for s, _ in sites.ledger(name)] == list(range(1, 9)), name
+    for part in ("p0", "p1"):
+        ours, theirs = final_weights(sites, part), final_weights(sites, f"{part}-r1")
+        for key, value in ours.items():
+            torch.testing.assert_close(theirs[key], value, rtol=0, atol=0)
