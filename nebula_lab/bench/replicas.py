@@ -21,6 +21,8 @@ changes the H of those at DiLoCo's H = 50):
     ef, fp32   ablations: chosen with error feedback on its int4 (ef(int4): the same bytes), and with no codec
     sharded    chosen with the sharded exchange (reduce-scatter, all-gather: 2 (R - 1) / R of a pseudo-gradient
                a replica and round, not R - 1 of them; each slice's mean requantised by its owner)
+    out15, nest5  candidates for the loss gap: chosen with the mean stepped 1.5x (outer lr 1.5: the average of
+               replicas that disagree is shorter than either's move), and with Nesterov momentum 0.5 (lr 1)
 
 Per R, seed and setting the validation curve (nebula_lab.bench.replicas_runs.curve: no root); with root,
 each setting timed on a full mesh of shaped links (nebula_lab.wanem) at the communication-bound rate: DDP's
@@ -78,7 +80,9 @@ SETTINGS = {s.name: s for s in [
     Setting("h10", "nebula", 10, "int4"),
     Setting("ef", "nebula", 16, "ef(int4)", outer=(1.0, 0.0)),
     Setting("fp32", "nebula", 16, outer=(1.0, 0.0)),
-    Setting("sharded", "nebula", 16, "int4", outer=(1.0, 0.0), exchange="sharded")]}
+    Setting("sharded", "nebula", 16, "int4", outer=(1.0, 0.0), exchange="sharded"),
+    Setting("out15", "nebula", 16, "int4", outer=(1.5, 0.0)),
+    Setting("nest5", "nebula", 16, "int4", outer=(1.0, 0.5))]}
 DEFAULT = ["ddp", "h1", "chosen", "diloco", "int8", "streaming"]  # the others: ablations, named with --settings
 # --quick: a small model on short windows, H = 10, so that a whole run takes minutes on two cores
 QUICK_MODEL = {"d_model": 64, "n_layer": 2, "layers": [0, 2], "seq_len": 64, "warmup_steps": 5, "eval_examples": 32}
