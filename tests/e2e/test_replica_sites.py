@@ -30,7 +30,7 @@ def final_weights(sites, name: str) -> dict:
     return saved.load(max(saved.steps()))["stage"]["weights"]
 
 
-@pytest.mark.parametrize("exchange", ["all-to-all", "sharded"])
+@pytest.mark.parametrize("exchange", ["all-to-all", pytest.param("sharded", marks=pytest.mark.slow)])
 def test_replicas_average_through_the_gateways_and_end_alike(tmp_path, start_job, exchange):
     sites = start_job(job_file(tmp_path, "replicas", {'codec = "int8"': f'codec = "int8"\nexchange = "{exchange}"'}))
     sites.wait()

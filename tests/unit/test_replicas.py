@@ -28,8 +28,7 @@ CASES = {"two replicas": dict(), "nesterov off (heavy ball)": dict(replicas={"ou
          "sharded: three replicas of a chain": dict(stages=3, replicas={
              "groups": [["a", "b", "c"], ["d", "e", "f"], ["g", "h", "i"]], "H": 3, "exchange": "sharded"}),
          "sharded streaming with overlap": dict(stages=3, replicas={"fragments": 2, "overlap": 1,
-                                                                     "exchange": "sharded"}),
-         "sharded: four replicas": dict(replicas={"groups": [], "count": 4, "exchange": "sharded"})}
+                                                                     "exchange": "sharded"})}
 
 
 def events(root, name, prefix="outer"):
