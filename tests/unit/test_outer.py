@@ -116,3 +116,33 @@ def test_a_restart_before_a_send_keeps_nothing_of_it_when_it_takes_anothers_stat
     for f in range(len(ex.fragments)):
         ex.adopt(f, OuterState(torch.full((2 * len(ex.fragments[f]),), 5.0), None, 2, "b" * 16, 4), params)
     assert all(p.tolist() == [5.0, 5.0] for p in params.values()) and ex.settled == set(range(len(ex.fragments)))
+
+
+def test_a_sharded_round_applies_each_slices_mean_and_leaves_a_slice_none_reached_untouched():
+    """Three replicas, 4 weights in slices [0, 2), [2, 3), [3, 4): replica 0 averages its slice over the parts
+    that arrived, takes replica 1's mean of slice 1, and replica 2 (owner of slice 2) is silent: slice 2 keeps
+    its anchor, momentum and live weight, and the chain says which slices whom."""
+    ex, params = exchange()
+    ex.slices = [[(0, 2), (2, 3), (3, 4)]]
+    assert ex.owners() == [0, 1, 2]
+    chain = ex.states[0].chain
+    before = flatten(params, ["w"]).clone()
+    ex.pending[0] = Pending(0, 4, 0.0, torch.tensor([1.0, 1.0, 1.0, 1.0]), owners=ex.owners())
+    assert ex.offer(1, 0, 0, chain, 0, torch.tensor([3.0, 5.0]), ("part", 0)) == "kept"
+    assert ex.awaited_parts(0) == [2]  # replica 2's part of slice 0 has not come
+    means = ex.mean_of(0)
+    assert list(means) == [0] and means[0][1] == [0, 1]
+    torch.testing.assert_close(means[0][0], torch.tensor([2.0, 3.0]))
+    ex.pending[0].means, ex.pending[0].posted = means, True
+    assert ex.offer(1, 0, 0, chain, 0, (torch.tensor([7.0]), [0, 1, 2]), ("mean", 1)) == "kept"
+    assert ex.awaited_means(0) == [2]
+    ex.states[0].momentum = torch.ones(4)  # earlier rounds' momentum: a slice none reached must not take it
+    decision = ex.decide_sharded(0, params)
+    assert decision.contributors == [0, 1, 2] and decision.missing == [2] and ex.absent() == [2]
+    # Nesterov (lr 0.7, momentum 0.9: m = 0.9 m + g, anchor -= 0.7 (g + 0.9 m)) on the reached slices only
+    g, m = torch.tensor([2.0, 3.0, 7.0]), 0.9 + torch.tensor([2.0, 3.0, 7.0])
+    torch.testing.assert_close(ex.states[0].anchor[:3], before[:3] - 0.7 * (g + 0.9 * m))
+    torch.testing.assert_close(ex.states[0].momentum, torch.cat([m, torch.ones(1)]))
+    assert float(ex.states[0].anchor[3]) == float(before[3])
+    assert float(flatten(params, ["w"])[3]) == float(before[3])  # its live weight too
+    assert ex.states[0].weight == 2 + 3 + 0 and ex.owners() == [0, 1, 0]  # the next round: slice 2 is ours
