@@ -60,6 +60,7 @@ class Hello:
     weights: tuple[int, ...]
     digests: tuple[str, ...]  # of each fragment's anchor: replicas at version 0 must start alike
     answer: bool = False  # a reply: not answered again
+    exchange: str = "all-to-all"  # how its rounds travel: every replica of a job must use the same
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,15 +181,17 @@ class Replicas:
         return Hello(replica=self.k, names=tuple(self.names), shapes=self.shapes,
                      versions=tuple(s.version for s in states), chains=tuple(s.chain for s in states),
                      weights=tuple(s.weight for s in states), digests=tuple(_digest(s.anchor) for s in states),
-                     answer=answer)
+                     answer=answer, exchange=self.config.exchange)
 
     def _on_hello(self, j: int, hello: Hello) -> None:
         why = _first_difference(self.names, self.shapes, hello) or (
             f"it splits them into {len(hello.versions)} fragments, this stage into {len(self.exchange.states)}"
             if len(hello.versions) != len(self.exchange.states) else None)
-        if why:
-            text = f"replica {j} ({self.exchange.peers[j].address}) runs other parameters at stage " \
-                   f"{self.stage.name}: {why}"
+        rounds = f"its exchange is {hello.exchange!r}, this stage's {self.config.exchange!r}" \
+            if hello.exchange != self.config.exchange else None
+        if why or rounds:
+            text = f"replica {j} ({self.exchange.peers[j].address}) runs other " \
+                   f"{'parameters' if why else 'rounds'} at stage {self.stage.name}: {why or rounds}"
             if not self.joined:  # before training: this stage stops, and tells the other first
                 self._send(j, HELLO, self._hello(answer=True))
                 raise ConfigError(f"{text}; every replica must run the same job file (the same stage graph, "

@@ -197,6 +197,21 @@ def test_replicas_whose_parameters_differ_are_refused_before_training(tmp_path):
         assert {e["step"] for e in events(tmp_path / "run", name, "checkpoint")} <= {0}
 
 
+def test_replicas_whose_rounds_differ_are_refused_before_training(tmp_path):
+    job = replica_job(steps=8)
+    sharded = replica_job({"exchange": "sharded"}, steps=8)
+    run = Replicated(job, tmp_path / "run").open()
+    run.start_all({"src-r1": sharded, "sink-r1": sharded})
+    run.join()
+    assert set(run.errors) == set(job.instances())  # every stage of both stopped (the first to see it told the rest)
+    for replica in (0, 1):
+        seen = [str(e) for name, e in run.errors.items() if isinstance(e, ConfigError)
+                and job.replicas.instances()[name][0] == replica]
+        assert seen and all("runs other rounds" in text and "exchange is" in text for text in seen), run.errors
+    for name in job.instances():
+        assert not (tmp_path / "run" / name / "ledger.json").exists()
+
+
 def test_each_replica_reads_its_own_shard_every_step_the_global_batch_once():
     n, batch, seed, count = 100, 8, 3, 4
     orders = [ExampleOrder(n, batch, seed, (k, count)) for k in range(count)]
