@@ -179,37 +179,27 @@ def test_a_sharded_round_sends_less_and_refuses_what_does_not_fit(tmp_path):
     assert verify(tmp_path / "sharded" / "sink" / "audit.jsonl").ok
 
 
-def test_replicas_whose_parameters_differ_are_refused_before_training(tmp_path):
-    job = replica_job(steps=8)
-    wider = replica_job(steps=8, raw=True)
-    wider["stages"]["sink"]["width"] = wider["stages"]["src"]["width"] = 8
+@pytest.mark.parametrize("what", ["parameters", "rounds"])
+def test_replicas_whose_parameters_or_rounds_differ_are_refused_before_training(tmp_path, what):
     from nebula.runtime.job import parse_job
+    job = replica_job(steps=8)
+    if what == "parameters":
+        raw = replica_job(steps=8, raw=True)
+        raw["stages"]["sink"]["width"] = raw["stages"]["src"]["width"] = 8
+        other, words = parse_job(raw), "has shape"
+    else:
+        other, words = replica_job({"exchange": "sharded"}, steps=8), "exchange is"
     run = Replicated(job, tmp_path / "run").open()
-    run.start_all({"src-r1": parse_job(wider), "sink-r1": parse_job(wider)})
+    run.start_all({"src-r1": other, "sink-r1": other})
     run.join()
     assert set(run.errors) == set(job.instances())  # every stage of both stopped (the first to see it told the rest)
     for replica in (0, 1):
         seen = [str(e) for name, e in run.errors.items() if isinstance(e, ConfigError)
                 and job.replicas.instances()[name][0] == replica]
-        assert seen and all("runs other parameters" in text and "has shape" in text for text in seen), run.errors
+        assert seen and all(f"runs other {what}" in text and words in text for text in seen), run.errors
     for name in job.instances():  # before training: no step was applied anywhere
         assert not (tmp_path / "run" / name / "ledger.json").exists()
         assert {e["step"] for e in events(tmp_path / "run", name, "checkpoint")} <= {0}
-
-
-def test_replicas_whose_rounds_differ_are_refused_before_training(tmp_path):
-    job = replica_job(steps=8)
-    sharded = replica_job({"exchange": "sharded"}, steps=8)
-    run = Replicated(job, tmp_path / "run").open()
-    run.start_all({"src-r1": sharded, "sink-r1": sharded})
-    run.join()
-    assert set(run.errors) == set(job.instances())  # every stage of both stopped (the first to see it told the rest)
-    for replica in (0, 1):
-        seen = [str(e) for name, e in run.errors.items() if isinstance(e, ConfigError)
-                and job.replicas.instances()[name][0] == replica]
-        assert seen and all("runs other rounds" in text and "exchange is" in text for text in seen), run.errors
-    for name in job.instances():
-        assert not (tmp_path / "run" / name / "ledger.json").exists()
 
 
 def test_each_replica_reads_its_own_shard_every_step_the_global_batch_once():
