@@ -258,14 +258,14 @@ class Exchange:
             self.peers[j].present = False
         contributors = sorted({j for _, _, who in shares for j in who})
         self.pending.pop(fragment)
-        live = flatten(params, self.fragments[fragment])
+        unreached = [(lo, hi) for lo, hi, who in shares if not who]
+        live = flatten(params, self.fragments[fragment]) if unreached else None
         self.outer.step(state, gradient, contributors, shares)
         self._place(fragment, params, state.anchor, pending, None)
-        if any(not who for _, _, who in shares):  # a slice none reached: its live weights stay as they were
+        if live is not None:  # a slice none reached: its live weights stay as they were
             now = flatten(params, self.fragments[fragment])
-            for lo, hi, who in shares:
-                if not who:
-                    now[lo:hi] = live[lo:hi]
+            for lo, hi in unreached:
+                now[lo:hi] = live[lo:hi]
             write_back(params, self.fragments[fragment], now)
         self._forget(fragment)
         return Decision(fragment, state.version, contributors, sorted(missing))

@@ -244,8 +244,7 @@ class Replicas:
         tag = Tag(replica=self.k, fragment=f, version=state.version, chain=state.chain, weight=state.weight)
         for j in present:
             self._send(j, GRAD, tag, [payload])
-        for j in self.exchange.absent():  # where it is: two replicas that lost each other find each other again
-            self._send(j, HELLO, self._hello(answer=False))
+        self._greet_absent()
 
     def _send_parts(self, f: int, t: int, delta: torch.Tensor, live: torch.Tensor) -> None:
         """A sharded round's first half: slice i of the pseudo-gradient to its owner (kept, if it is us)."""
@@ -262,9 +261,13 @@ class Replicas:
             if owners[i] != self.k:
                 self._send(owners[i], PART, self._share(f, i), [payload])
                 pending.wire_bytes += payload.wire_bytes
+        self._greet_absent()
+        self._post_means(f)
+
+    def _greet_absent(self) -> None:
+        """Tell those counted absent where this replica is: two that lost each other find each other again."""
         for j in self.exchange.absent():
             self._send(j, HELLO, self._hello(answer=False))
-        self._post_means(f)
 
     def _post_means(self, f: int, force: bool = False) -> None:
         """A sharded round's second half: once every present replica's part of our slices is in (or, with
