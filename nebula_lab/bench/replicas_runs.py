@@ -45,8 +45,7 @@ def read_curve(path: Path) -> list[list[float]]:
 
 
 def last_evaluated(steps: int, every: int) -> int:
-    """The last step a curve evaluates: the last multiple of `every` (a round) up to the job's steps, which
-    also set the LR schedule's length."""
+    """The last step a curve evaluates: the last multiple of `every` (a round) up to the job's steps."""
     return steps - steps % every if every else steps
 
 
