@@ -142,8 +142,9 @@ class Plan:
             raise ConfigError("the replicas bench replicates a one-stage job with a [replicas] table "
                               f"(deploy/jobs/{self.workload}-replicas.toml is one)")
         self.steps = args.max_steps or (QUICK["steps"] if self.quick else self.base["train"]["steps"])
-        # --eval-every: the parser's default (25) means "every round of the settings' largest H"
-        rounds = max([self.h(s) for s in self.settings if s.system == "nebula"] or [1])
+        # --eval-every: the parser's default (25) means "every round of the settings' largest H"; with DDP
+        # alone, `chosen`'s rounds, so that its curve is scored where one run beside `chosen` would be
+        rounds = max([self.h(s) for s in self.settings if s.system == "nebula"] or [self.h(SETTINGS["chosen"])])
         self.every = rounds if args.eval_every == 25 else args.eval_every
         self.target = args.time_to_loss if args.time_to_loss is not None else QUICK_TARGET if self.quick \
             else TARGET_LOSS

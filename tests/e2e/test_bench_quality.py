@@ -5,6 +5,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from nebula_lab.bench.wan_quality import slug
 from tests.support.sites import JOB_TIMEOUT, terminate_once_training, write_job
 
@@ -19,6 +21,7 @@ def bench(job, work, *more):
                           capture_output=True, text=True, timeout=6 * JOB_TIMEOUT)
 
 
+@pytest.mark.slow  # ~57 s on H1, the default suite's longest test: the bench is lab tooling, run on demand
 def test_seeds_times_settings_scored_on_both_splits_and_compared_with_the_reference(tmp_path):
     job, work = write_job(tmp_path), tmp_path / "work"
     done = bench(job, work, "--setting-staleness", "0,1")

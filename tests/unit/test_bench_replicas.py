@@ -117,5 +117,6 @@ def test_a_curve_ends_on_its_last_round_and_the_row_counts_its_tokens():
     assert last_evaluated(300, 16) == 288 and last_evaluated(300, 50) == 300 and last_evaluated(40, 10) == 40
     plan = Plan(args(quick=False, settings=["ddp", "chosen"], max_steps=300))
     assert plan.every == 16
+    assert Plan(args(quick=False, settings=["ddp"], max_steps=300)).every == 16  # alone: where it is compared
     row = plan.row(SETTINGS["chosen"], 2, {1: [[16, 7.0], [288, 6.0]]}, {}, None)
     assert row["tokens"] == 288 * 2 * 16 * 128 and row["val_loss"] == 6.0
