@@ -33,6 +33,7 @@ val_loss at equal tokens (the mean over seeds at the last round up to --max-step
 tokens (seen by then, all replicas), T_s = steps to --time-to-loss (mean over seeds) x s_per_step,
 utilisation = compute time / wall time.
 --kill: the chosen setting once more with the last replica killed mid-round (replicas_runs.killed).
+--lr-schedule: the model's LR after its warm-up for every system (the job's constant, or a cosine to 0).
 """
 from __future__ import annotations
 
@@ -99,6 +100,8 @@ class ReplicasBench:
         group.add_argument("--workload", default=None, help="whose whole-model job and peer hooks (default gpt)")
         group.add_argument("--H", type=int, default=None, metavar="H",
                            help="inner steps per round of the settings at DiLoCo's H = 50 (default 50; quick 10)")
+        group.add_argument("--lr-schedule", choices=("constant", "cosine"), default=None,
+                           help="the model's LR after its warm-up, for every system (default: the job's, constant)")
         group.add_argument("--kill", action="store_true", default=None,
                            help="also: the chosen setting with the last replica killed mid-round (root)")
 
@@ -169,6 +172,9 @@ class Plan:
             stage.update(QUICK_MODEL)
             raw["train"].update(batch_size=QUICK["batch"], micro_batches=2)
         raw["train"].update(seed=seed, steps=steps, checkpoint_every=max(1, self.every), log_every=self.every)
+        # a schedule's length is the run's: a speed run's few steps (at most the warm-up) time the same compute
+        if self.args.lr_schedule and steps > stage.get("warmup_steps", 0):
+            stage["lr_schedule"] = self.args.lr_schedule
         raw["replicas"].update(groups=[[SITES[k]] for k in range(count)], H=self.h(setting), codec=setting.codec,
                                fragments=setting.fragments, overlap=setting.overlap if not self.quick else 0,
                                exchange=setting.exchange,

@@ -36,6 +36,13 @@ def write(run: Path, raw: dict) -> Path:
     return run / "job.toml"
 
 
+def same_job(run: Path, raw: dict) -> bool:
+    """Whether `run` holds the job `raw` as `write` would write it."""
+    from nebula.runtime.job_file import job_text
+    kept = run / "job.toml"
+    return kept.exists() and kept.read_text() == job_text(raw, None)
+
+
 def read_curve(path: Path) -> list[list[float]]:
     """[step, loss] of each evaluation in a valid.jsonl (the last of a step counts)."""
     points = {}
@@ -54,7 +61,7 @@ def curve(run: Path, raw: dict, system: str, every: int, scenario: str) -> list[
     stage = next(iter(raw["stages"]))
     found = run / ("rank0" if system == "ddp" else stage) / "valid.jsonl"
     steps = raw["train"]["steps"]
-    kept = read_curve(found)
+    kept = read_curve(found) if same_job(run, raw) else []  # a run of another job (another setting) is no cache
     if kept and kept[-1][0] >= last_evaluated(steps, every):
         return kept
     shutil.rmtree(run, ignore_errors=True)

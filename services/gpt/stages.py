@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from nebula.config import limits
 from nebula.errors import ConfigError
+from nebula.runtime.lr import warmup_decay
 from nebula.runtime.stage import FLOAT, Batch, Output, Port, Stage
 from services.gpt.data import TokenWindows
 from services.gpt.model import GptConfig, GptPart, lm_loss
@@ -43,7 +44,10 @@ class GptOptions:
     reembed_stream: bool = False
     tie_embeddings: bool = False  # gpt-whole only: the head shares the embedding's weights
     lr: float = field(default=1e-3, metadata=limits(above=0, below=1))
-    warmup_steps: int = field(default=20, metadata=limits(at_least=0))  # linear warm-up, then constant
+    warmup_steps: int = field(default=20, metadata=limits(at_least=0))  # linear warm-up, then lr_schedule
+    # after the warm-up: constant, or a linear or cosine decay to 0 at the job's last step (nebula.runtime.lr;
+    # cosine is the usual GPT recipe, and DiLoCo's inner one: docs/replicas.md)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     weight_decay: float = field(default=0.0, metadata=limits(at_least=0))
     # the first stage scores the validation loss after training on this many windows spread over the split
     eval_examples: int = field(default=0, metadata=limits(at_least=0, hint="0: no evaluation"))
@@ -71,8 +75,8 @@ class _Gpt(Stage):
                               stream_embed=o.reembed_stream).to(self.device)
         self.optimizer = torch.optim.AdamW(self.module.parameters(), lr=o.lr, betas=(0.9, 0.95),
                                            weight_decay=o.weight_decay)
-        warmup = max(1, o.warmup_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        factor = warmup_decay(o.warmup_steps, o.lr_schedule, context.job.train.steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
 
     def tokens(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of the batch, (B, T) each: by position at the source, else by example id."""

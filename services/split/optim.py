@@ -1,13 +1,13 @@
 """A split stage's optimiser and learning-rate schedule, from the job file's `optimizer` table."""
 from __future__ import annotations
 
-import math
 from typing import Any, Iterable
 
 import torch
 
 from nebula import workload
 from nebula.errors import ConfigError
+from nebula.runtime.lr import warmup_decay
 from services.split.options import OptimizerSpec
 
 
@@ -24,13 +24,5 @@ def make_optimizer(spec: OptimizerSpec, params: Iterable[torch.nn.Parameter], st
         optimizer = cls(list(params), lr=spec.lr, **spec.args)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"optimizer {spec.name}: {exc} (optimizer.args are its keyword arguments)") from exc
-    warmup, total = spec.warmup_steps, max(1, steps)
-
-    def factor(step: int) -> float:  # LambdaLR's step counts applied optimiser steps from 0
-        if step < warmup:
-            return (step + 1) / warmup
-        if spec.decay == "constant":
-            return 1.0
-        left = max(0.0, 1 - (step - warmup) / max(1, total - warmup))
-        return left if spec.decay == "linear" else 0.5 * (1 - math.cos(math.pi * left))
+    factor = warmup_decay(spec.warmup_steps, spec.decay, steps)
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

@@ -14,7 +14,7 @@ from nebula.runtime.order import ExampleOrder
 from nebula.runtime.service import build_stage
 from nebula_lab.bench.ddp_peer import run_ranks
 from nebula_lab.bench.replicas import SETTINGS, Plan, verdicts
-from nebula_lab.bench.replicas_runs import curve, last_evaluated, write
+from nebula_lab.bench.replicas_runs import curve, last_evaluated, same_job, write
 from services.gpt.bench import SCENARIO as GPT
 from services.gpt.model import lm_loss
 from tests.support.gpt import TINY, tiny_corpus
@@ -76,7 +76,8 @@ def test_replicas_at_h1_stay_near_ddp_and_score_as_its_peer_does(tmp_path):
 def args(**given):
     base = dict(quick=True, replicas=None, settings=None, workload=None, kill=None, peer="ddp", seeds=None,
                 job=None, max_steps=None, eval_every=25, time_to_loss=None, steps=None, rtt_ms=None,
-                bound_factor=5.0, workdir=None, json=False, H=None, steps_only=False)
+                bound_factor=5.0, workdir=None, json=False, H=None, steps_only=False,
+                lr_schedule=None)
     return argparse.Namespace(**{**base, **given})
 
 
@@ -120,3 +121,14 @@ def test_a_curve_ends_on_its_last_round_and_the_row_counts_its_tokens():
     assert Plan(args(quick=False, settings=["ddp"], max_steps=300)).every == 16  # alone: where it is compared
     row = plan.row(SETTINGS["chosen"], 2, {1: [[16, 7.0], [288, 6.0]]}, {}, None)
     assert row["tokens"] == 288 * 2 * 16 * 128 and row["val_loss"] == 6.0
+
+
+def test_a_schedule_is_every_systems_and_a_kept_run_of_another_job_is_no_cache(tmp_path):
+    plan = Plan(args(quick=False, settings=["ddp", "chosen"], lr_schedule="cosine"))
+    for setting in plan.settings:  # DDP builds the same stage from the same job: the same schedule
+        assert next(iter(plan.job(setting, 2, 1, 500)["stages"].values()))["lr_schedule"] == "cosine"
+    assert "lr_schedule" not in plan.job(SETTINGS["chosen"], 2, 1, 30)["stages"]["whole"]  # a speed run's 30
+    constant = Plan(args(quick=False, settings=["chosen"])).job(SETTINGS["chosen"], 2, 1, 500)
+    write(tmp_path / "run", constant)
+    assert same_job(tmp_path / "run", constant)
+    assert not same_job(tmp_path / "run", plan.job(SETTINGS["chosen"], 2, 1, 500))

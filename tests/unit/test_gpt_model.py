@@ -1,10 +1,13 @@
 """The GPT split into parts is the unsplit model (services/gpt/model.py), and its stages train on one site
 through the real runtime, codecs and evaluation (services/gpt/stages.py)."""
 import json
+import math
 
+import pytest
 import torch
 
 from nebula.runtime.job import load_job
+from nebula.runtime.lr import warmup_decay
 from nebula.runtime.onesite import run_one_site
 from nebula.runtime.records import read_records
 from services.gpt.model import GptConfig, GptPart, lm_loss
@@ -57,3 +60,21 @@ def test_a_split_job_trains_on_one_site_and_scores_its_validation_loss(tmp_path)
     assert {r["codec"] for r in sent} == {"int8"}
     curve = [json.loads(line) for line in (tmp_path / "run" / "first" / "valid.jsonl").read_text().splitlines()]
     assert [p["step"] for p in curve] == [12] and 0 < curve[0]["loss"] < 10
+
+
+def test_a_schedule_warms_up_then_decays_to_0_at_the_jobs_last_step_and_the_stage_runs_it(tmp_path):
+    constant, linear, cosine = (warmup_decay(10, decay, 100) for decay in ("constant", "linear", "cosine"))
+    assert constant(4) == linear(4) == cosine(4) == 0.5 and constant(10) == linear(10) == cosine(10) == 1.0
+    assert constant(99) == 1.0 and linear(55) == 0.5 and cosine(55) == pytest.approx(0.5)
+    assert cosine(100) == linear(100) == 0.0 and all(cosine(s) > cosine(s + 1) for s in range(10, 100))
+    with pytest.raises(ValueError, match="unknown decay 'step': one of constant, linear, cosine"):
+        warmup_decay(10, "step", 100)
+    job = load_job(gpt_job(tmp_path, chain=(("whole", "gpt-whole", [0, 4]),), steps=4, warmup_steps=1,
+                           lr_schedule="cosine"))
+    run_one_site(job, tmp_path / "run", quiet=True)
+    state = torch.load(tmp_path / "run" / "whole" / "checkpoints" / "step-00000002.pt", weights_only=False)
+    assert state["stage"]["scheduler"]["_last_lr"][0] == pytest.approx(TINY["lr"] * cosine_at(2, 1, 4))
+
+
+def cosine_at(step, warmup, total):
+    return 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
