@@ -45,7 +45,7 @@ def demo(args) -> int:
     forward = report.traffic(run / scores["source"] / "link.jsonl", "forward")
     backward = report.traffic(run / scores["sink"] / "link.jsonl", "backward")
     lines = report.summary_lines(scores, scores["steps"], scores["train_s"], scores["wall_s"], forward, backward)
-    rows = report.examples(run, scores["source"], scores["sink"])
+    rows = report.examples(run, scores["source"], scores["sink"], split=scores.get("split", "test"))
     print(f"\n{report.EXAMPLES} held-out sentences, evenly spaced over the {scores['n']} evaluated:\n")
     report.print_examples(rows)
     for line in lines:

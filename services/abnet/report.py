@@ -41,10 +41,10 @@ def traffic(link_log: Path, direction: str) -> Traffic:
     return Traffic(raw, wire, tuple(codecs))
 
 
-def examples(run: Path, source: str, sink: str, k: int = EXAMPLES) -> list[tuple[str, str, str]]:
-    """(source, reference, translation) of k evaluated sentences evenly spaced over the sample: the
+def examples(run: Path, source: str, sink: str, k: int = EXAMPLES, split: str = "test") -> list[tuple[str, str, str]]:
+    """(source, reference, translation) of k evaluated sentences of `split` evenly spaced over the sample: the
     encoder wrote the sources at site a, the decoder the references and translations at site b."""
-    src, ref, hyp = (_lines(run / stage / f"test.{ext}") for stage, ext in
+    src, ref, hyp = (_lines(run / stage / f"{split}.{ext}") for stage, ext in
                      ((source, "src"), (sink, "ref"), (sink, "hyp")))
     n = min(len(src), len(ref), len(hyp))
     return [(src[i], ref[i], hyp[i]) for i in spread(n, k)] if n else []

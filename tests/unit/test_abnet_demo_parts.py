@@ -66,6 +66,11 @@ def test_examples_are_evenly_spaced_and_the_report_escapes_table_cells(tmp_path)
         (tmp_path / stage / f"test.{ext}").write_text("".join(f"{prefix} {i}\n" for i in range(30)))
     rows = report.examples(tmp_path, "encoder", "decoder", k=3)
     assert rows == [("es 0", "en 0", "mt 0"), ("es 10", "en 10", "mt 10"), ("es 20", "en 20", "mt 20")]
+    (tmp_path / "encoder" / "test.src").rename(tmp_path / "encoder" / "valid.src")  # a demo scored on valid
+    assert report.examples(tmp_path, "encoder", "decoder", k=3) == []
+    for stage, ext in (("decoder", "ref"), ("decoder", "hyp")):
+        (tmp_path / stage / f"test.{ext}").rename(tmp_path / stage / f"valid.{ext}")
+    assert report.examples(tmp_path, "encoder", "decoder", k=3, split="valid") == rows
     out = report.write_report(tmp_path / "report.md", "demo", ["BLEU 3.10"], [("a | b", "c", "d")], {"job": {}})
     text = out.read_text()
     assert "| a \\| b | c | d |" in text and "- BLEU 3.10" in text and "![training loss](loss.png)" in text
