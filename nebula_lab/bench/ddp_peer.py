@@ -83,7 +83,7 @@ def rank_main(args: argparse.Namespace) -> None:
             with model.no_sync() if k < m - 1 else contextlib.nullcontext():
                 loss = scenario.peer_loss(model(inputs), targets) / m
                 loss.backward()
-            losses.append(float(loss) * m)
+            losses.append(float(loss.detach()) * m)
             walls.append(time.perf_counter() - started)
         started = time.perf_counter()
         stage.optimizer.step()
