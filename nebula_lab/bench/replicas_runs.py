@@ -69,7 +69,9 @@ def curve(run: Path, raw: dict, system: str, every: int, scenario: str) -> list[
     started = time.monotonic()
     if system == "ddp":
         from nebula_lab.bench.ddp_peer import run_ranks
-        run_ranks(run, job_file, scenario, len(raw["replicas"]["groups"]), steps, every)
+        # a hang guard, not a deadline: a curve shares the cores with whatever else runs (7 s a step at a load
+        # of 20 here); a fixed hour killed six 500-step curves three quarters through
+        run_ranks(run, job_file, scenario, len(raw["replicas"]["groups"]), steps, every, timeout_s=600 + 60 * steps)
     else:
         from nebula.runtime.job import load_job
         from nebula.runtime.onesite import run_one_site
