@@ -33,7 +33,8 @@ val_loss at equal tokens (the mean over seeds at the last round up to --max-step
 tokens (seen by then, all replicas), T_s = steps to --time-to-loss (mean over seeds) x s_per_step,
 utilisation = compute time / wall time.
 --kill: the chosen setting once more with the last replica killed mid-round (replicas_runs.killed).
---lr-schedule: the model's LR after its warm-up for every system (the job's constant, or a cosine to 0).
+--lr-schedule: the model's LR after its warm-up for every system (the job's constant, or a linear or cosine
+decay to 0: nebula.runtime.lr).
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from nebula.errors import ConfigError
+from nebula.runtime.lr import DECAYS
 from nebula_lab.bench.replicas_runs import last_evaluated
 from nebula_lab.bench.scenarios import DdpPeer, LabTools, TorchPeer, hooks, load_scenario
 from nebula_lab.bench.wan import _workdir, progress
@@ -100,7 +102,7 @@ class ReplicasBench:
         group.add_argument("--workload", default=None, help="whose whole-model job and peer hooks (default gpt)")
         group.add_argument("--H", type=int, default=None, metavar="H",
                            help="inner steps per round of the settings at DiLoCo's H = 50 (default 50; quick 10)")
-        group.add_argument("--lr-schedule", choices=("constant", "cosine"), default=None,
+        group.add_argument("--lr-schedule", choices=DECAYS, default=None,
                            help="the model's LR after its warm-up, for every system (default: the job's, constant)")
         group.add_argument("--kill", action="store_true", default=None,
                            help="also: the chosen setting with the last replica killed mid-round (root)")
