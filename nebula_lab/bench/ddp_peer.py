@@ -95,6 +95,7 @@ def rank_main(args: argparse.Namespace) -> None:
                         "loss": sum(losses) / m})
         if args.rank == 0 and args.eval_every and t % args.eval_every == 0:
             curve.append({"step": t, "loss": scenario.peer_eval(stage, module)})
+            print(f"step {t}/{args.steps}: validation loss {curve[-1]['loss']:.4f}", flush=True)  # progress
         before = time.perf_counter()
     out = args.out / f"rank{args.rank}"
     out.mkdir(parents=True, exist_ok=True)

@@ -67,6 +67,9 @@ def curve(run: Path, raw: dict, system: str, every: int, scenario: str) -> list[
     shutil.rmtree(run, ignore_errors=True)
     job_file = write(run, raw)
     started = time.monotonic()
+    # a 500-step curve takes 15-85 min on 2 cores: say where it is (DDP's rank 0 logs each evaluation)
+    progress(f"{run.name}: training {steps} steps" + (f", each evaluation in {run / 'rank0.log'}"
+                                                      if system == "ddp" else ""))
     if system == "ddp":
         from nebula_lab.bench.ddp_peer import run_ranks
         # a hang guard, not a deadline: a curve shares the cores with whatever else runs (7 s a step at a load
@@ -76,8 +79,13 @@ def curve(run: Path, raw: dict, system: str, every: int, scenario: str) -> list[
         from nebula.runtime.job import load_job
         from nebula.runtime.onesite import run_one_site
         job = load_job(job_file)
+        tenth = max(every, steps // 10)
         for until in range(every, steps + 1, every):
             run_one_site(job, run, quiet=True, until=until)
+            points = read_curve(found)
+            if until % tenth < every and until < steps and points:
+                progress(f"{run.name}: step {until}/{steps}, validation loss {points[-1][1]:.4f} "
+                         f"({time.monotonic() - started:.0f} s)")
     progress(f"{run.name}: {steps} steps in {time.monotonic() - started:.0f} s, final loss "
              f"{read_curve(found)[-1][1]:.4f}")
     return read_curve(found)

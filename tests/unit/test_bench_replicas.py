@@ -55,6 +55,7 @@ def test_the_ddp_peer_equals_one_process_on_the_global_batch(tmp_path):
     job_file = write(tmp_path / "ddp", tiny_replicas(tmp_path, steps=3))
     run_ranks(tmp_path / "ddp", job_file, "gpt", 2, 3, eval_every=3, timeout_s=600)
     want = global_batch_reference(job_file, 3)
+    assert "step 3/3: validation loss" in (tmp_path / "ddp" / "rank0.log").read_text()  # progress, as it goes
     got = torch.load(tmp_path / "ddp" / "rank0" / "weights.pt")
     for name, value in want.trainable().items():
         torch.testing.assert_close(got[name], value.detach(), rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
@@ -64,10 +65,13 @@ def test_the_ddp_peer_equals_one_process_on_the_global_batch(tmp_path):
 
 
 @pytest.mark.slow
-def test_replicas_at_h1_stay_near_ddp_and_score_as_its_peer_does(tmp_path):
+def test_replicas_at_h1_stay_near_ddp_and_score_as_its_peer_does(tmp_path, capsys):
     raw = tiny_replicas(tmp_path, steps=4, outer={"lr": 1.0, "momentum": 0.0})
     nebula = curve(tmp_path / "nebula", raw, "nebula", 2, "gpt")
     ddp = curve(tmp_path / "ddp", raw, "ddp", 2, "gpt")
+    said = capsys.readouterr().err  # a long curve says where it is
+    assert "nebula: training 4 steps" in said and "nebula: step 2/4, validation loss" in said
+    assert f"ddp: training 4 steps, each evaluation in {tmp_path / 'ddp' / 'rank0.log'}" in said
     assert [s for s, _ in nebula] == [s for s, _ in ddp] == [2, 4]
     for (_, ours), (_, theirs) in zip(nebula, ddp):
         assert ours == pytest.approx(theirs, rel=0.02)  # averaging weights after AdamW, not its gradients
