@@ -86,9 +86,9 @@ def curve(run: Path, raw: dict, system: str, every: int, scenario: str) -> list[
             if until % tenth < every and until < steps and points:
                 progress(f"{run.name}: step {until}/{steps}, validation loss {points[-1][1]:.4f} "
                          f"({time.monotonic() - started:.0f} s)")
-    progress(f"{run.name}: {steps} steps in {time.monotonic() - started:.0f} s, final loss "
-             f"{read_curve(found)[-1][1]:.4f}")
-    return read_curve(found)
+    trained = read_curve(found)
+    progress(f"{run.name}: {steps} steps in {time.monotonic() - started:.0f} s, final loss {trained[-1][1]:.4f}")
+    return trained
 
 
 def speed(run: Path, raw: dict, system: str, rate: float, rtt: float, scenario: str) -> dict:
