@@ -9,7 +9,8 @@ from tests.support.sites import JOB_TIMEOUT, terminate_once_training, write_job
 # The demo's learning rates and encoder adapters (deploy/jobs/abnet-es-en.toml), 80 steps: with the tiny
 # job's (5e-4 both sides, adapters on every layer) 40 steps gave 23 of 24 inputs the same word, as the
 # full demo at 200 steps gave every input one sentence before its settings changed (docs/abnet.md)
-SMALL = {"steps = 8": "steps = 80",
+# and a checkpoint at 40 and 80, not every 2 steps: the decoder's is 100 MB, written in 0.3 s, as long as a step
+SMALL = {"steps = 8": "steps = 80", "checkpoint_every = 2": "checkpoint_every = 40",
          "lr = 5e-4\nwarmup_steps = 5\neval_examples = 16": "lr = 2e-4\nadapter_layers = 4\nwarmup_steps = 5\n"
                                                           "eval_examples = 24",
          "lr = 5e-4\nwarmup_steps = 5\nobjective": "lr = 1e-3\nwarmup_steps = 5\nobjective"}

@@ -34,7 +34,9 @@ def losses(run) -> dict[str, list]:
     return out
 
 
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+# forward-only equals one process in tests/unit/test_runtime.py and crosses sites in the ELECTRA demo's test: slow here
+@pytest.mark.parametrize("schedule", [pytest.param(s, marks=pytest.mark.slow) if s.startswith("forward-only") else s
+                                      for s in SCHEDULES])
 def test_two_sites_train_exactly_what_one_site_trains(schedule, tmp_path, start_job):
     changes = {**DETERMINISTIC, **SCHEDULES[schedule]}
     one = load_job(electra_job(tmp_path / "one", {**changes, **ONE_SITE}))

@@ -76,8 +76,9 @@ def test_job_completes_exactly_once_evaluates_across_sites_and_audits_its_transf
     assert stopped["b"][-1]["stats"]["links"]["to:a"]["bytes"] >= returned
 
 
-@pytest.mark.parametrize("victim,schedule", [("src", "synchronous"), ("sink", "synchronous"),
-                                             ("src", "one-step-stale")], ids=["head", "tail", "head-stale"])
+# one-step-stale's resume is also checked in one process (tests/unit/test_runtime.py, chain-stale-8): slow here
+@pytest.mark.parametrize("victim,schedule", [("src", "synchronous"), ("sink", "synchronous"), pytest.param(
+    "src", "one-step-stale", marks=pytest.mark.slow)], ids=["head", "tail", "head-stale"])
 def test_killed_stage_is_restarted_and_resumes_without_loss_or_repeat(tmp_path, start_job, victim, schedule):
     """one-step-stale: the source runs the next step's forward before each update (weight stashing) and
     is killed with a step in flight."""

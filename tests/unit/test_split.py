@@ -31,7 +31,9 @@ FAMILIES = {"gpt2-2": (gpt2_job, ["transformer.h.2"]),
             "bert-4": (bert_job, ["bert.encoder.layer.1", "bert.encoder.layer.2", "bert.encoder.layer.3"])}
 
 
-@pytest.mark.parametrize("case", FAMILIES)
+# two cuts in the default suite (GPT-2 in two as a user runs it, BERT in four), the other two slow
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in ("gpt2-4", "bert-2") else c
+                                  for c in FAMILIES])
 def test_the_split_model_has_the_unsplit_models_loss_and_gradients(tmp_path, case, capsys):
     make, points = FAMILIES[case]
     path = make(tmp_path, points)
