@@ -58,14 +58,26 @@ def test_two_forward_only_sources_at_two_sites_teach_one_sink(tmp_path, start_jo
         assert set().union(*sent) == {f"{source}->disc:forward"}  # per record: what was encoded since the last
 
 
-def test_a_stage_of_two_ranks_ends_where_one_rank_does(tmp_path, start_job):
-    """Same job and global batch; the sink runs as 2 gloo ranks (torchrun's variables) or as 1."""
+def test_a_stage_of_two_ranks_launched_by_torchrun_ends_where_one_rank_does(tmp_path, start_job):
+    """Same job and global batch; the sink as 1 rank, then as 2 gloo ranks that `torchrun --nproc-per-node 2
+    -m nebula.cli stage run ...` starts: the variables it sets are all a rank needs. (The supervisor starting
+    a stage's ranks itself: test_two_sites.py's killed rank, test_electra.py's discriminator of two ranks.)"""
+    import os
+    import subprocess
+    import sys
+
+    from nebula.site.ports import free_port
     one = start_job(job_file(tmp_path / "one", "chain"))
     one.wait()
-    two = start_job(job_file(tmp_path / "two", "chain", {'impl = "example-sink"': 'impl = "example-sink"\nranks = 2'}))
-    two.wait()
-    assert len(two.group.services["sink"].procs) == 2
-    assert (two.run / "logs" / "sink.rank1.log").exists()
+    job = job_file(tmp_path / "two", "chain", {'impl = "example-sink"': 'impl = "example-sink"\nranks = 2'})
+    two = start_job(job, skip=("sink",))
+    torchrun = Path(sys.executable).with_name("torchrun")
+    done = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()),
+                           "-m", "nebula.cli", "stage", "run", "--job", str(job), "--stage", "sink",
+                           "--site", str(two.run / "site-c.toml"), "--workdir", str(two.run / "sink"), "--quiet"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    two.wait(until=lambda: all(two.group.services[n].finished() for n in ("src", "mid")))
     last = one.job.train.steps
     for stage in ("src", "mid", "sink"):
         for key, value in weights(one.run, stage, last).items():
@@ -73,23 +85,3 @@ def test_a_stage_of_two_ranks_ends_where_one_rank_does(tmp_path, start_job):
         assert two.ledger(stage) == one.ledger(stage) == example_ledger(one.job)
     loss = {run: [r["loss"] for r in records(run / "sink" / "metrics.jsonl", "step")] for run in (one.run, two.run)}
     assert loss[one.run] == pytest.approx(loss[two.run], rel=1e-5)  # reduced over both ranks
-
-
-def test_torchrun_itself_launches_a_stages_ranks(tmp_path, start_job):
-    """`torchrun --nproc-per-node 2 -m nebula.cli stage run ...`: the variables it sets are all a rank needs."""
-    import os
-    import subprocess
-    import sys
-
-    from nebula.site.ports import free_port
-    job = job_file(tmp_path, "chain", {'impl = "example-sink"': 'impl = "example-sink"\nranks = 2'})
-    sites = start_job(job, skip=("sink",))
-    torchrun = Path(sys.executable).with_name("torchrun")
-    done = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(free_port()),
-                           "-m", "nebula.cli", "stage", "run", "--job", str(job), "--stage", "sink",
-                           "--site", str(sites.run / "site-c.toml"), "--workdir", str(sites.run / "sink"), "--quiet"],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-3000:]
-    sites.wait(until=lambda: all(sites.group.services[n].finished() for n in ("src", "mid")))
-    for stage in sites.stages:
-        assert sites.ledger(stage) == example_ledger(sites.job)

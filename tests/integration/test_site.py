@@ -67,7 +67,7 @@ def test_two_operators_bring_up_a_job_watch_it_and_stop_it_cleanly(two_sites):
         assert "up (supervisor pid" in nebula("site", "up", config).stdout
     # The job runs to its end at both sites; the gateways keep running.
     wait_for(lambda: service(a, "encoder")["state"] == "done" and service(b, "decoder")["state"] == "done",
-             timeout=240, what="the tiny job to finish at both sites")
+             timeout=240, what="the tiny job to finish at both sites", interval=1.0)
     gateway, encoder = service(a, "gateway"), service(a, "encoder")
     assert gateway["state"] == "running" and gateway["restarts"] == 0 and gateway["uptime"] > 0
     assert encoder["step"] == 8 and encoder["step_s"] > 0  # what the stage reported in its status file
@@ -80,7 +80,7 @@ def test_two_operators_bring_up_a_job_watch_it_and_stop_it_cleanly(two_sites):
     # A crashed gateway is restarted with backoff; the supervisor keeps watching the rest.
     os.kill(gateway["pid"], signal.SIGKILL)
     wait_for(lambda: service(a, "gateway")["restarts"] == 1 and service(a, "gateway")["state"] == "running",
-             timeout=20, what="the gateway's restart")
+             timeout=20, what="the gateway's restart", interval=0.5)
     assert "gateway" in nebula("site", "logs", a, "gateway", "-n", "5").stdout
     pids = [p for s in json.loads((a.parent / "run" / "status" / "supervisor.json").read_text())["services"]
             for p in s["pids"]]

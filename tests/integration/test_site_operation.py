@@ -204,7 +204,8 @@ def test_two_users_at_two_sites_run_the_halves_of_one_job_under_the_id_the_first
             follower.kill()
             follower.wait()
         for user in ("alice", "bob"):
-            wait_for(lambda u=user: _listed(users[u])[2] == "done", timeout=120, what=f"{user}'s half to end")
+            wait_for(lambda u=user: _listed(users[u])[2] == "done", timeout=120, what=f"{user}'s half to end",
+                     interval=1.0)
         row_a, row_b = _listed(users["alice"]), _listed(users["bob"])
         assert row_a[0] == row_b[0] == job_id
         assert "a/src/0 done step 6" in " ".join(row_a) and "b/sink/0 step 6" in " ".join(row_a)  # b's half, seen

@@ -132,12 +132,14 @@ def audit_events(path: Path, event: str) -> list[dict]:
     return [r for r in map(json.loads, path.read_text().splitlines()) if r["event"] == event]
 
 
-def wait_for(predicate, timeout: float = 5.0, what: str = "condition"):
+def wait_for(predicate, timeout: float = 5.0, what: str = "condition", interval: float = 0.05):
+    """`predicate()` once it is true. A predicate that starts a process (`nebula site status`, 0.3 s of CPU)
+    wants an `interval` near a second: polled every 0.05 s, it takes a core from the job it waits for."""
     deadline = time.monotonic() + timeout
     while not (result := predicate()):
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
+        time.sleep(interval)
     return result
 
 
