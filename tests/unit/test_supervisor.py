@@ -105,6 +105,15 @@ def test_free_ports_are_below_the_ephemeral_range_bindable_and_never_handed_out_
         s.bind(("127.0.0.1", ports[-1]))
 
 
+def test_two_processes_picking_ports_at_once_never_get_the_same_one():
+    """Picked, not yet bound: without a host-wide claim, 300 picks each from the 10,000 ports below the range
+    would share ~9 (a 3-worker run of the suite once failed on one)."""
+    code = "from nebula.site.ports import free_port; print(*[free_port() for _ in range(300)])"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    picked = [set(map(int, p.communicate(timeout=60)[0].split())) for p in procs]
+    assert len(picked[0]) == len(picked[1]) == 300 and not picked[0] & picked[1]
+
+
 def test_ready_waits_for_the_log_of_the_latest_start_and_names_a_service_that_died_first(tmp_path):
     sup = Supervisor(strict=False)
     code = "import time; time.sleep(0.3); print('serving', flush=True); time.sleep(60)"
