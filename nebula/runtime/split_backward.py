@@ -13,27 +13,29 @@ no gradient from torch's second half, so such a stage keeps the one-pass backwar
 """
 from __future__ import annotations
 
+from types import ModuleType
 from typing import Any, Callable, Sequence
 
 import torch
-from torch.distributed.pipelining._backward import (
-    _get_grad_fn_or_grad_acc,
-    construct_reverse_graph,
-    get_param_groups,
-    stage_backward_input,
-    stage_backward_weight,
-)
+
+
+def _halves() -> ModuleType:
+    # why here: importing torch.distributed.pipelining costs 1.2 s of CPU on a 2-core AVX2 machine (it imports
+    # torch._dynamo), paid at start by every process that imports the runtime, most of which never split
+    from torch.distributed.pipelining import _backward
+    return _backward
 
 
 def _nodes(tensors: Sequence[torch.Tensor]) -> list:
-    return [n for n in (_get_grad_fn_or_grad_acc(t) for t in tensors if t.requires_grad) if n is not None]
+    node = _halves()._get_grad_fn_or_grad_acc
+    return [n for n in (node(t) for t in tensors if t.requires_grad) if n is not None]
 
 
 def exact(roots: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> bool:
     """Whether the two halves give every weight that took part its gradient (see the module's docstring)."""
-    reverse = construct_reverse_graph(_nodes(roots))
+    reverse = _halves().construct_reverse_graph(_nodes(roots))
     weights = [n for n in _nodes(params) if n in reverse]  # the weights this backward reaches
-    groups = get_param_groups(_nodes(leaves), weights, reverse)
+    groups = _halves().get_param_groups(_nodes(leaves), weights, reverse)
     covered = set().union(*(group["params"] for group in groups)) if groups else set()
     return set(weights) <= covered
 
@@ -46,8 +48,8 @@ def backward_input(roots: list[torch.Tensor], grads: list[torch.Tensor | None], 
     # torch detaches the roots in place when it is done, which a view refuses: a copy of such a root then
     roots = [r.clone() if r._is_view() else r for r in roots]
     weights: Any = params  # torch types them as Parameters; a stash's leaves (one-step-stale) work alike
-    dinputs, groups = stage_backward_input(roots, ones, list(leaves), iter(weights))
+    dinputs, groups = _halves().stage_backward_input(roots, ones, list(leaves), iter(weights))
 
     def weight_half() -> None:
-        stage_backward_weight(iter(weights), groups)
+        _halves().stage_backward_weight(iter(weights), groups)
     return [d if d is not None else torch.zeros_like(leaf) for d, leaf in zip(dinputs, leaves)], weight_half
