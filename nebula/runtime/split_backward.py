@@ -21,7 +21,8 @@ import torch
 
 def _halves() -> ModuleType:
     # why here: importing torch.distributed.pipelining costs 1.2 s of CPU on a 2-core AVX2 machine (it imports
-    # torch._dynamo), paid at start by every process that imports the runtime, most of which never split
+    # torch._dynamo, which torch.optim imports too): at start, every process that imports the runtime paid it,
+    # those that build no optimizer (evaluations, translation, the demos' own processes) for nothing
     from torch.distributed.pipelining import _backward
     return _backward
 

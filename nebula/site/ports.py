@@ -48,8 +48,11 @@ def _claim(port: int) -> bool:
                 os.close(os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
                 return True
             except FileExistsError:
-                if time.time() - mark.stat().st_mtime < CLAIM_S:
-                    return False
+                try:
+                    if time.time() - mark.stat().st_mtime < CLAIM_S:
+                        return False
+                except FileNotFoundError:  # another process cleared the old claim meanwhile: try again
+                    continue
                 mark.unlink(missing_ok=True)  # an old claim: its user bound the port long ago, or never will
         return False
     except OSError:  # no writable temporary directory: the bind below is the only check, as before

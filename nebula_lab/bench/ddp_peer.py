@@ -104,7 +104,7 @@ def rank_main(args: argparse.Namespace) -> None:
         (out / "valid.jsonl").write_text("".join(json.dumps(r) + "\n" for r in curve))
         torch.save({n: p.detach().clone() for n, p in stage.trainable().items()}, out / "weights.pt")
     # DDP's reducer holds the process group: were it the last holder, gloo's threads would be joined with the
-    # GIL held while one of them waits for the GIL, a deadlock 1 run in 8 here (pytorch/pytorch#56297)
+    # GIL held while one of them waits for the GIL, a deadlock about 1 run in 7 here (pytorch/pytorch#56297)
     del model
     dist.destroy_process_group()
 
