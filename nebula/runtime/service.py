@@ -19,6 +19,7 @@ from nebula.runtime.ranks import RankGroup
 from nebula.runtime.registry import resolve_stage
 from nebula.runtime.runner import StageRunner
 from nebula.runtime.stage import Stage, StageContext
+from nebula.runtime.warm_start import load_init
 from nebula.security.grants import DataAccess
 from nebula.transport.base import Channel
 
@@ -66,12 +67,17 @@ def build_stage(job: JobConfig, name: str, workdir: Path, quiet: bool = False, r
     context = StageContext(name=name, address=config.address, job=job, workdir=workdir, device=device,
                            metrics=metrics, rank=rank, world_size=world, access=access or DataAccess())
     try:
-        return resolve_stage(config.impl)(context, config.options)
+        stage = resolve_stage(config.impl)(context, config.options)
     except PermissionError as exc:
         # Unreadable data (a mount the stage's uid may not read): a traceback and a restart in a loop before;
         # retrying changes nothing, so a DataError, which a supervisor does not restart (exit 3).
         raise DataError(f"stage {name} cannot read {exc.filename}: permission denied to uid {os.getuid()}; make "
                         f"[job].data ({job.data}) readable by the user the stage runs as") from exc
+    if config.init is not None:  # a warm start; a resume from the stage's own checkpoint overwrites it (said
+        # once: a resumed stage would print it at every start, before saying which checkpoint it resumed)
+        fresh = not any((workdir / "checkpoints").glob("step-*.pt"))
+        metrics.event("init", file=config.init, **load_init(stage, Path(config.init)), echo=fresh and rank == 0)
+    return stage
 
 
 def make_runner(job: JobConfig, name: str, stage: Stage, channel: Channel, ranks: RankGroup | None = None,

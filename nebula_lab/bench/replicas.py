@@ -42,6 +42,7 @@ import argparse
 import copy
 import json
 import os
+import shutil
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ TARGET_LOSS = 6.5  # the default --time-to-loss: the GPT time-to-loss bench's (d
 QUICK_TARGET = 7.3  # --quick's: what its small model reaches in its 40 steps
 
 
+WARM_SEED = 1000  # a warm-up's data order is its seed's + this: not the order the runs from it take again
 DILOCO_H = 50  # DiLoCo's inner steps per round: the settings at it take --H (quick: 10)
 
 
@@ -104,6 +106,9 @@ class ReplicasBench:
                            help="inner steps per round of the settings at DiLoCo's H = 50 (default 50; quick 10)")
         group.add_argument("--lr-schedule", choices=DECAYS, default=None,
                            help="the model's LR after its warm-up, for every system (default: the job's, constant)")
+        group.add_argument("--warm-start", type=int, default=0, metavar="W",
+                           help="every system starts from one model trained synchronously for W steps (DDP at R = 2 "
+                           f"on the data order of seed + {WARM_SEED}, per seed): DiLoCo's regime (default 0: random)")
         group.add_argument("--kill", action="store_true", default=None,
                            help="also: the chosen setting with the last replica killed mid-round (root)")
 
@@ -142,6 +147,11 @@ class Plan:
         if any(not 2 <= r <= len(SITES) for r in self.counts):
             raise ConfigError(f"--replicas {self.counts}: each must be 2 to {len(SITES)}")
         self.seeds = args.seeds or [1]
+        self.warm_steps = args.warm_start
+        if self.warm_steps < 0:
+            raise ConfigError(f"--warm-start {self.warm_steps}: steps of the synchronous warm-up, 0 (none) or more")
+        self.inits: dict[int, Path] = {}  # seed -> the warm-up's weights (run fills it)
+        self.init_loss: dict[int, float] = {}  # seed -> the warm-up's validation loss at its end
         self.base = read_job_table(args.job or deploy_dir() / "jobs" / f"{self.workload}-replicas.toml")
         if len(self.base.get("stages", {})) != 1 or "replicas" not in self.base:
             raise ConfigError("the replicas bench replicates a one-stage job with a [replicas] table "
@@ -177,6 +187,8 @@ class Plan:
         # a schedule's length is the run's: a speed run's few steps (at most the warm-up) time the same compute
         if self.args.lr_schedule and steps > stage.get("warmup_steps", 0):
             stage["lr_schedule"] = self.args.lr_schedule
+        if seed in self.inits:
+            stage["init"] = str(self.inits[seed])
         raw["replicas"].update(groups=[[SITES[k]] for k in range(count)], H=self.h(setting), codec=setting.codec,
                                fragments=setting.fragments, overlap=setting.overlap if not self.quick else 0,
                                exchange=setting.exchange,
@@ -187,6 +199,9 @@ class Plan:
         from nebula_lab.bench.replicas_runs import curve, killed, speed
         rows = []
         root = os.geteuid() == 0 and not self.args.steps_only
+        if self.warm_steps:
+            for seed in self.seeds:
+                self.inits[seed], self.init_loss[seed] = self.warm(work / "warm" / f"seed{seed}", seed)
         if not root:
             progress("step times, WAN bytes and utilisation skipped (--steps-only, or not root: the emulated WAN "
                      "needs it)")
@@ -207,6 +222,18 @@ class Plan:
             kill = killed(work / "kill", self.job(chosen, self.counts[0], self.seeds[0], 6 * h),
                           self.rate(work / "kill-calibrate", self.counts[0]), self.args.rtt_ms or 0.0)
         return rows, kill
+
+    def warm(self, run: Path, seed: int) -> tuple[Path, float]:
+        """The warm start of `seed`: DDP at R = 2 for --warm-start steps at the job's own LR schedule, on the
+        data order of seed + WARM_SEED; -> its weights' file and its validation loss at the end."""
+        from nebula_lab.bench.replicas_runs import curve
+        raw = self.job(SETTINGS["ddp"], 2, seed + WARM_SEED, self.warm_steps)
+        next(iter(raw["stages"].values())).pop("lr_schedule", None)
+        weights = run / "rank0" / "weights.pt"
+        if not weights.exists():
+            shutil.rmtree(run, ignore_errors=True)  # a curve kept without its weights: train it again
+        points = curve(run, raw, "ddp", self.warm_steps, self.workload)
+        return weights, points[-1][1]
 
     def timed(self, setting: Setting) -> int:
         """Steps of a speed run: two whole rounds; or --steps (default 8) after the lead-in."""
@@ -246,7 +273,8 @@ class Plan:
                 "steps_to_target": steps, "target": self.target, "s_per_step": timing.get("s_per_step"),
                 "T_s": round(steps * timing["s_per_step"], 1) if steps and timing else None,
                 "utilisation": timing.get("utilisation"), "compute_s": timing.get("compute_s"),
-                "seeds": sorted(curves), "setting_detail": asdict(setting)}
+                "seeds": sorted(curves), "setting_detail": asdict(setting), "warm_start": self.warm_steps,
+                "init_loss": round(statistics.fmean(self.init_loss[s] for s in curves), 4) if self.init_loss else None}
 
     def _tokens(self, count: int, steps: int) -> int:
         raw = self.job(SETTINGS["ddp"], count, 1, steps)
@@ -307,6 +335,12 @@ def _targets(at: str, ddp: dict, ours: dict) -> list[str]:
         gap = (ours["val_loss"] - ddp["val_loss"]) / ddp["val_loss"]
         out.append(f"{at} validation loss at equal tokens {gap:+.2%} of DDP's over seeds {ours['seeds']} "
                    f"({'met' if gap <= 0.02 else 'NOT met'}, target within 2%)")
+        if ddp.get("init_loss"):  # a warm start: the gap beside what DDP gained from the shared start
+            drop = ddp["init_loss"] - ddp["val_loss"]
+            out.append(f"{at} from a warm start of {ddp['warm_start']} steps at loss {ddp['init_loss']:.4f}: DDP's "
+                       f"loss fell {drop:.4f} since, ours {ddp['init_loss'] - ours['val_loss']:.4f} (the gap is "
+                       f"{(ours['val_loss'] - ddp['val_loss']) / drop:.0%} of DDP's fall)" if drop > 0 else
+                       f"{at} from a warm start at loss {ddp['init_loss']:.4f}: DDP's loss did not fall since")
     if ddp["T_s"] and ours["T_s"]:
         speedup = ddp["T_s"] / ours["T_s"]
         out.append(f"{at} time to loss {ours['target']:g} {speedup:.1f}x better than DDP "
