@@ -103,7 +103,7 @@ def _text(d: dict[str, Any]) -> str:
     else:
         lines += [f"  in   {p}" for p in d["inputs"]] + [f"  out  {p}" for p in d["outputs"]]
     lines.append(f"  hooks: {', '.join(d['hooks']) or 'none beyond forward'}; stats: {', '.join(d['stats']) or '-'}")
-    lines.append("  options ([stages.NAME] keys besides address, impl, ranks, max_ranks, device, threads):")
+    lines.append("  options ([stages.NAME] keys besides address, impl, ranks, max_ranks, device, threads, init_from):")
     width = max((len(o["key"]) for o in d["options"]), default=4)
     for o in d["options"]:
         limits = " ".join(f"{k.replace('_', ' ')} {v}" for k, v in o.get("limits", {}).items())

@@ -60,7 +60,7 @@ class StageConfig:
     auto_ranks: bool = False  # set by ranks = "auto": the launcher measures and fixes ranks before the start
     device: str = "auto"  # cpu | cuda | cuda:N | auto (cuda when available)
     threads: int | None = field(default=None, metadata=limits(at_least=1))  # torch intra-op threads
-    init: str | None = None  # a file of weights to start from (nebula.runtime.warm_start), relative to the job file
+    init_from: str | None = None  # weights to start from (nebula.runtime.warm_start), relative to the job file
     options: Any = None  # the implementation's Options dataclass, checked
 
     @property
@@ -140,9 +140,9 @@ def parse_job(raw: dict[str, Any], source: Path | None = None) -> JobConfig:
     classes, configs = {}, {}
     for name, table in stages.items():
         configs[name], classes[name] = _stage(name, table, f"{where}: [stages.{name}]")
-        init = configs[name].init
+        init = configs[name].init_from
         if init is not None and source is not None and not Path(init).is_absolute():  # as [job].data
-            configs[name] = dataclasses.replace(configs[name], init=str((source.parent / init).resolve()))
+            configs[name] = dataclasses.replace(configs[name], init_from=str((source.parent / init).resolve()))
     _check_addresses(configs, where)
     links = tuple(_link(i, table, where) for i, table in
                   enumerate(check(list[dict], raw.get("links", []), f"{where}: [[links]]")))
@@ -166,7 +166,7 @@ def load_job(path: str | Path) -> JobConfig:
 def _stage(name: str, table: dict, where: str) -> tuple[StageConfig, type]:
     if not _STAGE_NAME.match(name):
         raise ConfigError(f"{where}: stage names are 1-32 lowercase letters, digits or '-', starting with a letter")
-    framework = {"address", "impl", "ranks", "max_ranks", "device", "threads", "init"}
+    framework = {"address", "impl", "ranks", "max_ranks", "device", "threads", "init_from"}
     keys = {k: v for k, v in table.items() if k in framework}
     auto = keys.get("ranks") == "auto"
     if auto:

@@ -11,7 +11,8 @@ The definition is the job as it loads (defaults filled in, so a default written 
 same job), keyed as the job file names it: `train.steps`, `schedule.name`, `stages.decoder.impl`,
 `stages.decoder.lr` (an option), `links.encoder->decoder.compression.phases[0].backward.codec`. What each
 site may set for itself is left out: `[job].data` (a path here, a grant there), and a stage's `device`,
-`threads` and `ranks` (resolved at the stage's own site), `[train] log_every` and `tensorboard` (reporting),
+`threads`, `ranks` (resolved at the stage's own site) and `init_from` (a path there: replicas that start apart
+agree at their first hello, nebula.runtime.replicas), `[train] log_every` and `tensorboard` (reporting),
 and a stage option whose field says it may differ (`field(metadata=SITE_LOCAL)`: what a site reports, or
 where it writes, never the maths).
 """

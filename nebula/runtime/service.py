@@ -73,10 +73,11 @@ def build_stage(job: JobConfig, name: str, workdir: Path, quiet: bool = False, r
         # retrying changes nothing, so a DataError, which a supervisor does not restart (exit 3).
         raise DataError(f"stage {name} cannot read {exc.filename}: permission denied to uid {os.getuid()}; make "
                         f"[job].data ({job.data}) readable by the user the stage runs as") from exc
-    if config.init is not None:  # a warm start; a resume from the stage's own checkpoint overwrites it (said
+    if config.init_from is not None:  # a warm start; a resume from the stage's own checkpoint overwrites it (said
         # once: a resumed stage would print it at every start, before saying which checkpoint it resumed)
         fresh = not any((workdir / "checkpoints").glob("step-*.pt"))
-        metrics.event("init", file=config.init, **load_init(stage, Path(config.init)), echo=fresh and rank == 0)
+        loaded = load_init(stage, Path(config.init_from))
+        metrics.event("init_from", file=config.init_from, **loaded, echo=fresh and rank == 0)
     return stage
 
 

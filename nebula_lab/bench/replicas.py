@@ -188,7 +188,7 @@ class Plan:
         if self.args.lr_schedule and steps > stage.get("warmup_steps", 0):
             stage["lr_schedule"] = self.args.lr_schedule
         if seed in self.inits:
-            stage["init"] = str(self.inits[seed])
+            stage["init_from"] = str(self.inits[seed])
         raw["replicas"].update(groups=[[SITES[k]] for k in range(count)], H=self.h(setting), codec=setting.codec,
                                fragments=setting.fragments, overlap=setting.overlap if not self.quick else 0,
                                exchange=setting.exchange,

@@ -81,7 +81,7 @@ def args(**given):
     base = dict(quick=True, replicas=None, settings=None, workload=None, kill=None, peer="ddp", seeds=None,
                 job=None, max_steps=None, eval_every=25, time_to_loss=None, steps=None, rtt_ms=None,
                 bound_factor=5.0, workdir=None, json=False, H=None, steps_only=False,
-                lr_schedule=None)
+                lr_schedule=None, warm_start=0)
     return argparse.Namespace(**{**base, **given})
 
 
@@ -136,3 +136,18 @@ def test_a_schedule_is_every_systems_and_a_kept_run_of_another_job_is_no_cache(t
     write(tmp_path / "run", constant)
     assert same_job(tmp_path / "run", constant)
     assert not same_job(tmp_path / "run", plan.job(SETTINGS["chosen"], 2, 1, 500))
+
+
+def test_a_warm_start_is_every_systems_and_the_verdict_sets_the_gap_beside_ddps_fall(tmp_path):
+    with pytest.raises(ConfigError, match="--warm-start -1"):
+        Plan(args(warm_start=-1))
+    plan = Plan(args(quick=False, settings=["ddp", "chosen"], warm_start=500, max_steps=300))
+    plan.inits, plan.init_loss = {12: tmp_path / "w.pt"}, {12: 5.5}  # what run() fills from the warm-ups
+    for setting in plan.settings:  # DDP and the replicas start from the same file
+        assert plan.job(setting, 2, 12, 300)["stages"]["whole"]["init_from"] == str(tmp_path / "w.pt")
+    assert "init_from" not in plan.job(SETTINGS["ddp"], 2, 12 + 1000, 500)["stages"]["whole"]  # the warm-up itself
+    ddp, ours = (plan.row(SETTINGS[name], 2, {12: [[288, loss]]}, {}, None) for name, loss in
+                 (("ddp", 5.0), ("chosen", 5.1)))
+    assert ddp["warm_start"] == 500 and ddp["init_loss"] == 5.5
+    assert "DDP's loss fell 0.5000 since, ours 0.4000 (the gap is 20% of DDP's fall)" in "\n".join(verdicts([ddp, ours],
+                                                                                                       None))
