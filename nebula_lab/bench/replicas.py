@@ -106,9 +106,9 @@ class ReplicasBench:
                            help="inner steps per round of the settings at DiLoCo's H = 50 (default 50; quick 10)")
         group.add_argument("--lr-schedule", choices=DECAYS, default=None,
                            help="the model's LR after its warm-up, for every system (default: the job's, constant)")
-        group.add_argument("--warm-start", type=int, default=0, metavar="W",
+        group.add_argument("--warm-start", type=int, default=None, metavar="W",
                            help="every system starts from one model trained synchronously for W steps (DDP at R = 2 "
-                           f"on the data order of seed + {WARM_SEED}, per seed): DiLoCo's regime (default 0: random)")
+                           f"on the data order of seed + {WARM_SEED}, per seed): DiLoCo's regime (default: from random weights)")
         group.add_argument("--kill", action="store_true", default=None,
                            help="also: the chosen setting with the last replica killed mid-round (root)")
 
@@ -147,7 +147,7 @@ class Plan:
         if any(not 2 <= r <= len(SITES) for r in self.counts):
             raise ConfigError(f"--replicas {self.counts}: each must be 2 to {len(SITES)}")
         self.seeds = args.seeds or [1]
-        self.warm_steps = args.warm_start
+        self.warm_steps = args.warm_start or 0
         if self.warm_steps < 0:
             raise ConfigError(f"--warm-start {self.warm_steps}: steps of the synchronous warm-up, 0 (none) or more")
         self.inits: dict[int, Path] = {}  # seed -> the warm-up's weights (run fills it)

@@ -81,7 +81,7 @@ def args(**given):
     base = dict(quick=True, replicas=None, settings=None, workload=None, kill=None, peer="ddp", seeds=None,
                 job=None, max_steps=None, eval_every=25, time_to_loss=None, steps=None, rtt_ms=None,
                 bound_factor=5.0, workdir=None, json=False, H=None, steps_only=False,
-                lr_schedule=None, warm_start=0)
+                lr_schedule=None, warm_start=None)
     return argparse.Namespace(**{**base, **given})
 
 
@@ -151,3 +151,16 @@ def test_a_warm_start_is_every_systems_and_the_verdict_sets_the_gap_beside_ddps_
     assert ddp["warm_start"] == 500 and ddp["init_loss"] == 5.5
     assert "DDP's loss fell 0.5000 since, ours 0.4000 (the gap is 20% of DDP's fall)" in "\n".join(verdicts([ddp, ours],
                                                                                                        None))
+
+
+def test_no_scenario_is_refused_for_options_it_was_not_given():
+    """A scenario's own options default to None: another scenario run without them is not refused (a default
+    of 0 for --warm-start refused every other scenario's bench)."""
+    from nebula.cli import build_parser
+    from nebula_lab.bench.scenarios import scenario_names
+    from nebula_lab.bench.wan import check_scenario_options
+    parser = build_parser()
+    for name in scenario_names():
+        check_scenario_options(parser.parse_args(["bench", "wan", "--scenario", name]))
+    with pytest.raises(ConfigError, match="--warm-start: only with --scenario replicas"):
+        check_scenario_options(parser.parse_args(["bench", "wan", "--scenario", "gpt", "--warm-start", "5"]))
