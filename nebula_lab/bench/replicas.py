@@ -107,8 +107,8 @@ class ReplicasBench:
         group.add_argument("--lr-schedule", choices=DECAYS, default=None,
                            help="the model's LR after its warm-up, for every system (default: the job's, constant)")
         group.add_argument("--warm-start", type=int, default=None, metavar="W",
-                           help="every system starts from one model trained synchronously for W steps (DDP at R = 2 "
-                           f"on the data order of seed + {WARM_SEED}, per seed): DiLoCo's regime (default: from random weights)")
+                           help="every system starts from one model trained synchronously for W steps (DDP at R = 2 on "
+                           f"the data order of seed + {WARM_SEED}, per seed): DiLoCo's regime [default: random]")
         group.add_argument("--kill", action="store_true", default=None,
                            help="also: the chosen setting with the last replica killed mid-round (root)")
 
