@@ -3,7 +3,8 @@ parallelism, DiLoCo family: docs/replicas.md) against PyTorch DDP over the same 
 data and global batch, in one run.
 
 The model is a workload's whole-model job with [replicas] (--workload, default gpt: its
-deploy/jobs/gpt-replicas.toml, the bench's d = 128 GPT as one `gpt-whole` stage), replicated R times
+deploy/jobs/gpt-replicas.toml, the bench's d = 128 GPT as one `gpt-whole` stage; `split`: a model a user
+brings, transformers' GPT-2 at that size as one split stage, deploy/jobs/split-replicas.toml), replicated R times
 (--replicas 2,4: replica k at site k, one torch thread each; the global batch is R x batch_size windows
 per step for every system). Settings (--settings; `chosen` is the one the targets are judged on, picked on
 validation seeds 4 and 5 among H = 16 / 25 with Nesterov and H = 16 with the mean, docs/replicas.md; --H
@@ -156,6 +157,9 @@ class Plan:
         if len(self.base.get("stages", {})) != 1 or "replicas" not in self.base:
             raise ConfigError("the replicas bench replicates a one-stage job with a [replicas] table "
                               f"(deploy/jobs/{self.workload}-replicas.toml is one)")
+        if self.quick and next(iter(self.base["stages"].values())).get("impl") != "gpt-whole":
+            raise ConfigError(f"--quick shrinks the GPT's own model; the {self.workload} job's is its own: run it "
+                              "without --quick (fewer steps: --max-steps)")
         self.steps = args.max_steps or (QUICK["steps"] if self.quick else self.base["train"]["steps"])
         # --eval-every: the parser's default (25) means "every round of the settings' largest H"; with DDP
         # alone, `chosen`'s rounds, so that its curve is scored where one run beside `chosen` would be
@@ -279,7 +283,8 @@ class Plan:
     def _tokens(self, count: int, steps: int) -> int:
         raw = self.job(SETTINGS["ddp"], count, 1, steps)
         stage = next(iter(raw["stages"].values()))
-        return steps * count * raw["train"]["batch_size"] * stage.get("seq_len", 256)
+        seq_len = stage.get("seq_len") or stage.get("data", {}).get("seq_len", 256)  # the GPT's, or a split job's data
+        return steps * count * raw["train"]["batch_size"] * seq_len
 
 
 def _ints(text: str) -> list[int]:

@@ -7,7 +7,9 @@ workload: its job, its metric and how to score a run all come from the scenario.
 - an `OwnBenchmark`: tables of its own (e.g. throughput), which `nebula bench wan` runs, lending it the
   lab's tools (`LabTools`: the workload imports nothing of the lab), with options of its own;
 - a `TimeToLoss`: the lab trains each of its settings until the validation loss reaches a target and
-  times its steps on the emulated WAN (`--time-to-loss TARGET`, nebula_lab.bench.wan_ttl).
+  times its steps on the emulated WAN (`--time-to-loss TARGET`, nebula_lab.bench.wan_ttl);
+- a `PeerOnly`: no table of its own, only the hooks by which the replicas bench trains its whole-model job
+  with DDP (`--scenario replicas --workload NAME`).
 Every hook the lab calls is declared below (tests/unit/test_workload_spec.py holds the lab to it), and a
 scenario that lacks one is refused when it loads, naming what is missing.
 """
@@ -112,7 +114,6 @@ class TorchPeer(Protocol):
 
 
 AnyScenario = Scenario | OwnBenchmark | TimeToLoss
-KINDS = (OwnBenchmark, TimeToLoss, Scenario)  # the order a scenario is recognised in
 
 
 class DdpPeer(TorchPeer, Protocol):
@@ -125,10 +126,21 @@ class DdpPeer(TorchPeer, Protocol):
         scores."""
 
 
+class PeerOnly(DdpPeer, Protocol):
+    """A workload with no table of its own whose whole-model job the replicas bench runs (`--workload NAME`,
+    its deploy/jobs/NAME-replicas.toml) against DDP: the peer's hooks alone (`nebula bench wan --scenario
+    NAME` says to use it so)."""
+
+    peer_only: bool
+
+
 def hooks(protocol: type) -> list[str]:
     """The attributes and methods a protocol declares: what the lab may use of a scenario."""
     methods = [name for name, value in vars(protocol).items() if callable(value) and not name.startswith("_")]
     return sorted({*protocol.__annotations__, *methods})
+
+
+KINDS = (OwnBenchmark, TimeToLoss, Scenario, PeerOnly)  # the order a scenario is recognised in
 
 
 def is_own(scenario: AnyScenario) -> bool:

@@ -43,6 +43,7 @@ from nebula.runtime.records import read_records
 from nebula_lab.bench.cpu import CpuSampler, per_step, read_samples
 from nebula_lab.bench.scenarios import (
     LabTools,
+    PeerOnly,
     TimeToLoss,
     chosen_name,
     is_own,
@@ -183,6 +184,10 @@ def run(args: argparse.Namespace) -> int:
     check_scenario_options(args)
     if is_own(scenario):  # a workload with tables of its own
         return scenario.bench(args, LabTools(BOUND_FACTOR, _workdir, run_job, WanLink))
+    if kind_of(scenario) is PeerOnly:
+        raise ConfigError(f"--scenario {chosen_name(args.scenario)}: no table of its own; its model is benchmarked "
+                          f"as replicas against DDP: --scenario replicas --workload {chosen_name(args.scenario)} "
+                          "--peer ddp")
     if args.peer == "ddp":
         raise ConfigError("--peer ddp compares replicas with DDP: only with --scenario replicas; a pipeline's "
                           "peer is --peer torch")

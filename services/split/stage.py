@@ -135,15 +135,34 @@ class SplitStage(Stage):
     def score(self, split: str, results: list[Any]) -> dict[str, Any]:
         return summary(self.options.loss, split, results)
 
+    def score_here(self, split: str, rows: list[int]) -> dict[str, Any]:
+        """`rows` of `split` scored in this process, as an evaluation across the sites scores them: the whole
+        model's stage only (the peers of the replicas bench: services.split.peer)."""
+        if not self.last or self.options.part != 0:
+            raise StageError(f"stage {self.context.name}: scoring in one process needs the whole model (no points)")
+        results: list[list[float]] = []
+        with torch.no_grad():
+            for start in range(0, len(rows), self.options.eval_batch_size):
+                chunk = rows[start:start + self.options.eval_batch_size]
+                local = {k: v.to(self.device) for k, v in self.data.inputs(split, chunk).items()
+                         if k in self.part.inputs}
+                out, targets = self._pieces({}, local, len(chunk)), self.data.targets(split, chunk).to(self.device)
+                results += per_example(self.options.loss, self.loss, out, targets)
+        return self.score(split, results)
+
+    def eval_rows(self) -> list[int]:
+        """The rows of `eval_split` an evaluation after training scores: `eval_examples`, spread over it."""
+        total = len(self.examples(self.options.eval_split))
+        n = min(self.options.eval_examples, total)
+        return [i * total // n for i in range(n)]
+
     def after_training(self, runner) -> None:
         """Part 0 scores `eval_examples` of `eval_split`, spread over it, across the sites:
         scores-SPLIT.json here and a line of SPLIT.jsonl (one per evaluation)."""
         o = self.options
         if not o.eval_examples:
             return
-        total = len(self.examples(o.eval_split))
-        n = min(o.eval_examples, total)
-        scores = runner.evaluate(o.eval_split, [i * total // n for i in range(n)], o.eval_batch_size)
+        scores = runner.evaluate(o.eval_split, self.eval_rows(), o.eval_batch_size)
         score = {**next(iter(scores.values())), "step": runner.step}
         (self.context.workdir / f"scores-{o.eval_split}.json").write_text(json.dumps(score, indent=1))
         with open(self.context.workdir / f"{o.eval_split}.jsonl", "a") as log:

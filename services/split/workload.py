@@ -7,4 +7,5 @@ WORKLOAD = Workload(
     stages={"split": "services.split.stage:SplitStage"},
     commands={"split": "services.split.command:register"},
     data={"prepare-pairs": "services.split.pairs:register"},
+    scenario="services.split.peer:SCENARIO",  # a peer only: `nebula bench wan --scenario replicas --workload split`
 )
