@@ -43,6 +43,8 @@ def test_shipped_job_files_load_and_their_stages_resolve():
         elif path.name.startswith(("gpt", "minilm")):  # a chain of pipeline stages: activations forward,
             # gradients back (gpt2-*, minilm-*: the split workload's, its links' tensors found by the split)
             assert len(config.links) == len(config.stages) - 1 and all(link.backward for link in config.links)
+        elif path.stem == "split-replicas":  # a model a user brings, whole, replicated (docs/replicas.md)
+            assert len(config.stages) == 1 and not config.links and config.replicas.count == 2
         elif path.stem == "electra-generator":  # G's masked-LM phase before distillation: one stage, no links
             assert len(config.stages) == 1 and not config.links
         else:  # ELECTRA-Cloud: generators send ids one way to the discriminator
