@@ -1,5 +1,5 @@
 """The split workload's DDP peer (services/split/peer.py): a model a user brings, trained and scored by the
-replicas bench's DDP ranks exactly as its stage trains and scores it; refused for a part of a model."""
+replicas bench's DDP ranks exactly as its stage trains and scores it; never a part of a model."""
 import json
 
 import pytest
@@ -39,10 +39,6 @@ def test_the_peer_takes_the_stages_batches_loss_and_scores(tmp_path):
     want = stage.forward(Batch("train", 1, 0, ids=torch.zeros(2, dtype=torch.int64), indices=rows), {}).loss
     assert torch.equal(peer.peer_loss(module(inputs), targets), want)
     assert {n for n, _ in module.named_parameters()} == {f"model.{n}" for n, _ in stage.module.named_parameters()}
+    with pytest.raises(ConfigError, match="runs a whole model"):  # asked for a part of it (a pipeline's stage)
+        peer.peer_module(stage, True, False, torch.float32)
 
-
-def test_a_part_of_a_model_is_refused(tmp_path):
-    job = load_job(gpt2_job(tmp_path, ["transformer.h.2"]))
-    stage = build_stage(job, "p0", tmp_path / "w", quiet=True)
-    with pytest.raises(ConfigError, match="runs a whole model"):
-        SplitPeer().peer_module(stage, True, False, torch.float32)
