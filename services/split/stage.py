@@ -71,8 +71,7 @@ class SplitStage(Stage):
     # -- the maths ---------------------------------------------------------------------------------
     def forward(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> Output:
         n = int(batch.ids.shape[0])
-        local = {k: v.to(self.device) for k, v in self.data.inputs(batch.split, self._rows(batch)).items()
-                 if k in self.part.inputs} if self.part.inputs else {}
+        local = self._local(batch.split, self._rows(batch)) if self.part.inputs else {}
         if batch.training and n != self.micro:
             raise StageError(f"stage {self.context.name}: a training micro-batch of {n} examples; the model was "
                              f"split for {self.micro} ([train] batch_size / micro_batches)")
@@ -127,10 +126,15 @@ class SplitStage(Stage):
     # -- evaluation --------------------------------------------------------------------------------
     def infer(self, batch: Batch, inputs: dict[str, torch.Tensor]) -> list[list[float]]:
         """[summed loss, count, correct] per example (services.split.losses.per_example)."""
-        rows = self._rows(batch)
-        local = {k: v.to(self.device) for k, v in self.data.inputs(batch.split, rows).items() if k in self.part.inputs}
-        out = self._pieces(inputs, local, int(batch.ids.shape[0]))
-        return per_example(self.options.loss, self.loss, out, self.data.targets(batch.split, rows).to(self.device))
+        return self._per_example(batch.split, self._rows(batch), inputs)
+
+    def _local(self, split: str, rows: list[int]) -> dict[str, torch.Tensor]:
+        """The model inputs this part reads from its own data, for `rows` of `split`."""
+        return {k: v.to(self.device) for k, v in self.data.inputs(split, rows).items() if k in self.part.inputs}
+
+    def _per_example(self, split: str, rows: list[int], received: dict[str, torch.Tensor]) -> list[list[float]]:
+        out = self._pieces(received, self._local(split, rows), len(rows))
+        return per_example(self.options.loss, self.loss, out, self.data.targets(split, rows).to(self.device))
 
     def score(self, split: str, results: list[Any]) -> dict[str, Any]:
         return summary(self.options.loss, split, results)
@@ -140,14 +144,10 @@ class SplitStage(Stage):
         model's stage only (the peers of the replicas bench: services.split.peer)."""
         if not self.last or self.options.part != 0:
             raise StageError(f"stage {self.context.name}: scoring in one process needs the whole model (no points)")
-        results: list[list[float]] = []
+        size = self.options.eval_batch_size
         with torch.no_grad():
-            for start in range(0, len(rows), self.options.eval_batch_size):
-                chunk = rows[start:start + self.options.eval_batch_size]
-                local = {k: v.to(self.device) for k, v in self.data.inputs(split, chunk).items()
-                         if k in self.part.inputs}
-                out, targets = self._pieces({}, local, len(chunk)), self.data.targets(split, chunk).to(self.device)
-                results += per_example(self.options.loss, self.loss, out, targets)
+            results = [row for start in range(0, len(rows), size)
+                       for row in self._per_example(split, rows[start:start + size], {})]
         return self.score(split, results)
 
     def eval_rows(self) -> list[int]:
