@@ -43,6 +43,7 @@ DEFAULT_ONE_SITE_JOB = DEPLOY / "jobs" / "electra-one-site.toml"
 GENERATOR_JOB = DEPLOY / "jobs" / "electra-generator.toml"  # G's MLM phase: its [train], lr, warm-up, dropout, threads
 # what G's MLM phase takes from it (and size.dropout); the model is the distillation job's
 TRAINING_KEYS = ("lr", "warmup_steps", "threads")
+GENERATOR_CHECKPOINT_EVERY = 1000
 
 # What the demo changes in the shipped job files: a 128 x 2 discriminator (256 x 4 takes ~4x the time
 # per step and per evaluation, which 10 minutes on 2 shared cores do not hold) and a generator 56 x 2, 42%
@@ -468,7 +469,9 @@ def generator_job(raw: dict, job: JobConfig, steps: int | None) -> dict | None:
     if "dropout" in shipped_stage.get("size", {}):  # the phase's dropout, on the distillation job's model
         # a job without a size has the default G, which the shipped file spells out in full
         stage["size"] = {**stage.get("size", shipped_stage["size"]), "dropout": shipped_stage["size"]["dropout"]}
-    train = {**shipped["train"], "steps": steps, "checkpoint_every": steps, "seed": raw["train"].get("seed", 1)}
+    # a checkpoint every 1,000 steps: a stopped phase resumes (`nebula electra seeds --resume`) losing at most that
+    train = {**shipped["train"], "steps": steps, "checkpoint_every": min(steps, GENERATOR_CHECKPOINT_EVERY),
+             "seed": raw["train"].get("seed", 1)}
     return {"job": {**raw["job"], "name": f"{raw['job']['name']}-generator"}, "train": train, "stages": {name: stage}}
 
 

@@ -86,7 +86,8 @@ def test_gs_mlm_phase_is_the_jobs_generator_alone_and_smaller_than_d(tmp_path):
     # its weights carry over: the distillation job's model, trained with the MLM phase's dropout
     assert gen["stages"]["generator"]["size"] == {**SETTINGS["stages"]["generator"]["size"],
                                                   "dropout": shipped.stage("generator").options.size.dropout}
-    assert gen["train"]["steps"] == shipped.train.steps == gen["train"]["checkpoint_every"]
+    assert gen["train"]["steps"] == shipped.train.steps  # its last step is checkpointed, as every job's is
+    assert gen["train"]["checkpoint_every"] == min(shipped.train.steps, 1000)  # a stopped phase loses <= 1,000
     assert gen["stages"]["generator"]["lr"] == shipped.stage("generator").options.lr
     assert gen["stages"]["generator"]["warmup_steps"] == shipped.stage("generator").options.warmup_steps
     assert generator_job(raw, job, 0) is None
