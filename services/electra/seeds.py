@@ -261,8 +261,10 @@ def format_result(r: dict) -> str:
     from services.electra.compare import format_rows  # why here: torch, kept off `nebula --help`
     earlier = "".join(f"D untrained -> step {step} (of {r['steps']}), over seeds {r['seeds']}:\n{format_rows(e)}\n\n"
                       for step, e in r.get("earlier", {}).items())
-    learnt = (f"{earlier}D untrained (step 0) -> one-site pre-trained ({r['steps']} steps), over seeds {r['seeds']}:\n"
-              f"{format_rows(r['learnt'])}")
+    until = r.get("until", r["steps"])
+    steps = f"{until} steps" if until == r["steps"] else f"step {until} of a {r['steps']}-step schedule"
+    learnt = (f"{earlier}D untrained (step 0) -> one-site pre-trained ({steps}), {r['split']} split, over seeds "
+              f"{r['seeds']}:\n{format_rows(r['learnt'])}")
     if "auc_spread" not in r:
         return learnt
     a = r["auc_spread"]

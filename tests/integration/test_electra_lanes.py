@@ -73,3 +73,15 @@ def test_a_resume_with_other_options_is_refused_before_anything_runs(tmp_path):
 def test_plans_that_cannot_run_say_why(plan, message):
     with pytest.raises(ConfigError, match=message):
         seeds.check_plan(plan, 4000)
+
+
+def test_the_summary_says_which_step_of_which_schedule_and_split_it_read():
+    row = {"task": "alignment es-en", "metric": "accuracy", "baseline": "0.500", "before": [0.5, 0.5],
+           "after": [0.6, 0.62], "change": 0.11, "interval": (0.1, 0.12), "seed_interval": (0.05, 0.17),
+           "seed_spread": (0.1, 0.12), "trained_on": True, "verdict": "better", "seed_verdict": "better"}
+    learnt = {"seeds": 2, "rows": [row], "split": "valid", "sequences": 64, "corruptor": "G", "seed": 0}
+    result = {"seeds": [21, 22], "steps": 20000, "until": 10000, "split": "valid", "learnt": learnt, "earlier": {}}
+    text = seeds.format_result(result)
+    assert "(step 10000 of a 20000-step schedule), valid split, over seeds [21, 22]" in text
+    assert "+0.110 [+0.100, +0.120]" in text and "[+0.050, +0.170]" in text
+    assert "(2000 steps), test split" in seeds.format_result({**result, "steps": 2000, "until": 2000, "split": "test"})
