@@ -34,6 +34,12 @@ def done(path: Path) -> bool:
     return Path(f"{path}.sha256").is_file()
 
 
+def newest(run: Path, seed: int, stage: str) -> int:
+    """The step of seed `seed`'s newest complete checkpoint of `stage` (0: none), where its run resumes."""
+    found = (run / f"seed-{seed}" / WORKDIR / stage / "checkpoints").glob("step-*.pt.sha256")
+    return max((int(path.name[5:13]) for path in found), default=0)
+
+
 def keep(run: Path, seed: int, stage: str, step: int) -> None:
     """Copy seed `seed`'s step-`step` checkpoint of `stage` to seed-N/kept/ (data first, checksum last)."""
     source = run / f"seed-{seed}" / WORKDIR / stage / "checkpoints" / f"step-{step:08d}.pt"
@@ -68,7 +74,8 @@ def train(run: Path, files: dict[int, Path], stages: list[str], sink: str, until
                     argv = nebula_argv("stage", "one-site", "--job", str(files[seed]), "--workdir",
                                        str(run / f"seed-{seed}" / WORKDIR), "--until", str(until))
                     group.start(ServiceSpec(name=f"seed-{seed}", argv=argv, run=run))
-                    bar = tqdm(total=until, desc=f"seed {seed}", unit="step", position=len(running))
+                    bar = tqdm(total=until, initial=newest(run, seed, sink), desc=f"seed {seed}", unit="step",
+                               position=len(running))  # from where it resumes: a rate and ETA of this sitting
                     running[seed] = (demo.Progress(bar, stages), time.monotonic())
                 group.poll()  # strict: a run that fails raises, with its log's tail, and stops the others
                 for seed, (progress, started) in list(running.items()):

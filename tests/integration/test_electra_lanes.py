@@ -36,6 +36,7 @@ def test_two_seeds_train_two_at_a_time_in_stages_and_end_where_one_go_ends(tmp_p
         assert lanes.done(run / f"seed-{seed}" / "kept" / "disc" / "step-00000004.pt")
 
     assert lanes.train(run, files, STAGES, "disc", until=4, parallel=2) == {}  # there already: nothing started
+    assert lanes.newest(run, 5, "disc") == 4  # where the next stage resumes
     lanes.train(run, files, STAGES, "disc", until=8, parallel=2)
     staged = {seed: losses(run / f"seed-{seed}" / "one-site") for seed in files}
     assert [s for s, _ in staged[5]] == list(range(1, 9))  # resumed at 4: each step once
