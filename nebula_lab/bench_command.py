@@ -5,6 +5,7 @@ import functools
 import importlib
 
 BENCHMARKS = [
+    "audit",
     "chaos",
     "codecs",
     "flood",

@@ -74,11 +74,12 @@ def train(run: Path, files: dict[int, Path], stages: list[str], sink: str, until
                     argv = nebula_argv("stage", "one-site", "--job", str(files[seed]), "--workdir",
                                        str(run / f"seed-{seed}" / WORKDIR), "--until", str(until))
                     group.start(ServiceSpec(name=f"seed-{seed}", argv=argv, run=run))
+                    free = min(set(range(parallel)) - {lane for *_, lane in running.values()})  # a bar's line
                     bar = tqdm(total=until, initial=newest(run, seed, sink), desc=f"seed {seed}", unit="step",
-                               position=len(running))  # from where it resumes: a rate and ETA of this sitting
-                    running[seed] = (demo.Progress(bar, stages), time.monotonic())
+                               position=free)  # from where it resumes: a rate and ETA of this sitting
+                    running[seed] = (demo.Progress(bar, stages), time.monotonic(), free)
                 group.poll()  # strict: a run that fails raises, with its log's tail, and stops the others
-                for seed, (progress, started) in list(running.items()):
+                for seed, (progress, started, _) in list(running.items()):
                     progress.update(run / f"seed-{seed}" / WORKDIR, f"seed {seed}")
                     if group.services[f"seed-{seed}"].finished():
                         progress.bar.close()

@@ -1,4 +1,4 @@
-"""`nebula electra seeds --parallel --until --resume`: seeds' one-site runs two at a time, in stages, continued.
+"""`nebula electra seeds --parallel --until --resume`: seeds' one-site runs N at a time, in stages, continued.
 
 A run trained in stages (to step 4, then on to 8, as a plan that spans sessions does) must end where the same
 seed trained in one go ends, float for float (dropout 0, one thread: the stages are deterministic), and the
@@ -24,13 +24,13 @@ def losses(workdir: Path) -> list[tuple[int, float]]:
     return [(r["step"], r["loss"]) for r in records(workdir / "disc" / "metrics.jsonl", "step")]
 
 
-def test_two_seeds_train_two_at_a_time_in_stages_and_end_where_one_go_ends(tmp_path):
+def test_three_seeds_train_two_at_a_time_in_stages_and_end_where_one_go_ends(tmp_path):
     run = tmp_path / "run"
     files = {}
-    for seed in (5, 6):
+    for seed in (5, 6, 7):  # the third waits for a free lane
         files[seed] = electra_job(tmp_path / f"job-{seed}", {**ONE_SITE_DETERMINISTIC, "seed = 1": f"seed = {seed}"})
     times = lanes.train(run, files, STAGES, "disc", until=4, parallel=2)
-    assert set(times) == {"seed-5", "seed-6"}
+    assert set(times) == {"seed-5", "seed-6", "seed-7"}
     for seed in files:
         assert [s for s, _ in losses(run / f"seed-{seed}" / "one-site")] == [1, 2, 3, 4]  # stopped at 4 of 8
         assert lanes.done(run / f"seed-{seed}" / "kept" / "disc" / "step-00000004.pt")
@@ -44,7 +44,7 @@ def test_two_seeds_train_two_at_a_time_in_stages_and_end_where_one_go_ends(tmp_p
 
     straight = tmp_path / "straight"
     run_one_site(load_job(files[5]), straight, quiet=True, timeout=300)
-    assert staged[5] == losses(straight)  # the stages and the stop changed no float
+    assert staged[5] == losses(straight)  # stopping at 4 and resuming from its checkpoint changed no float
     assert staged[5] != staged[6]  # and the seeds are different runs
 
 
