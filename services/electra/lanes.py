@@ -85,9 +85,10 @@ def train(run: Path, files: dict[int, Path], stages: list[str], sink: str, until
                         progress.bar.close()
                         times[f"seed-{seed}"] = time.monotonic() - started
                         del running[seed]
+                        keep(run, seed, sink, until)  # now: a stop before the others finish keeps it too
                 time.sleep(0.5)
         finally:
             group.stop()
-    for seed in files:
+    for seed in files:  # and those that were there already
         keep(run, seed, sink, until)
     return times
