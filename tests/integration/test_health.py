@@ -79,10 +79,12 @@ def test_health_and_metrics_of_a_running_gateway_then_a_killed_one(site, tmp_pat
         def same_numbers():  # the scrape and the file agree once the traffic has been written out
             text = scrape(site.metrics_port)
             got = sample(text, "nebula_gateway_messages_total", peer="a/enc/0", direction="in")
+            # and out: on a loaded host (CI beside training, load 8) a scrape came between a message counted in
+            # and the same message counted out
+            out = sample(text, "nebula_gateway_bytes_total", peer="a/dec/0", direction="out") or 0
             peers = read_status(site.status)["peers"]
-            return text if got and got >= 5 and got == peers["a/enc/0"]["messages_in"] else None
+            return text if got and got >= 5 and got == peers["a/enc/0"]["messages_in"] and out >= 5 * 256 else None
         text = wait_for(same_numbers, timeout=10, what="the gateway's counters in the scrape and the file")
-        assert sample(text, "nebula_gateway_bytes_total", peer="a/dec/0", direction="out") >= 5 * 256
         assert sample(text, "nebula_service_info", service="gateway", kind="gateway", address="a/gateway/0") == 1
         assert sample(text, "nebula_gateway_queue_depth", socket="internal") is not None
         assert "process_resident_memory_bytes" in text
