@@ -36,8 +36,8 @@ def done(path: Path) -> bool:
 
 def newest(run: Path, seed: int, stage: str) -> int:
     """The step of seed `seed`'s newest complete checkpoint of `stage` (0: none), where its run resumes."""
-    found = (run / f"seed-{seed}" / WORKDIR / stage / "checkpoints").glob("step-*.pt.sha256")
-    return max((int(path.name[5:13]) for path in found), default=0)
+    from nebula.runtime.checkpoint import CheckpointDir  # why here: torch, kept off `nebula --help`
+    return max(CheckpointDir(run / f"seed-{seed}" / WORKDIR / stage / "checkpoints").steps(), default=0)
 
 
 def keep(run: Path, seed: int, stage: str, step: int) -> None:
