@@ -1,5 +1,6 @@
 """`nebula site init | trust | up | status | logs | down` as two operators would run them: real
-processes, real CURVE, the tiny ABNet job across two sites, each site from its own directory."""
+processes, real CURVE, the example job across two sites, each site from its own directory (the commands are
+under test here; a real model's job across sites is the end-to-end tests')."""
 from __future__ import annotations
 
 import json
@@ -16,7 +17,7 @@ from nebula.site.process import alive
 from tests.support.gateways import free_port, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-JOB = REPO / "tests" / "e2e" / "jobs" / "tiny.toml"
+JOB = REPO / "tests" / "e2e" / "jobs" / "example.toml"
 
 
 def nebula(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -66,17 +67,17 @@ def test_two_operators_bring_up_a_job_watch_it_and_stop_it_cleanly(two_sites):
     for config in (a, b):
         assert "up (supervisor pid" in nebula("site", "up", config).stdout
     # The job runs to its end at both sites; the gateways keep running.
-    wait_for(lambda: service(a, "encoder")["state"] == "done" and service(b, "decoder")["state"] == "done",
-             timeout=240, what="the tiny job to finish at both sites", interval=1.0)
-    gateway, encoder = service(a, "gateway"), service(a, "encoder")
+    wait_for(lambda: service(a, "src")["state"] == "done" and service(b, "sink")["state"] == "done",
+             timeout=240, what="the job to finish at both sites", interval=1.0)
+    gateway, src = service(a, "gateway"), service(a, "src")
     assert gateway["state"] == "running" and gateway["restarts"] == 0 and gateway["uptime"] > 0
-    assert encoder["step"] == 8 and encoder["step_s"] > 0  # what the stage reported in its status file
-    assert encoder["bytes_out"] > 0 and encoder["bytes_in"] > 0  # activations out, gradients back
-    assert service(b, "decoder")["loss"] > 0  # the decoder holds the loss
+    assert src["step"] == 8 and src["step_s"] > 0  # what the stage reported in its status file
+    assert src["bytes_out"] > 0 and src["bytes_in"] > 0  # activations out, gradients back
+    assert service(b, "sink")["loss"] > 0  # the sink holds the loss
     assert (service(a, "gateway")["bytes_out"] or 0) > 0
-    assert (a.parent / "run" / "encoder" / "checkpoints").is_dir()
+    assert (a.parent / "run" / "src" / "checkpoints").is_dir()
     table = nebula("site", "status", a).stdout
-    assert re.search(r"encoder\s+done", table) and re.search(r"gateway\s+running", table)
+    assert re.search(r"src\s+done", table) and re.search(r"gateway\s+running", table)
     # A crashed gateway is restarted with backoff; the supervisor keeps watching the rest.
     os.kill(gateway["pid"], signal.SIGKILL)
     wait_for(lambda: service(a, "gateway")["restarts"] == 1 and service(a, "gateway")["state"] == "running",
