@@ -1,9 +1,9 @@
 """What a stage receives, and what it says while it waits: whom it needs a message from, and for how long.
 
 A stage waits up to its timeout for its next message; a WAN outage the channel reports holds that clock
-(the channel's own wan_timeout bounds an outage). Every WAIT_NOTICE_S it tells the operator whom it
-waits for, on stderr and in its metrics; with data-parallel ranks it wakes often enough to hear that
-one of them failed.
+(the channel's own wan_timeout bounds an outage), and so does a time the process itself was stopped. Every
+WAIT_NOTICE_S it tells the operator whom it waits for, on stderr and in its metrics; with data-parallel
+ranks it wakes often enough to hear that one of them failed.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the runner hands them in: types only
 
 WAIT_NOTICE_S = 10.0  # a stage that has received nothing for this long says whom it waits for, and again as often
 RANK_CHECK_S = 0.5  # a stage with ranks looks this often whether one of them failed
+STOPPED_S = 1.0  # a receive that returns this much later than asked: the process was stopped, not its peers silent
 
 
 class Inbox:
@@ -65,12 +66,16 @@ class Inbox:
             until = left if deadline is None else min(left, deadline - time.monotonic())
             if deadline is not None and until <= 0:
                 return None
+            wait, asked = max(0.0, min(slice_s, until)), time.monotonic()
             try:
-                msg = self.channel.recv(timeout=max(0.0, min(slice_s, until)))
+                msg = self.channel.recv(timeout=wait)
                 break
             except RecvTimeout as exc:
                 outages = self.channel.outages()
                 now = time.monotonic()
+                if now - asked - wait > STOPPED_S:  # the wait overran: this process did not run (SIGSTOP, a Slurm
+                    clock += now - asked  # job suspended, `docker pause`) for part of it, not known which: the
+                    continue  # wait counts for nothing, and the peers' messages may be queued already
                 if outages:  # a WAN outage: the channel's wan_timeout bounds it, not this wait
                     clock = now
                 elif left <= slice_s:

@@ -1,0 +1,49 @@
+"""A stage's process stopped and continued (SIGSTOP/SIGCONT: a Slurm job suspended, `docker pause`, a paused
+VM) for longer than its receive timeout goes on where it was: the time it did not run is not its peers'
+silence. It used to fail at once on resume with "no message within 300 s" (an ELECTRA one-site run, paused
+for a timing run, 2026-12-02). Real runners of the example job on an in-process hub, in a child process."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+CHILD = """
+import sys
+from pathlib import Path
+from nebula.runtime.service import build_stage, make_runner
+from nebula.transport.inproc import InProcHub
+from tests.support.runtime import example_job, in_thread
+# 30 steps of at least 0.1 s each at the sink: the job is mid-run when the parent stops it
+job = example_job(steps=30, sink_impl="tests.support.runtime:CrashingSink", sink_options={"slow_apply": 0.1})
+hub, root, errors = InProcHub(), Path(sys.argv[1]), {}
+channels = {name: hub.channel(job.stage(name).address) for name in job.stages}
+threads = [in_thread(make_runner(job, n, build_stage(job, n, root / n, quiet=True), channels[n], timeout=3.0), n,
+                     errors) for n in job.stages]
+print("running", flush=True)
+for thread in threads:
+    thread.join(120)
+print("errors:", errors, flush=True)
+sys.exit(1 if errors or any(t.is_alive() for t in threads) else 0)
+"""
+
+
+def test_a_stage_process_stopped_for_longer_than_its_timeout_goes_on_when_continued(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        assert child.stdout.readline().strip() == "running"
+        time.sleep(1.0)  # into the job: each stage waits for the other in turn
+        os.kill(child.pid, signal.SIGSTOP)
+        time.sleep(6.0)  # twice the stages' 3-s receive timeout
+        os.kill(child.pid, signal.SIGCONT)
+        out = child.communicate(timeout=120)[0]
+    finally:
+        child.kill()
+    assert child.returncode == 0, out[-3000:]
+    assert (tmp_path / "src" / "finished.json").is_file() and (tmp_path / "sink" / "finished.json").is_file()
