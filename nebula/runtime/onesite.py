@@ -16,6 +16,8 @@ from nebula.errors import ConfigError, StageError
 from nebula.runtime.service import build_stage, make_runner
 from nebula.transport.inproc import InProcHub
 
+STOP_S = 60.0  # how long a failed run waits for its other stages to end (each finishes the op it is in)
+
 
 def run_one_site(job: Any, workdir: Path, quiet: bool = False, timeout: float | None = None,
                  until: int | None = None) -> None:
@@ -50,7 +52,11 @@ def run_one_site(job: Any, workdir: Path, quiet: bool = False, timeout: float | 
     deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
     while any(t.is_alive() for t in threads) and not errors and time.monotonic() < deadline:
         threads[0].join(0.2)  # a failed stage ends the run at once: its peers would only wait for it
-    if errors:
+    if errors:  # the first failure is the first entry; the others' come from what follows
+        for channel in channels.values():
+            channel.close()  # the other stages' receives and sends raise: they end instead of waiting for it
+        for thread in threads:  # ...once out of the torch op each may be in: exiting under one aborts the
+            thread.join(STOP_S)  # process (std::terminate, exit code 134 instead of the error's)
         name, exc = next(iter(errors.items()))
         raise StageError(f"stage {name} failed on the single site: {exc}") from exc
     if any(thread.is_alive() for thread in threads):

@@ -1,4 +1,4 @@
-"""In-process channels for unit tests of stage logic: a hub of queues, one per address."""
+"""In-process channels (one-site runs, unit tests of stage logic): a hub of queues, one per address."""
 from __future__ import annotations
 
 import queue
@@ -45,6 +45,7 @@ class InProcHub:
 class InProcChannel(Channel):
     def __init__(self, hub: InProcHub, address: str) -> None:
         self._hub, self.address, self._closed = hub, address, False
+        self._queue = hub.inbox(address)  # its own: a restart gives the address a new one
 
     def send(self, msg: Message, timeout: float | None = None) -> None:
         if self._closed:
@@ -53,10 +54,18 @@ class InProcChannel(Channel):
         self._hub.deliver(msg)
 
     def recv(self, timeout: float | None = None) -> Message:
+        if self._closed:
+            raise TransportError(f"channel {self.address} is closed")
         try:
-            return self._hub.inbox(self.address).get(timeout=timeout)
+            msg = self._queue.get(timeout=timeout)
         except queue.Empty:
             raise RecvTimeout(f"{self.address}: no message within {timeout} s") from None
+        if msg is None:  # close() woke this receive
+            raise TransportError(f"channel {self.address} is closed")
+        return msg
 
     def close(self) -> None:
+        """Closed: a receive waiting on it, and any later one, raises TransportError (how a one-site run
+        stops its other stages when one fails: nebula.runtime.onesite)."""
         self._closed = True
+        self._queue.put(None)

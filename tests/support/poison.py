@@ -63,3 +63,14 @@ class WideSource(PacedSource):
         hidden = out.tensors["hidden"]  # (B, width)
         out.tensors["hidden"] = torch.cat([hidden, hidden[:, :4]], dim=1)  # (B, width + 4)
         return out
+
+
+class TorchBusySource(PacedSource):
+    """The paced source with ~a second of torch work in each forward: a stage that is inside a torch op
+    when its peer fails (tests/unit/test_onesite_process.py)."""
+
+    def forward(self, batch, inputs) -> Output:
+        a = torch.randn(400, 400)
+        for _ in range(300):
+            a = torch.tanh(a @ a)
+        return super().forward(batch, inputs)

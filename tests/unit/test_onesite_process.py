@@ -1,7 +1,9 @@
-"""A stage's process stopped and continued (SIGSTOP/SIGCONT: a Slurm job suspended, `docker pause`, a paused
-VM) for longer than its receive timeout goes on where it was: the time it did not run is not its peers'
-silence. It used to fail at once on resume with "no message within 300 s" (an ELECTRA one-site run, paused
-for a timing run, 2026-12-02). Real runners of the example job on an in-process hub, in a child process."""
+"""A one-site run's process as the OS and its own failures treat it, in a child process: stopped and
+continued (SIGSTOP/SIGCONT: a Slurm job suspended, `docker pause`, a paused VM) for longer than its receive
+timeout, it goes on where it was (the time it did not run is not its peers' silence; it used to fail at
+once on resume with "no message within 300 s": an ELECTRA one-site run paused for a timing run,
+2026-12-02); a stage failing while another is inside a torch op, it exits with the error's code (it used
+to abort: std::terminate, exit 134, when the interpreter exited under that op)."""
 from __future__ import annotations
 
 import os
@@ -47,3 +49,15 @@ def test_a_stage_process_stopped_for_longer_than_its_timeout_goes_on_when_contin
         child.kill()
     assert child.returncode == 0, out[-3000:]
     assert (tmp_path / "src" / "finished.json").is_file() and (tmp_path / "sink" / "finished.json").is_file()
+
+
+def test_a_stage_failing_while_another_is_inside_a_torch_op_exits_with_its_error_not_an_abort(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text((REPO / "tests" / "e2e" / "jobs" / "pair.toml").read_text()
+                   .replace('"tests.support.runtime:PacedSource"', '"tests.support.poison:TorchBusySource"')
+                   .replace('"tests.support.runtime:PacedSink"', '"tests.support.poison:BuggySink"'))
+    done = subprocess.run([sys.executable, "-m", "nebula.cli", "stage", "one-site", "--job", str(job), "--workdir",
+                           str(tmp_path / "run")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert "terminate called" not in done.stderr and done.returncode == 2, (done.returncode, done.stderr[-2000:])
+    assert done.stderr.rstrip().endswith("nebula: error: stage sink failed on the single site: mat1 and mat2 shapes "
+                                         "cannot be multiplied (8x20 and 16x1)")
