@@ -55,8 +55,9 @@ def run_one_site(job: Any, workdir: Path, quiet: bool = False, timeout: float | 
     if errors:  # the first failure is the first entry; the others' come from what follows
         for channel in channels.values():
             channel.close()  # the other stages' receives and sends raise: they end instead of waiting for it
-        for thread in threads:  # ...once out of the torch op each may be in: exiting under one aborts the
-            thread.join(STOP_S)  # process (std::terminate, exit code 134 instead of the error's)
+        stop = time.monotonic() + STOP_S  # ...once out of the torch op each may be in: exiting under one
+        for thread in threads:  # aborts the process (std::terminate, exit code 134 instead of the error's)
+            thread.join(max(0.0, stop - time.monotonic()))
         name, exc = next(iter(errors.items()))
         raise StageError(f"stage {name} failed on the single site: {exc}") from exc
     if any(thread.is_alive() for thread in threads):
