@@ -60,12 +60,13 @@ class Running:
     runners: dict = field(default_factory=dict)
     threads: dict = field(default_factory=dict)
     errors: dict = field(default_factory=dict)
+    recv_timeout: float = 20.0  # each runner's wait for its next message
 
     def start(self, name: str, job=None, channel=None) -> None:
         job = job or self.job
         stage = build_stage(job, name, self.root / name, quiet=True)
         channel = channel or self.hub.channel(job.stage(name).address)
-        runner = self.runners[name] = make_runner(job, name, stage, channel, timeout=20.0)
+        runner = self.runners[name] = make_runner(job, name, stage, channel, timeout=self.recv_timeout)
         self.threads[name] = in_thread(runner, name, self.errors)
 
     def join(self, timeout: float = 30.0) -> None:

@@ -18,20 +18,16 @@ REPO = Path(__file__).resolve().parents[2]
 CHILD = """
 import sys
 from pathlib import Path
-from nebula.runtime.service import build_stage, make_runner
 from nebula.transport.inproc import InProcHub
-from tests.support.runtime import example_job, in_thread
+from tests.support.runtime import Running, example_job
 # 30 steps of at least 0.1 s each at the sink: the job is mid-run when the parent stops it
 job = example_job(steps=30, sink_impl="tests.support.runtime:CrashingSink", sink_options={"slow_apply": 0.1})
-hub, root, errors = InProcHub(), Path(sys.argv[1]), {}
-channels = {name: hub.channel(job.stage(name).address) for name in job.stages}
-threads = [in_thread(make_runner(job, n, build_stage(job, n, root / n, quiet=True), channels[n], timeout=3.0), n,
-                     errors) for n in job.stages]
+running = Running(job, Path(sys.argv[1]), InProcHub(), recv_timeout=3.0)
+channels = {name: running.hub.channel(job.stage(name).address) for name in job.stages}  # all addresses first
+for name in job.stages:
+    running.start(name, channel=channels[name])
 print("running", flush=True)
-for thread in threads:
-    thread.join(120)
-print("errors:", errors, flush=True)
-sys.exit(1 if errors or any(t.is_alive() for t in threads) else 0)
+running.join(120)  # raises, naming each stage's error, if one failed
 """
 
 
