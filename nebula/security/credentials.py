@@ -19,7 +19,7 @@ from pathlib import Path
 
 from nebula.errors import ConfigError
 from nebula.security.certs import address_filename, parse_address
-from nebula.security.keyfile import SECRET_MODE, write_atomic
+from nebula.security.keyfile import SECRET_MODE, locked, write_atomic
 
 _PUBLIC_DIRS = ("certs", "trust")
 EXPIRED_KEPT_S = 7 * 86400  # expired certificates stay this long (a refusal then says "expired")
@@ -92,9 +92,14 @@ def publish_site(ca_store: Path, credentials_root: Path) -> dict[str, list[str]]
     What `nebula site up` runs every few seconds for the services it supervises on this host, and
     what an operator runs (or `nebula keys bundle-service` for one) before copying directories to
     other hosts."""
-    ca_store = Path(ca_store)
+    ca_store, credentials_root = Path(ca_store), Path(credentials_root)
+    credentials_root.mkdir(parents=True, exist_ok=True, mode=0o700)
     changed = {}
-    for key in sorted((ca_store / "keys").glob("*.key")):
-        address = key.stem.replace(".", "/")
-        changed[address] = bundle_service(ca_store, address, Path(credentials_root) / key.stem)
+    # One publisher at a time: `site up` refreshes every few seconds while `job submit` publishes a job's
+    # new certificates; unlocked, one's sweep of files it does not know removed the other's new
+    # certificate, or its temporary file before the rename (job submit failed: FileNotFoundError).
+    with locked(credentials_root / ".publish.lock"):
+        for key in sorted((ca_store / "keys").glob("*.key")):
+            address = key.stem.replace(".", "/")
+            changed[address] = bundle_service(ca_store, address, credentials_root / key.stem)
     return changed

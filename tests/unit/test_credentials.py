@@ -86,3 +86,25 @@ def test_the_command_writes_a_bundle(store, tmp_path):
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "no ca.key" in done.stdout and json.loads((out / "ca.pub").read_text())["site"] == "a"
+
+
+def test_a_job_publishes_its_certificates_while_site_up_refreshes_them(store, tmp_path):
+    """`job submit` issues and publishes while `site up` refreshes every service's directory in another
+    process: each new certificate is in place when publish returns and no publish fails (unlocked, a
+    refresh swept away the other's new certificate or its temporary file: FileNotFoundError)."""
+    out, stop = tmp_path / "svc", tmp_path / "stop"
+    refresher = subprocess.Popen([sys.executable, "-c", (
+        "import sys, pathlib\n"
+        "from nebula.security.credentials import publish_site\n"
+        "stop = pathlib.Path(sys.argv[3])\n"
+        "while not stop.exists(): publish_site(sys.argv[1], sys.argv[2])\n"), str(store.dir), str(out), str(stop)],
+        cwd=REPO)
+    try:
+        for i in range(20):
+            cert = store.issue(f"a/job{i}/0", "stage", days=1)
+            publish_site(store.dir, out)
+            name = f"certs/a.job{i}.0.{cert.serial:016x}.json"
+            assert name in files(out / "a.encoder.0"), f"job {i}'s certificate is missing right after publishing"
+    finally:
+        stop.touch()
+        assert refresher.wait(30) == 0
