@@ -84,17 +84,19 @@ def _print_row(row: dict) -> None:
 
 
 def flood(scenario: str, root: Path, seconds: float, gateway: dict[str, Any] | None = None,
-          stop_when: Callable[[int], bool] | None = None, starve: bool = False) -> dict[str, Any]:
+          stop_when: Callable[[int], bool] | None = None, starve: bool = False,
+          until_sent: int | None = None) -> dict[str, Any]:
     """Run one scenario on fresh sites under `root` (`gateway`: keys of their [gateway] tables);
-    `stop_when(growth of gateway a's RSS)` ends it early; `starve`: gateway a at the lowest priority
-    beside a busy process, so its loop falls behind."""
+    `stop_when(growth of gateway a's RSS)` or `until_sent` messages sent end it early; `starve`: gateway
+    a at the lowest priority beside a busy process, so its loop falls behind."""
     with Sites(root, gateway) as sites, starving(sites.procs["a"].pid if starve else None):
         before = {site: audit_size(sites.audit(site)) for site in ("a", "b")}
         peak = [sites.rss("a")]
 
-        def sample() -> bool:  # -> stop now
+        def sample(sent: int) -> bool:  # -> stop now
             peak[0] = max(peak[0], sites.rss("a"))
-            return stop_when is not None and stop_when(peak[0] - row["rss_start"])
+            return (stop_when is not None and stop_when(peak[0] - row["rss_start"])) or \
+                (until_sent is not None and sent >= until_sent)
 
         row = {"scenario": scenario, "seconds": seconds, "rss_start": peak[0]}
         with zmq.Context() as ctx:
@@ -228,8 +230,8 @@ def tensors_frames(src: str, dst: str, nbytes: int) -> list[Any]:
     return encode_message(Message(kind=Kind.TENSORS, job="flood", src=src, dst=dst, tensors=[tensor]))
 
 
-def pump(sock: zmq.Socket, frames: list[Any], seconds: float, sample: Callable[[], bool]) -> dict[str, Any]:
-    """Send `frames` as fast as `sock` takes them for `seconds` (or until `sample()` says stop),
+def pump(sock: zmq.Socket, frames: list[Any], seconds: float, sample: Callable[[int], bool]) -> dict[str, Any]:
+    """Send `frames` as fast as `sock` takes them for `seconds` (or until `sample(sent)` says stop),
     reading the replies; -> {"sent", "replies": {error code: count}}."""
     # why here: protobuf, kept off `nebula --help`
     from nebula.wire import parse_envelope
@@ -248,7 +250,7 @@ def pump(sock: zmq.Socket, frames: list[Any], seconds: float, sample: Callable[[
             replies[parse_envelope(reply[0]).error.code or "none"] += 1
         if time.monotonic() >= next_sample:
             next_sample = time.monotonic() + 0.1
-            if sample():
+            if sample(sent):
                 break
     return {"sent": sent, "replies": dict(replies)}
 
@@ -337,7 +339,7 @@ def _handshakes(ctx, sites: Sites, seconds: float, sample, parallel: int = 16) -
         pending = still
         if time.monotonic() >= next_sample:
             next_sample = time.monotonic() + 0.1
-            sample()
+            sample(attempts)
     return {"sent": attempts, "refused": refused}
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from nebula_lab.bench.flood import flood
+from nebula_lab.bench.flood import LARGE, flood
 
 SECONDS = 3.0
 RATE, BURST = 100, 200  # [gateway] rate_limit and rate_burst of the message flood (the defaults: 1000, 2000)
@@ -95,11 +95,14 @@ def test_a_stage_that_never_reads_costs_its_gateway_bounded_memory(tmp_path):
     test fail now and then in CI: what the I/O threads read ahead counts too (`inbound_hwm`)."""
     slack = 96 << 20  # the interpreter's own growth, inbound messages being handled, allocator slack
     # stop early when over the bound (as the code before the fix was), before the machine runs out of memory
-    row = flood("stalled", tmp_path, 6.0, stop_when=lambda growth: growth > QUEUE_BYTES + 2 * slack, starve=True)
+    # until twice the queue bound has been sent (what the test needs), not for a fixed time: starved beside
+    # a loaded suite, 6 s once sent only 499 MiB
+    row = flood("stalled", tmp_path, 30.0, stop_when=lambda growth: growth > QUEUE_BYTES + 2 * slack, starve=True,
+                until_sent=2 * QUEUE_BYTES // LARGE + 64)
     assert row["exits"] == {"a": 0, "b": 0}
     growth = row["rss_peak"] - row["rss_start"]
     assert growth <= QUEUE_BYTES + slack, f"gateway RSS grew by {growth >> 20} MiB"
-    sent_bytes = row["sent"] * (256 << 10)
+    sent_bytes = row["sent"] * LARGE
     assert sent_bytes > 2 * QUEUE_BYTES, f"the flood sent only {sent_bytes >> 20} MiB"
     status = row["status"]
     assert status["dropped"].get("internal", 0) > 0  # the status numbers show the drops
