@@ -98,7 +98,7 @@ def publish_site(ca_store: Path, credentials_root: Path) -> dict[str, list[str]]
     # One publisher at a time: `site up` refreshes every few seconds while `job submit` publishes a job's
     # new certificates; unlocked, one's sweep of files it does not know removed the other's new
     # certificate, or its temporary file before the rename (job submit failed: FileNotFoundError).
-    with locked(credentials_root / ".publish.lock"):
+    with locked(credentials_root):  # the directory itself: no lock file among the services' directories
         for key in sorted((ca_store / "keys").glob("*.key")):
             address = key.stem.replace(".", "/")
             changed[address] = bundle_service(ca_store, address, credentials_root / key.stem)

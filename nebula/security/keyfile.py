@@ -35,9 +35,9 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
 
 @contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """An exclusive flock on `path` (created 0600) for a read-modify-write by several processes;
-    closing the descriptor drops the lock, also when the process dies."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, SECRET_MODE)
+    """An exclusive flock on `path` (a file, created 0600, or a directory) for a read-modify-write by
+    several processes; closing the descriptor drops the lock, also when the process dies."""
+    fd = os.open(path, os.O_RDONLY) if Path(path).is_dir() else os.open(path, os.O_RDWR | os.O_CREAT, SECRET_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
