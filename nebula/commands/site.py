@@ -118,10 +118,10 @@ def _up(args) -> int:
         check_scheduler(site, services)  # the partition, the account, sbatch --test-only of each job
     if args.service is None:
         refuse_second_set(site, config)
-    return _start_detached(site, config, args)
+    return _start_detached(site, config, args, [s.name for s in services])
 
 
-def _start_detached(site, config: Path, args) -> int:
+def _start_detached(site, config: Path, args, names: list[str]) -> int:
     """The supervisor, detached; back once every service has started (or, --wait-healthy, is healthy).
     A service that fails meanwhile takes the site down again: no half-started site is left running."""
     # why here: torch, pynacl, kept off `nebula --help`
@@ -139,7 +139,8 @@ def _start_detached(site, config: Path, args) -> int:
     state = state_file(site, args.service)
     proc = detach(spec, f"site {site.name}", lambda pid: read_json_or_empty(state).get("pid") == pid, timeout=30)
     try:
-        wait_started(site, state, ProcessId.of(proc.pid), args.wait_healthy or READY_S, args.wait_healthy is not None)
+        wait_started(site, state, ProcessId.of(proc.pid), args.wait_healthy or READY_S, args.wait_healthy is not None,
+                     names)
     except ConfigError as exc:
         take_down(site, timeout=10, jobs=False)  # what this start began; users' jobs are not its to stop
         raise ConfigError(f"site {site.name} did not come up, and is down again: {exc}\nfix it, then `nebula site "

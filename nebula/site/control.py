@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -129,11 +130,13 @@ def _record_stopped(site: SiteConfig, directory: Path) -> None:
 
 
 # -- start-up and restart ------------------------------------------------------------------------------------
-def wait_started(site: SiteConfig, state: Path, supervisor: ProcessId, timeout: float, healthy: bool = False) -> None:
-    """Back once every service in the supervisor's `state` file has started since its latest start
-    (its status file names its current pid: the gateway has bound its ports, a stage has loaded its
-    config) or, `healthy`, is running and healthy. A ConfigError saying which service failed and the
-    end of its log if one fails or crashes meanwhile, or if `timeout` passes first."""
+def wait_started(site: SiteConfig, state: Path, supervisor: ProcessId, timeout: float, healthy: bool = False,
+                 names: Collection[str] = ()) -> None:
+    """Back once every service in the supervisor's `state` file, and each of `names` (the supervisor
+    records a service only once it has launched it), has started since its latest start (its status
+    file names its current pid: the gateway has bound its ports, a stage has loaded its config) or,
+    `healthy`, is running and healthy. A ConfigError saying which service failed and the end of its log
+    if one fails or crashes meanwhile, or if `timeout` passes first."""
     deadline = time.monotonic() + timeout
     while True:
         services = read_json_or_empty(state).get("services", []) + recorded(site)  # + the site's Slurm jobs
@@ -143,6 +146,7 @@ def wait_started(site: SiteConfig, state: Path, supervisor: ProcessId, timeout: 
                 raise ConfigError(f"{s['name']} failed at start-up (exit code {s['exit_code']}){why}; the end of "
                                   f"{s['log']}:\n{tail(Path(s['log']), 15)}")
         waiting = [s for s in services if not _started(site, s, healthy)]
+        waiting += [{"name": name} for name in sorted(set(names) - {s["name"] for s in services})]
         if services and not waiting:
             return
         if not supervisor.alive():
