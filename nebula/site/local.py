@@ -76,8 +76,10 @@ def local_services(site: str, path: Path, wan: Network | None = None, restart: b
     specs = site_services(config, path)
     check_credentials(config, specs)
     prefix = tuple(wan.exec_prefix(site)) if wan is not None else ()
+    # a stage in a namespace starts cold: the zygote's children share its network namespace
     return [dataclasses.replace(spec, name=f"gateway-{site}" if spec.name == "gateway" else spec.name,
-                                argv=(*prefix, *spec.argv), restart=restart) for spec in specs]
+                                argv=(*prefix, *spec.argv), restart=restart, fork=spec.fork and not prefix)
+            for spec in specs]
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ class ServiceSpec:
     restart: bool = False  # restarted with backoff when it dies unsuccessfully (never after exit 3)
     ready: str | None = None  # a text its log shows once it serves (None: serving once started)
     cwd: Path | None = None
+    fork: bool = False  # argv `python -m MODULE ...`, forked from the supervisor's zygote (nebula.site.zygote)
 
     @property
     def log(self) -> Path:

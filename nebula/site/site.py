@@ -52,7 +52,7 @@ def site_services(site: SiteConfig, config_path: Path, only: str | None = None,
         argv = nebula_argv("stage", "run", "--job", str(site.stages.job), "--stage", name, "--site", str(config_path),
                            "--workdir", str(site.run / name), *job_args)
         specs.append(ServiceSpec(name=name, argv=argv, run=site.run, env={"NEBULA_ADDRESS": stage.address},
-                                 ranks=stage.ranks, restart=True))
+                                 ranks=stage.ranks, restart=True, fork=True))
     if only is not None and only not in [s.name for s in specs]:
         raise ConfigError(f"{site.source}: no service {only!r} at site {site.name}; it runs "
                           f"{', '.join(s.name for s in specs)}")

@@ -38,6 +38,7 @@ from nebula.security.keyfile import write_atomic
 from nebula.site.ports import free_port
 from nebula.site.process import ProcessId
 from nebula.site.service import ServiceSpec, tail
+from nebula.site.zygote import Forked, Zygote, enabled
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.5, 8.0  # seconds: 0.5, 1, 2, 4, 8, 8, ...
 STABLE_S = 30.0  # a service up this long has recovered: its next crash starts the backoff over
@@ -50,7 +51,7 @@ class Service:
     """One supervised service and what the supervisor knows of it."""
 
     spec: ServiceSpec
-    procs: list[subprocess.Popen] = field(default_factory=list)
+    procs: list[subprocess.Popen | Forked] = field(default_factory=list)
     ids: list[ProcessId] = field(default_factory=list)  # the procs, as pid files and `site down` name them
     restarts: int = 0  # in all
     streak: int = 0  # crashes since it last ran STABLE_S: what the backoff and max_restarts count
@@ -69,7 +70,7 @@ class Service:
         return self.spec.log
 
     @property
-    def proc(self) -> subprocess.Popen | None:
+    def proc(self) -> subprocess.Popen | Forked | None:
         """Rank 0's process (the one with the stage's channel)."""
         return self.procs[0] if self.procs else None
 
@@ -102,6 +103,7 @@ class Supervisor:
     max_restarts: int = 5
     strict: bool = True
     state_file: Path | None = None  # where describe() goes after every change (`nebula site status`)
+    zygote: Zygote | None = None  # started with the first `fork` service
 
     def start(self, spec: ServiceSpec) -> Service:
         earlier = self.services.get(spec.name)
@@ -123,9 +125,16 @@ class Supervisor:
         service.log_from = spec.log.stat().st_size if spec.log.exists() else 0
         port, service.procs, service.ids = free_port() if spec.ranks > 1 else None, [], []
         for rank in range(spec.ranks):
-            with open(spec.rank_log(rank), "ab") as out:
-                proc = subprocess.Popen(spec.argv, stdout=out, stderr=subprocess.STDOUT, cwd=spec.cwd,
-                                        env=spec.environment(self.env, rank, port), start_new_session=True)
+            env = spec.environment(self.env, rank, port)
+            proc: subprocess.Popen | Forked
+            if spec.fork and enabled(env):
+                if self.zygote is None or not self.zygote.alive():  # the children of one that died keep theirs
+                    self.zygote = Zygote(self.env)
+                proc = self.zygote.spawn(spec.argv, spec.cwd, env, spec.rank_log(rank))
+            else:
+                with open(spec.rank_log(rank), "ab") as out:
+                    proc = subprocess.Popen(spec.argv, stdout=out, stderr=subprocess.STDOUT, cwd=spec.cwd, env=env,
+                                            start_new_session=True)
             service.procs.append(proc)
             service.ids.append(ProcessId.of(proc.pid))
         service.started, service.state, service.exit_code = time.time(), "running", None
@@ -204,6 +213,9 @@ class Supervisor:
     def stop(self, timeout: float = 10) -> None:
         """SIGTERM every process group, SIGKILL what is left after `timeout`: nothing survives."""
         self._stop(list(self.services.values()), timeout)
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
         self.save()
 
     def restart(self, name: str, timeout: float = 10) -> Service:
@@ -232,7 +244,7 @@ class Supervisor:
                 _signal_group(proc.pid, signal.SIGKILL)  # children the service left in its group
             if s.state in ("running", "backoff"):
                 s.state = "stopped"
-                _record_exit(s, s.proc.returncode if s.proc else 0, asked_to_stop=True)
+                _record_exit(s, (s.proc.returncode if s.proc else 0) or 0, asked_to_stop=True)  # waited: set
 
     def __enter__(self) -> Supervisor:
         return self
