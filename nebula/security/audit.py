@@ -262,7 +262,7 @@ class AuditLog:
             self._catch_up(fd)
             for event, fields in entries:
                 record, line = self._next(event, fields)
-                if 0 < self._end and self._end + len(line) > self.max_bytes:
+                while 0 < self._end and self._end + len(line) > self.max_bytes:  # another may fill the new one first
                     fd = self._rotate(fd)
                     self._catch_up(fd)  # normally the archive's last record; another process may have written
                     record, line = self._next(event, fields)
@@ -303,17 +303,17 @@ class AuditLog:
             self._fd = None
 
     def _rotate(self, fd: int) -> int:
-        """Holding the full live file's lock: rename it to the next archive, lock a new live file."""
+        """Holding the full live file's lock: rename it to the next archive, lock the new live file.
+        Another process may create, fill and even rotate the new file before we lock it (it never waited
+        on the old one's lock): `_locked_descriptor` finds the file the path names then."""
         os.fsync(fd)
         numbers = [number for number, _ in archives(self.path)]
         os.rename(self.path, archive_path(self.path, max(numbers, default=0) + 1))
-        fresh = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
-        fcntl.flock(fresh, fcntl.LOCK_EX)
+        _fsync_dir(self.path.parent)  # the rename survives a power loss
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
-        self._fd, self._end = fresh, -1
-        _fsync_dir(self.path.parent)  # the rename and the new name survive a power loss
-        return fresh
+        self._fd = None
+        return self._locked_descriptor()
 
     def _catch_up(self, fd: int) -> None:
         """If the live file changed since our last write, take seq/hash from its last record or, when
