@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
+from nebula.site.process import proc_stat
+
 PRELOAD = ("torch", "torch._dynamo", "nebula.site.stage_service")
 START_S = 120.0  # how long the first start may wait for the zygote's imports
 
@@ -138,7 +140,8 @@ class Zygote:
 
     def _orphaned(self) -> None:
         for pid, child in list(self.children.items()):
-            if not _alive(pid):
+            stat = proc_stat(pid)
+            if stat is None or stat[0] == "Z":  # gone, or dead and not yet reaped by its new parent
                 child.returncode = -signal.SIGKILL  # unknown: counted as a crash, so it is restarted
                 del self.children[pid]
 
@@ -154,14 +157,6 @@ class Zygote:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 # --- the zygote's end ---

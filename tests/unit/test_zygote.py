@@ -13,9 +13,10 @@ from nebula.site.supervisor import Supervisor
 REPO = Path(__file__).resolve().parents[2]
 
 
-def probe(run: Path, name: str, *args: str, fork: bool = True, **kw) -> ServiceSpec:
+def probe(run: Path, name: str, *args: str, fork: bool = True, zygote: str = "1", **kw) -> ServiceSpec:
+    """A service printing what it sees; NEBULA_ZYGOTE set, whatever the suite runs with."""
     return ServiceSpec(name=name, argv=(sys.executable, "-m", "tests.support.zygote_probe", *args), run=run, cwd=REPO,
-                       env={"PROBE": name, "OMP_NUM_THREADS": "2"}, fork=fork, **kw)
+                       env={"PROBE": name, "OMP_NUM_THREADS": "2", "NEBULA_ZYGOTE": zygote}, fork=fork, **kw)
 
 
 def seen(spec: ServiceSpec) -> list[dict]:
@@ -72,10 +73,8 @@ def test_exit_codes_crashes_kills_and_restarts_reach_the_supervisor_as_from_a_co
 
 
 def test_nebula_zygote_0_starts_every_service_cold(tmp_path):
-    spec = probe(tmp_path, "p", "exit", "0")
-    supervisor = Supervisor(strict=False)
-    supervisor.env["NEBULA_ZYGOTE"] = "0"
-    with supervisor:
+    spec = probe(tmp_path, "p", "exit", "0", zygote="0")
+    with Supervisor(strict=False) as supervisor:
         run_all(supervisor, [spec])
     assert not seen(spec)[0]["warm"] and supervisor.zygote is None
 
