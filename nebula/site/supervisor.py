@@ -126,12 +126,10 @@ class Supervisor:
         port, service.procs, service.ids = free_port() if spec.ranks > 1 else None, [], []
         for rank in range(spec.ranks):
             env = spec.environment(self.env, rank, port)
-            proc: subprocess.Popen | Forked
+            proc: subprocess.Popen | Forked | None = None
             if spec.fork and enabled(env):
-                if self.zygote is None or not self.zygote.alive():  # the children of one that died keep theirs
-                    self.zygote = Zygote(self.env)
-                proc = self.zygote.spawn(spec.argv, spec.cwd, env, spec.rank_log(rank))
-            else:
+                proc = self._fork(spec, env, rank)
+            if proc is None:
                 with open(spec.rank_log(rank), "ab") as out:
                     proc = subprocess.Popen(spec.argv, stdout=out, stderr=subprocess.STDOUT, cwd=spec.cwd, env=env,
                                             start_new_session=True)
@@ -139,6 +137,17 @@ class Supervisor:
             service.ids.append(ProcessId.of(proc.pid))
         service.started, service.state, service.exit_code = time.time(), "running", None
         self.save()
+
+    def _fork(self, spec: ServiceSpec, env: dict[str, str], rank: int) -> Forked | None:
+        """`spec`'s rank forked from the zygote; None (start it cold) if the zygote died under this start."""
+        if self.zygote is None or not self.zygote.alive():  # the children of one that died keep theirs
+            self.zygote = Zygote(self.env)
+        try:
+            return self.zygote.spawn(spec.argv, spec.cwd, env, spec.rank_log(rank))
+        except OSError as exc:  # this start goes cold, said in its log; the next start gets a new zygote
+            with open(spec.rank_log(rank), "a") as out:
+                out.write(f"nebula supervisor: {exc}; starting it cold\n")
+            return None
 
     def ready(self, name: str, timeout: float = READY_S) -> Service:
         """Wait until service `name`'s log shows its spec's `ready` text (since its latest start); a

@@ -91,21 +91,33 @@ class Zygote:
                                          stdout=subprocess.PIPE, env=self.env, start_new_session=True)
             assert self.proc.stdout is not None
             os.set_blocking(self.proc.stdout.fileno(), False)
-        log.touch()  # there from the start, as for a cold start (the supervisor reads it at once)
-        request = {"argv": list(argv[2:]), "cwd": None if cwd is None else str(cwd), "env": env, "log": str(log)}
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((json.dumps(request) + "\n").encode())
-        self.proc.stdin.flush()
-        deadline = time.monotonic() + START_S
-        while not self.pids:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise OSError(f"the zygote did not start {' '.join(argv[2:4])} (exit code {self.proc.poll()})")
-            self.collect(0.5)
-        pid = self.pids.pop(0)
+        self.ask(argv[2:], cwd, env, log)
+        pid = self.started(argv[2:4], time.monotonic() + START_S)
         child = Forked(pid, self, self.exits.pop(pid, None))  # it may have ended already
         if child.returncode is None:
             self.children[pid] = child
         return child
+
+    def ask(self, argv: tuple[str, ...], cwd: Path | None, env: dict[str, str], log: Path) -> None:
+        """Request a child running `python -m ARGV` (BrokenPipeError if the zygote has died)."""
+        assert self.proc is not None and self.proc.stdin is not None
+        log.touch()  # there from the start, as for a cold start (the supervisor reads it at once)
+        request = {"argv": list(argv), "cwd": None if cwd is None else str(cwd), "env": env, "log": str(log)}
+        self.proc.stdin.write((json.dumps(request) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def started(self, what: tuple[str, ...], deadline: float) -> int:
+        """The pid of the child the last request forked; OSError if the zygote ended without one. A zygote
+        that dies right after a fork has still sent its pid (read here: the child is not left unwatched);
+        one that hangs past `deadline` is killed first, so that no late fork answers a later request."""
+        assert self.proc is not None and self.proc.stdout is not None
+        while not self.pids:
+            if self.proc.stdout.closed:  # at EOF: everything it sent is read
+                raise OSError(f"the zygote did not start {' '.join(what)} (exit code {self.proc.poll()})")
+            if time.monotonic() > deadline and self.proc.poll() is None:
+                self.proc.kill()
+            self.collect(0.5)
+        return self.pids.pop(0)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import select
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
+from nebula.site.process import proc_stat
 from nebula.site.service import ServiceSpec
 from nebula.site.supervisor import Supervisor
 
@@ -92,3 +98,37 @@ def test_a_zygote_that_dies_leaves_its_services_running_and_the_next_start_gets_
         assert sleeper.proc.returncode == -9  # its code was the dead zygote's to tell: counted as a crash
         supervisor.run(lambda: len(seen(sleeper.spec)) == 2, timeout=60)
         assert seen(sleeper.spec)[1]["warm"] and supervisor.zygote.proc is not first
+
+
+def test_a_zygote_killed_right_after_a_fork_still_hands_over_the_child_it_forked(tmp_path):
+    with Supervisor(strict=False) as supervisor:
+        first = supervisor.start(probe(tmp_path, "first", "sleep"))
+        zygote = supervisor.zygote
+        second = probe(tmp_path, "second", "sleep")
+        zygote.ask(second.argv[2:], second.cwd, second.environment(supervisor.env, 0, None), second.rank_log(0))
+        assert select.select([zygote.proc.stdout], [], [], 60)[0]  # its answer is written...
+        zygote.proc.kill()  # ...and it dies before the supervisor reads it
+        zygote.proc.wait()
+        pid = zygote.started(("second",), time.monotonic() + 60)
+        try:
+            assert proc_stat(pid) is not None  # the child it forked, running, not left unwatched
+        finally:
+            os.killpg(pid, signal.SIGKILL)
+        supervisor.kill("first")
+        assert first.proc.returncode == -9
+
+
+def test_a_start_whose_zygote_dies_under_it_starts_cold_and_says_so(tmp_path):
+    with Supervisor(strict=False) as supervisor:
+        supervisor.start(probe(tmp_path, "first", "sleep"))
+        zygote = supervisor.zygote.proc
+        os.kill(zygote.pid, signal.SIGSTOP)  # alive, but it will never answer: it dies while asked
+        threading.Timer(1.0, zygote.kill).start()
+        cold = supervisor.start(probe(tmp_path, "cold", "print"))
+        supervisor.run(lambda: cold.state == "done", timeout=60)
+        assert not seen(cold.spec)[0]["warm"]
+        assert "the zygote did not start" in cold.spec.log.read_text()
+        assert "starting it cold" in cold.spec.log.read_text()
+        warm = supervisor.start(probe(tmp_path, "warm", "print"))  # the next start: a new zygote
+        supervisor.run(lambda: warm.state == "done", timeout=60)
+        assert seen(warm.spec)[0]["warm"] and supervisor.zygote.proc is not zygote
