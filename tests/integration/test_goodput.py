@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from nebula.site.channel import open_channel
+from nebula.transport.goodput import SAMPLES
 from tests.support.gateways import FAST, tensor_message, wait_for
 
 
@@ -19,7 +20,8 @@ def test_a_channel_measures_the_goodput_and_round_trip_of_the_path_to_a_peer(wor
         wait_for(lambda: a.goodput("b/dec/0").rtt_s is not None, timeout=5, what="a heartbeat's round trip")
         time.sleep(1.0)  # a few idle pings: the least round trip is the propagation (here: processing)
         measured = a.goodput("b/dec/0")
-        assert measured.samples == 16  # the last 16 ACKs
+        # the last 16 ACKs at most; one cumulative ACK may free several messages (12 ACKs for 20 on a loaded host)
+        assert 2 <= measured.samples <= SAMPLES
         assert 0 < measured.rtt_s < 0.05
         # loopback through two gateways and CURVE: far above any WAN link, and finite
         assert measured.bytes_per_s is None or measured.bytes_per_s > 10e6
